@@ -1,0 +1,93 @@
+/* backend: the table of operations the forward pass is written in. Two implementations:
+ * backend_cpu.c (plain fp32 loops, the reference that defines correctness) and cuda/ (fast).
+ * Pointers passed to ops are backend memory (host memory for the CPU backend, device memory
+ * for CUDA); the activation dtype is the backend's business (fp32 on CPU, bf16 on CUDA), so
+ * engine code never dereferences them. Called only from the engine thread. */
+#ifndef DUO_BACKEND_H
+#define DUO_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/safetensors.h"
+
+/* One engine step: a flattened batch of tokens from several sequences. */
+struct fwd_batch {
+    int n_tokens;                // T
+    int n_seqs;                  // S
+    const int32_t *tokens;       // [T]
+    const int32_t *pos;          // [T] absolute position of each token in its sequence
+    const int32_t *seq_start;    // [S+1] tokens of sequence s are rows seq_start[s]..seq_start[s+1)
+    const int32_t *block_indptr; // [S+1] sequence s's full-pool blocks: block_ids[indptr[s]..indptr[s+1])
+    const int32_t *block_ids;    // block table, in position order (block i holds positions i*bs..)
+    int n_logits;
+    const int32_t *logit_rows;   // [n_logits] rows of T whose logits are computed
+};
+
+/* Attention geometry and the KV of one layer. K/V cache layout (full pool):
+ * [n_blocks][block_size][n_kv_heads][head_dim], indexed by the batch's block table. */
+struct attn_layer {
+    int n_heads, n_kv_heads, head_dim;
+    int block_size;
+    int sliding_window; // 0 = none; else key j visible to query i iff i - j < sliding_window
+    float scale;        // 1/sqrt(head_dim)
+    void *k_cache, *v_cache;
+};
+
+enum backend_status { BACKEND_OK = 0, BACKEND_ERR_OOM = -1, BACKEND_ERR_DEVICE = -2, BACKEND_ERR_ARG = -3 };
+
+struct backend;
+
+struct backend_ops {
+    /* memory: alloc returns zeroed memory or NULL; free(NULL) is a no-op */
+    void *(*alloc)(struct backend *b, size_t bytes, enum backend_status *st);
+    void (*free)(struct backend *b, void *p);
+    /* bytes of one activation element (4 on CPU, 2 for bf16 on CUDA) */
+    size_t act_size;
+    /* weights: copies (and converts) a checkpoint tensor into backend memory */
+    int (*weight_upload)(struct backend *b, const struct st_tensor *t, void **out);
+    /* uploads f32 host data into a buffer of `n` floats kept as f32 (RoPE tables) */
+    int (*upload_f32)(struct backend *b, void *dst, const float *src, size_t n);
+
+    /* step: makes the batch metadata visible to the ops below */
+    int (*begin_step)(struct backend *b, const struct fwd_batch *batch);
+
+    /* out[T][dim] = table[tokens[t]] */
+    void (*embed)(struct backend *b, void *out, const void *table, int dim);
+    /* out[n][dim] = x[n] / rms(x[n]) * w */
+    void (*rmsnorm)(struct backend *b, void *out, const void *x, const void *w, int n, int dim, float eps);
+    /* out[n][n_out] = x[n][n_in] @ w[n_out][n_in]^T (+ bias[n_out]) */
+    void (*matmul)(struct backend *b, void *out, const void *x, const void *w, const void *bias, int n, int n_out,
+                   int n_in);
+    /* rotates q[T][n_heads*hd] and k[T][n_kv*hd] in place at the batch positions, HF rotate_half
+     * layout; inv_freq[hd/2] is f32 */
+    void (*rope)(struct backend *b, void *q, void *k, int n_heads, int n_kv_heads, int head_dim,
+                 const void *inv_freq);
+    /* appends k/v of the batch to the layer's cache, then out = causal attention of q over it */
+    void (*attention)(struct backend *b, void *out, const void *q, const void *k, const void *v,
+                      const struct attn_layer *layer);
+    /* out[i] = silu(gate[i]) * up[i] */
+    void (*silu_mul)(struct backend *b, void *out, const void *gate, const void *up, size_t n);
+    /* x[i] += y[i] */
+    void (*add)(struct backend *b, void *x, const void *y, size_t n);
+    /* out[i][dim] = x[logit_rows[i]][dim] */
+    void (*get_rows)(struct backend *b, void *out, const void *x, int dim);
+    /* host_logits[n][vocab] (f32, host memory) = x[n][dim] @ w[vocab][dim]^T */
+    int (*logits)(struct backend *b, float *host_logits, const void *x, const void *w, int n, int vocab, int dim);
+    /* waits for queued work; returns a backend_status */
+    int (*sync)(struct backend *b);
+    void (*destroy)(struct backend *b);
+};
+
+struct backend {
+    const struct backend_ops *ops;
+    const char *name;
+    void *ctx;
+};
+
+struct backend *backend_cpu_create(void);
+/* NULL with a message in err when no CUDA device is usable or the build has no CUDA. */
+struct backend *backend_cuda_create(int device, char *err, size_t errlen);
+void backend_destroy(struct backend *b);
+
+#endif

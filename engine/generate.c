@@ -1,0 +1,97 @@
+#include "engine/generate.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/sampler.h"
+#include "engine/util.h"
+
+#define GEN_BLOCK_SIZE 16
+
+void gen_result_free(struct gen_result *r) {
+    if (!r) return;
+    free(r->ids);
+    free(r->top_ids);
+    free(r->top_lps);
+    memset(r, 0, sizeof *r);
+}
+
+static bool is_eos(const struct model_config *c, int id) {
+    for (int i = 0; i < c->n_eos; i++)
+        if (c->eos_ids[i] == id) return true;
+    return false;
+}
+
+int generate_run(struct model *m, const int32_t *prompt, int n_prompt, const struct gen_params *p,
+                 struct gen_result *out, char *err, size_t errlen) {
+    memset(out, 0, sizeof *out);
+    const struct model_config *c = &m->cfg;
+    int V = c->vocab_size, K = p->top_logprobs;
+    if (n_prompt < 1) return util_err(err, errlen, "the prompt is empty");
+    for (int i = 0; i < n_prompt; i++)
+        if (prompt[i] < 0 || prompt[i] >= V)
+            return util_err(err, errlen, "prompt token %d is outside the vocabulary (0..%d)", prompt[i], V - 1);
+    if (K < 0 || K > 20) return util_err(err, errlen, "top_logprobs must be in 0..20");
+    int total = n_prompt + p->max_tokens;
+    if (total > c->max_pos)
+        return util_err(err, errlen, "prompt (%d) + max tokens (%d) exceeds the model's context of %d tokens",
+                        n_prompt, p->max_tokens, c->max_pos);
+    int chunk = p->prefill_chunk > 0 ? p->prefill_chunk : m->max_tokens;
+    if (chunk > m->max_tokens) chunk = m->max_tokens;
+
+    int n_blocks = (total + GEN_BLOCK_SIZE - 1) / GEN_BLOCK_SIZE;
+    struct kv_cache kv;
+    if (kv_cache_init(&kv, m->b, c->n_layers, c->n_kv_heads, c->head_dim, GEN_BLOCK_SIZE, n_blocks) != KV_STATUS_OK)
+        return util_err(err, errlen, "out of memory for the KV cache of %d tokens", total);
+    int32_t *blocks = malloc(sizeof *blocks * (size_t)n_blocks);
+    int32_t *toks = malloc(sizeof *toks * (size_t)total), *pos = malloc(sizeof *pos * (size_t)chunk);
+    float *logits = malloc(sizeof *logits * (size_t)V), *lp = malloc(sizeof *lp * (size_t)V);
+    out->ids = malloc(sizeof *out->ids * (size_t)(p->max_tokens + 1));
+    out->top_ids = malloc(sizeof *out->top_ids * (size_t)(p->max_tokens * K + 1));
+    out->top_lps = malloc(sizeof *out->top_lps * (size_t)(p->max_tokens * K + 1));
+    int rc = 0;
+    if (!blocks || !toks || !pos || !logits || !lp || !out->ids || !out->top_ids || !out->top_lps) {
+        rc = util_err(err, errlen, "out of memory");
+        goto done;
+    }
+    kv_cache_alloc(&kv, n_blocks, blocks);
+    memcpy(toks, prompt, sizeof *toks * (size_t)n_prompt);
+    struct util_rng rng;
+    util_rng_seed(&rng, p->seed);
+
+    int done_upto = 0, n_tok = n_prompt; /* positions < done_upto are in the cache */
+    while (out->n < p->max_tokens) {
+        int n = n_tok - done_upto;
+        if (n > chunk) n = chunk;
+        for (int i = 0; i < n; i++) pos[i] = done_upto + i;
+        int32_t seq_start[2] = {0, n}, indptr[2] = {0, n_blocks}, row = n - 1;
+        bool last = done_upto + n == n_tok;
+        struct fwd_batch bt = {n, 1, toks + done_upto, pos, seq_start, indptr, blocks, last ? 1 : 0, &row};
+        if (model_forward(m, &kv, &bt, logits) != 0) {
+            rc = util_err(err, errlen, "forward pass failed on the %s backend", m->b->name);
+            goto done;
+        }
+        done_upto += n;
+        if (!last) continue;
+        int id = sampler_sample(logits, V, p->temperature, &rng);
+        if (K) {
+            sampler_log_softmax(logits, V, lp);
+            sampler_top_k(lp, V, K, out->top_ids + (size_t)out->n * K, out->top_lps + (size_t)out->n * K);
+        }
+        out->ids[out->n++] = id;
+        toks[n_tok++] = id;
+        if (!p->ignore_eos && is_eos(c, id)) {
+            out->stopped_eos = true;
+            break;
+        }
+    }
+done:
+    free(blocks);
+    free(toks);
+    free(pos);
+    free(logits);
+    free(lp);
+    kv_cache_free(&kv);
+    if (rc) gen_result_free(out);
+    return rc;
+}

@@ -1,0 +1,228 @@
+#include "engine/model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/util.h"
+
+void model_rope_inv_freq(const struct model_config *cfg, float *inv_freq) {
+    int hd = cfg->head_dim;
+    for (int i = 0; i < hd / 2; i++) inv_freq[i] = 1.0f / powf(cfg->rope_theta, (float)(2 * i) / (float)hd);
+    if (cfg->rope_type == ROPE_TYPE_LINEAR) {
+        for (int i = 0; i < hd / 2; i++) inv_freq[i] /= cfg->rope_factor;
+    } else if (cfg->rope_type == ROPE_TYPE_LLAMA3) {
+        /* Llama 3.1: long wavelengths scaled by 1/factor, short kept, smooth blend between */
+        float factor = cfg->rope_factor, lo = cfg->rope_low_freq_factor, hi = cfg->rope_high_freq_factor;
+        float old_len = (float)cfg->rope_orig_max_pos;
+        float low_freq_wavelen = old_len / lo, high_freq_wavelen = old_len / hi;
+        for (int i = 0; i < hd / 2; i++) {
+            float f = inv_freq[i];
+            float wavelen = 2.0f * (float)M_PI / f;
+            float scaled = wavelen > low_freq_wavelen ? f / factor : f;
+            if (!(wavelen < high_freq_wavelen) && !(wavelen > low_freq_wavelen)) {
+                float smooth = (old_len / wavelen - lo) / (hi - lo);
+                scaled = (1.0f - smooth) * scaled / factor + smooth * scaled;
+            }
+            inv_freq[i] = scaled;
+        }
+    }
+}
+
+/* Loading: every tensor the config implies must exist with exactly the implied shape; any
+ * other tensor in the checkpoint is an error too (it means the config and weights disagree),
+ * except buffers HF itself ignores. */
+struct loader {
+    const char *dir;
+    const struct safetensors *st;
+    struct backend *b;
+    char *used; // [n_tensors]
+    char *err;
+    size_t errlen;
+};
+
+static int load_tensor(struct loader *ld, void **dst, const char *name, int n_dims, int64_t d0, int64_t d1) {
+    const struct st_tensor *t = safetensors_find(ld->st, name);
+    if (!t) return util_err(ld->err, ld->errlen, "%s: tensor \"%s\" is missing", ld->dir, name);
+    ld->used[t - ld->st->tensors] = 1;
+    int64_t want[2] = {d0, d1};
+    int ok = t->n_dims == n_dims;
+    for (int i = 0; ok && i < n_dims; i++) ok = t->shape[i] == want[i];
+    if (!ok) {
+        char got[96] = "", exp[64];
+        size_t o = 0;
+        for (int i = 0; i < t->n_dims && o < sizeof got; i++)
+            o += (size_t)snprintf(got + o, sizeof got - o, "%s%lld", i ? ", " : "", (long long)t->shape[i]);
+        if (n_dims == 1) snprintf(exp, sizeof exp, "%lld", (long long)d0);
+        else snprintf(exp, sizeof exp, "%lld, %lld", (long long)d0, (long long)d1);
+        return util_err(ld->err, ld->errlen, "%s: tensor \"%s\" has shape [%s], config.json implies [%s]", t->file,
+                        name, got, exp);
+    }
+    if (ld->b->ops->weight_upload(ld->b, t, dst) != BACKEND_OK)
+        return util_err(ld->err, ld->errlen, "%s: out of %s memory loading \"%s\"", t->file, ld->b->name, name);
+    return 0;
+}
+
+static int load_weights(struct model *m, struct loader *ld) {
+    const struct model_config *c = &m->cfg;
+    int64_t D = c->dim, F = c->hidden_dim, V = c->vocab_size;
+    int64_t QD = (int64_t)c->n_heads * c->head_dim, KD = (int64_t)c->n_kv_heads * c->head_dim;
+    if (load_tensor(ld, &m->tok_embed, "model.embed_tokens.weight", 2, V, D)) return -1;
+    if (load_tensor(ld, &m->final_norm, "model.norm.weight", 1, D, 0)) return -1;
+    if (c->tie_embeddings) {
+        m->lm_head = m->tok_embed;
+        /* some tied checkpoints still carry a copy; HF ignores it */
+        const struct st_tensor *t = safetensors_find(ld->st, "lm_head.weight");
+        if (t) ld->used[t - ld->st->tensors] = 1;
+    } else if (load_tensor(ld, &m->lm_head, "lm_head.weight", 2, V, D)) {
+        return -1;
+    }
+    for (int l = 0; l < c->n_layers; l++) {
+        struct layer_weights *w = &m->layers[l];
+        char n[160];
+#define LT(dst, suffix, nd, a, b)                                                   \
+    do {                                                                            \
+        snprintf(n, sizeof n, "model.layers.%d.%s", l, suffix);                     \
+        if (load_tensor(ld, dst, n, nd, a, b)) return -1;                           \
+    } while (0)
+        LT(&w->attn_norm, "input_layernorm.weight", 1, D, 0);
+        LT(&w->ffn_norm, "post_attention_layernorm.weight", 1, D, 0);
+        LT(&w->wq, "self_attn.q_proj.weight", 2, QD, D);
+        LT(&w->wk, "self_attn.k_proj.weight", 2, KD, D);
+        LT(&w->wv, "self_attn.v_proj.weight", 2, KD, D);
+        LT(&w->wo, "self_attn.o_proj.weight", 2, D, QD);
+        if (c->qkv_bias) {
+            LT(&w->bq, "self_attn.q_proj.bias", 1, QD, 0);
+            LT(&w->bk, "self_attn.k_proj.bias", 1, KD, 0);
+            LT(&w->bv, "self_attn.v_proj.bias", 1, KD, 0);
+        }
+        if (c->o_bias) LT(&w->bo, "self_attn.o_proj.bias", 1, D, 0);
+        LT(&w->w_gate, "mlp.gate_proj.weight", 2, F, D);
+        LT(&w->w_up, "mlp.up_proj.weight", 2, F, D);
+        LT(&w->w_down, "mlp.down_proj.weight", 2, D, F);
+#undef LT
+    }
+    for (int i = 0; i < ld->st->n_tensors; i++) {
+        const char *name = ld->st->tensors[i].name;
+        static const char buffer_suffix[] = "rotary_emb.inv_freq";
+        size_t len = strlen(name), sl = sizeof buffer_suffix - 1;
+        if (ld->used[i] || (len >= sl && !strcmp(name + len - sl, buffer_suffix))) continue;
+        return util_err(ld->err, ld->errlen, "%s: unexpected tensor \"%s\" (not part of a %s with this config.json)",
+                        ld->st->tensors[i].file, name, model_arch_name(c->arch));
+    }
+    return 0;
+}
+
+static int alloc_acts(struct model *m) {
+    const struct model_config *c = &m->cfg;
+    size_t T = (size_t)m->max_tokens, es = m->b->ops->act_size;
+    size_t qd = (size_t)c->n_heads * c->head_dim, kd = (size_t)c->n_kv_heads * c->head_dim;
+    struct {
+        void **p;
+        size_t n;
+    } bufs[] = {{&m->x, T * c->dim}, {&m->h, T * c->dim},  {&m->q, T * qd},
+                {&m->k, T * kd},     {&m->v, T * kd},      {&m->att, T * qd},
+                {&m->o, T * c->dim}, {&m->gate, T * c->hidden_dim}, {&m->up, T * c->hidden_dim}};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
+        enum backend_status st;
+        *bufs[i].p = m->b->ops->alloc(m->b, bufs[i].n * es, &st);
+        if (st != BACKEND_OK) return -1;
+    }
+    enum backend_status st;
+    m->inv_freq = m->b->ops->alloc(m->b, sizeof(float) * (size_t)(c->head_dim / 2), &st);
+    if (st != BACKEND_OK) return -1;
+    float *inv = malloc(sizeof(float) * (size_t)(c->head_dim / 2));
+    if (!inv) return -1;
+    model_rope_inv_freq(c, inv);
+    int rc = m->b->ops->upload_f32(m->b, m->inv_freq, inv, (size_t)(c->head_dim / 2));
+    free(inv);
+    return rc == BACKEND_OK ? 0 : -1;
+}
+
+int model_load(struct model **out, const char *dir, struct backend *b, int max_tokens, char *err, size_t errlen) {
+    *out = NULL;
+    struct model *m = calloc(1, sizeof *m);
+    if (!m) return util_err(err, errlen, "out of memory");
+    m->b = b;
+    m->max_tokens = max_tokens;
+    struct safetensors *st = NULL;
+    int rc = model_config_load(&m->cfg, dir, err, errlen);
+    if (!rc) rc = safetensors_open_dir(&st, dir, err, errlen);
+    if (!rc) {
+        m->layers = calloc((size_t)m->cfg.n_layers, sizeof *m->layers);
+        struct loader ld = {dir, st, b, calloc((size_t)st->n_tensors + 1, 1), err, errlen};
+        if (!m->layers || !ld.used) rc = util_err(err, errlen, "out of memory");
+        if (!rc) rc = load_weights(m, &ld);
+        free(ld.used);
+    }
+    if (!rc && alloc_acts(m) != 0)
+        rc = util_err(err, errlen, "out of %s memory for activations of %d tokens", b->name, max_tokens);
+    safetensors_free(st); /* weights were copied into the backend */
+    if (rc) {
+        model_free(m);
+        return -1;
+    }
+    *out = m;
+    return 0;
+}
+
+void model_free(struct model *m) {
+    if (!m) return;
+    struct backend *b = m->b;
+    void (*fr)(struct backend *, void *) = b->ops->free;
+    if (m->layers) {
+        for (int l = 0; l < m->cfg.n_layers; l++) {
+            struct layer_weights *w = &m->layers[l];
+            void *ps[] = {w->attn_norm, w->wq, w->wk, w->wv, w->wo, w->bq, w->bk, w->bv, w->bo,
+                          w->ffn_norm, w->w_gate, w->w_up, w->w_down};
+            for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) fr(b, ps[i]);
+        }
+    }
+    if (m->lm_head != m->tok_embed) fr(b, m->lm_head);
+    fr(b, m->tok_embed);
+    fr(b, m->final_norm);
+    void *acts[] = {m->x, m->h, m->q, m->k, m->v, m->att, m->o, m->gate, m->up, m->inv_freq};
+    for (size_t i = 0; i < sizeof acts / sizeof acts[0]; i++) fr(b, acts[i]);
+    free(m->layers);
+    free(m);
+}
+
+int model_forward(struct model *m, struct kv_cache *kv, const struct fwd_batch *batch, float *logits) {
+    const struct model_config *c = &m->cfg;
+    const struct backend_ops *op = m->b->ops;
+    struct backend *b = m->b;
+    int T = batch->n_tokens;
+    if (T < 1 || T > m->max_tokens || batch->n_logits > T) return BACKEND_ERR_ARG;
+    int D = c->dim, F = c->hidden_dim, H = c->n_heads, KV = c->n_kv_heads, hd = c->head_dim;
+    int rc = op->begin_step(b, batch);
+    if (rc) return rc;
+
+    op->embed(b, m->x, m->tok_embed, D);
+    for (int l = 0; l < c->n_layers; l++) {
+        const struct layer_weights *w = &m->layers[l];
+        struct attn_layer L = {H, KV, hd, kv->block_size, c->sliding_window, 1.0f / sqrtf((float)hd), kv->k[l], kv->v[l]};
+        // attention block: x += o(attn(rope(q), rope(k), v)) of rmsnorm(x)
+        op->rmsnorm(b, m->h, m->x, w->attn_norm, T, D, c->norm_eps);
+        op->matmul(b, m->q, m->h, w->wq, w->bq, T, H * hd, D);
+        op->matmul(b, m->k, m->h, w->wk, w->bk, T, KV * hd, D);
+        op->matmul(b, m->v, m->h, w->wv, w->bv, T, KV * hd, D);
+        op->rope(b, m->q, m->k, H, KV, hd, m->inv_freq);
+        op->attention(b, m->att, m->q, m->k, m->v, &L);
+        op->matmul(b, m->o, m->att, w->wo, w->bo, T, D, H * hd);
+        op->add(b, m->x, m->o, (size_t)T * D);
+        // MLP block: x += down(silu(gate(h)) * up(h)), h = rmsnorm(x)
+        op->rmsnorm(b, m->h, m->x, w->ffn_norm, T, D, c->norm_eps);
+        op->matmul(b, m->gate, m->h, w->w_gate, NULL, T, F, D);
+        op->matmul(b, m->up, m->h, w->w_up, NULL, T, F, D);
+        op->silu_mul(b, m->gate, m->gate, m->up, (size_t)T * F);
+        op->matmul(b, m->o, m->gate, w->w_down, NULL, T, D, F);
+        op->add(b, m->x, m->o, (size_t)T * D);
+    }
+    if (batch->n_logits == 0) return op->sync(b);
+    // final norm and LM head, only for the rows that sample
+    op->get_rows(b, m->h, m->x, D);
+    op->rmsnorm(b, m->h, m->h, m->final_norm, batch->n_logits, D, c->norm_eps);
+    rc = op->logits(b, logits, m->h, m->lm_head, batch->n_logits, c->vocab_size, D);
+    return rc ? rc : op->sync(b);
+}

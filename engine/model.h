@@ -1,0 +1,46 @@
+/* model: a decoder-only transformer (Llama / Mistral / Qwen2 family) loaded from a Hugging Face
+ * model directory into a backend, and its forward pass over a flattened batch written once in
+ * terms of backend ops. Owned and called by the engine thread only. */
+#ifndef DUO_MODEL_H
+#define DUO_MODEL_H
+
+#include "engine/backend.h"
+#include "engine/kv_cache.h"
+#include "engine/model_config.h"
+#include "engine/safetensors.h"
+
+struct layer_weights {
+    void *attn_norm;          // (dim)
+    void *wq, *wk, *wv, *wo;  // (n_heads*hd, dim), (n_kv*hd, dim) x2, (dim, n_heads*hd)
+    void *bq, *bk, *bv, *bo;  // biases or NULL
+    void *ffn_norm;           // (dim)
+    void *w_gate, *w_up;      // (hidden_dim, dim)
+    void *w_down;             // (dim, hidden_dim)
+};
+
+struct model {
+    struct model_config cfg;
+    struct backend *b;
+    void *tok_embed;              // (vocab, dim)
+    void *lm_head;                // (vocab, dim); == tok_embed when tied
+    void *final_norm;             // (dim)
+    struct layer_weights *layers; // [n_layers]
+    void *inv_freq;               // (head_dim/2) f32 RoPE frequencies
+    int max_tokens;               // activation buffers hold this many tokens per step
+    // activations, backend memory, [max_tokens][...]
+    void *x, *h, *q, *k, *v, *att, *o, *gate, *up;
+};
+
+/* Loads DIR into backend b with activation buffers for max_tokens tokens per step. On error
+ * returns -1 with a one-line message naming the file and the problem. */
+int model_load(struct model **out, const char *dir, struct backend *b, int max_tokens, char *err, size_t errlen);
+void model_free(struct model *m);
+
+/* Computes RoPE inverse frequencies (head_dim/2 floats) as HF does, in f32. */
+void model_rope_inv_freq(const struct model_config *cfg, float *inv_freq);
+
+/* Runs the batch: appends its K/V to kv (the block table must cover every position) and writes
+ * logits for batch->logit_rows into host memory logits[n_logits][vocab]. */
+int model_forward(struct model *m, struct kv_cache *kv, const struct fwd_batch *batch, float *logits);
+
+#endif
