@@ -1,0 +1,269 @@
+/* The CPU reference forward pass against real references: the trained stories260k model's
+ * golden greedy ids, HF transformers' greedy ids and top-5 logprobs for a tiny random model of
+ * every supported family (tests/fixtures/hf, written by scripts/make_reference.py), and the
+ * flattened-batch contract (a sequence's results do not depend on its batch-mates or on how
+ * its prompt is chunked). */
+#include <cjson/cJSON.h>
+#include <math.h>
+
+#include "tests/test_common.h"
+
+#include "engine/generate.h"
+#include "engine/model.h"
+#include "engine/sampler.h"
+#include "engine/util.h"
+
+#define HF_LOGPROB_TOL 2e-3f
+
+static struct model *load_or_fail(struct backend *b, const char *dir, int max_tokens) {
+    struct model *m = NULL;
+    char err[512] = "";
+    int rc = model_load(&m, dir, b, max_tokens, err, sizeof err);
+    if (rc) print_error("model_load(%s): %s\n", dir, err);
+    assert_int_equal(rc, 0);
+    return m;
+}
+
+static cJSON *read_json(const char *path) {
+    char *text;
+    size_t len;
+    assert_int_equal(util_read_file(path, &text, &len), 0);
+    cJSON *j = cJSON_ParseWithLength(text, len);
+    free(text);
+    assert_non_null(j);
+    return j;
+}
+
+static int32_t *json_ids(const cJSON *arr, int *n) {
+    *n = cJSON_GetArraySize(arr);
+    int32_t *v = malloc(sizeof *v * (size_t)(*n ? *n : 1));
+    int i = 0;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, arr) v[i++] = (int32_t)it->valuedouble;
+    return v;
+}
+
+static void stories_golden_with_chunk(int chunk) {
+    char dir[1024], exp_path[1024];
+    TEST_REQUIRE_SHARED(dir, "models/stories260k/config.json");
+    TEST_REQUIRE_SHARED(exp_path, "models/stories260k/expected_greedy_ids.json");
+    snprintf(dir, sizeof dir, "%s/models/stories260k", test_shared_dir());
+    cJSON *exp = read_json(exp_path);
+    int n_prompt, n_exp;
+    int32_t *prompt = json_ids(cJSON_GetObjectItem(exp, "prompt_ids"), &n_prompt);
+    int32_t *want = json_ids(cJSON_GetObjectItem(exp, "greedy_ids"), &n_exp);
+    assert_int_equal(n_exp, 199);
+
+    struct backend *b = backend_cpu_create();
+    struct model *m = load_or_fail(b, dir, 64);
+    struct gen_params p = {.max_tokens = n_exp, .prefill_chunk = chunk, .ignore_eos = true};
+    struct gen_result r;
+    char err[256];
+    assert_int_equal(generate_run(m, prompt, n_prompt, &p, &r, err, sizeof err), 0);
+    assert_int_equal(r.n, n_exp);
+    for (int i = 0; i < n_exp; i++) {
+        if (r.ids[i] != want[i]) print_error("position %d: got %d, expected %d\n", i, r.ids[i], want[i]);
+        assert_int_equal(r.ids[i], want[i]);
+    }
+    gen_result_free(&r);
+    model_free(m);
+    backend_destroy(b);
+    free(prompt);
+    free(want);
+    cJSON_Delete(exp);
+}
+
+static void test_stories260k_greedy_matches_golden_ids(void **state) { stories_golden_with_chunk(0); }
+
+/* HF parity for one family: greedy ids equal; every HF top-5 logprob within tolerance of ours
+ * (computed by teacher forcing over prompt + HF's ids, all positions in one forward pass). */
+static void check_hf_family(const char *family) {
+    char dir[512], path[600];
+    snprintf(dir, sizeof dir, "tests/fixtures/hf/%s", family);
+    snprintf(path, sizeof path, "%s/expected.json", dir);
+    cJSON *exp = read_json(path);
+    struct backend *b = backend_cpu_create();
+    struct model *m = load_or_fail(b, dir, 2048);
+    const cJSON *c;
+    int n_cases = 0;
+    float worst = 0.0f;
+    cJSON_ArrayForEach(c, cJSON_GetObjectItem(exp, "cases")) {
+        int np, ng;
+        int32_t *prompt = json_ids(cJSON_GetObjectItem(c, "prompt_ids"), &np);
+        int32_t *want = json_ids(cJSON_GetObjectItem(c, "greedy_ids"), &ng);
+
+        struct gen_params p = {.max_tokens = ng, .ignore_eos = true};
+        struct gen_result r;
+        char err[256];
+        assert_int_equal(generate_run(m, prompt, np, &p, &r, err, sizeof err), 0);
+        assert_int_equal(r.n, ng);
+        for (int i = 0; i < ng; i++) {
+            if (r.ids[i] != want[i])
+                print_error("%s prompt %d: position %d: got %d, HF %d\n", family, np, i, r.ids[i], want[i]);
+            assert_int_equal(r.ids[i], want[i]);
+        }
+        gen_result_free(&r);
+
+        /* teacher forcing: tokens = prompt + want[0..ng-2]; logits at the last ng rows */
+        int T = np + ng - 1, V = m->cfg.vocab_size;
+        int32_t *toks = malloc(sizeof *toks * T), *pos = malloc(sizeof *pos * T), *rows = malloc(sizeof *rows * ng);
+        memcpy(toks, prompt, sizeof *toks * np);
+        memcpy(toks + np, want, sizeof *toks * (ng - 1));
+        for (int i = 0; i < T; i++) pos[i] = i;
+        for (int i = 0; i < ng; i++) rows[i] = np - 1 + i;
+        int nb = (T + 15) / 16;
+        struct kv_cache kv;
+        assert_int_equal(kv_cache_init(&kv, b, m->cfg.n_layers, m->cfg.n_kv_heads, m->cfg.head_dim, 16, nb), 0);
+        int32_t *blocks = malloc(sizeof *blocks * nb);
+        assert_int_equal(kv_cache_alloc(&kv, nb, blocks), KV_STATUS_OK);
+        int32_t ss[2] = {0, T}, ip[2] = {0, nb};
+        struct fwd_batch bt = {T, 1, toks, pos, ss, ip, blocks, ng, rows};
+        float *logits = malloc(sizeof *logits * (size_t)ng * V), *lp = malloc(sizeof *lp * V);
+        assert_int_equal(model_forward(m, &kv, &bt, logits), 0);
+        int i = 0;
+        const cJSON *posj;
+        cJSON_ArrayForEach(posj, cJSON_GetObjectItem(c, "top_logprobs")) {
+            sampler_log_softmax(logits + (size_t)i * V, V, lp);
+            const cJSON *pair;
+            cJSON_ArrayForEach(pair, posj) {
+                int id = (int)cJSON_GetArrayItem(pair, 0)->valuedouble;
+                float hf = (float)cJSON_GetArrayItem(pair, 1)->valuedouble;
+                float d = fabsf(lp[id] - hf);
+                if (d > worst) worst = d;
+                if (d > HF_LOGPROB_TOL)
+                    print_error("%s prompt %d pos %d token %d: logprob %f, HF %f\n", family, np, i, id, lp[id], hf);
+                assert_true(d <= HF_LOGPROB_TOL);
+            }
+            i++;
+        }
+        assert_int_equal(i, ng);
+        kv_cache_free(&kv);
+        free(blocks);
+        free(logits);
+        free(lp);
+        free(toks);
+        free(pos);
+        free(rows);
+        free(prompt);
+        free(want);
+        n_cases++;
+    }
+    print_message("%s: %d prompts match HF (max |dlogprob| %.2e, tolerance %.0e)\n", family, n_cases, worst,
+                  HF_LOGPROB_TOL);
+    assert_true(n_cases >= 5);
+    model_free(m);
+    backend_destroy(b);
+    cJSON_Delete(exp);
+}
+
+static void test_hf_parity_llama3_gqa_llama3_rope(void **state) { check_hf_family("llama3"); }
+static void test_hf_parity_llama2_mha_linear_rope(void **state) { check_hf_family("llama2"); }
+static void test_hf_parity_mistral_sliding_window(void **state) { check_hf_family("mistral"); }
+static void test_hf_parity_qwen2_bias_tied(void **state) { check_hf_family("qwen2"); }
+
+/* The same greedy continuation whatever the prefill chunk size. */
+static void test_greedy_ids_identical_across_prefill_chunks(void **state) {
+    struct backend *b = backend_cpu_create();
+    struct model *m = load_or_fail(b, "tests/fixtures/hf/mistral", 4096);
+    int32_t prompt[300];
+    for (int i = 0; i < 300; i++) prompt[i] = 3 + (i * 37) % 500;
+    int32_t ref[24];
+    int chunks[] = {4096, 1, 7, 16, 129};
+    for (size_t k = 0; k < sizeof chunks / sizeof chunks[0]; k++) {
+        struct gen_params p = {.max_tokens = 24, .prefill_chunk = chunks[k], .ignore_eos = true};
+        struct gen_result r;
+        char err[256];
+        assert_int_equal(generate_run(m, prompt, 300, &p, &r, err, sizeof err), 0);
+        assert_int_equal(r.n, 24);
+        if (k == 0) memcpy(ref, r.ids, sizeof ref);
+        else assert_memory_equal(ref, r.ids, sizeof ref);
+        gen_result_free(&r);
+    }
+    model_free(m);
+    backend_destroy(b);
+}
+
+/* Two sequences in one flattened batch (with shuffled, non-contiguous blocks) give exactly the
+ * logits each gives alone. */
+static void test_batched_forward_equals_separate_forwards(void **state) {
+    struct backend *b = backend_cpu_create();
+    struct model *m = load_or_fail(b, "tests/fixtures/hf/llama3", 256);
+    int V = m->cfg.vocab_size;
+    enum { NA = 40, NB = 23, BS = 16 };
+    int32_t ta[NA], tb[NB], pa[NA], pb[NB];
+    for (int i = 0; i < NA; i++) ta[i] = 5 + (i * 13) % 400, pa[i] = i;
+    for (int i = 0; i < NB; i++) tb[i] = 7 + (i * 29) % 400, pb[i] = i;
+    struct kv_cache kv;
+    assert_int_equal(kv_cache_init(&kv, b, m->cfg.n_layers, m->cfg.n_kv_heads, m->cfg.head_dim, BS, 8), 0);
+
+    float *alone = malloc(sizeof(float) * 2 * V), *both = malloc(sizeof(float) * 2 * V);
+    int32_t blk_a[3] = {5, 0, 7}, blk_b[2] = {3, 6};
+    { /* alone */
+        int32_t ss[2] = {0, NA}, ip[2] = {0, 3}, row = NA - 1;
+        struct fwd_batch bt = {NA, 1, ta, pa, ss, ip, blk_a, 1, &row};
+        assert_int_equal(model_forward(m, &kv, &bt, alone), 0);
+        int32_t ss2[2] = {0, NB}, ip2[2] = {0, 2}, row2 = NB - 1;
+        struct fwd_batch bt2 = {NB, 1, tb, pb, ss2, ip2, blk_b, 1, &row2};
+        assert_int_equal(model_forward(m, &kv, &bt2, alone + V), 0);
+    }
+    { /* together, b first, in other blocks */
+        int32_t toks[NA + NB], pos[NA + NB];
+        memcpy(toks, tb, sizeof tb);
+        memcpy(toks + NB, ta, sizeof ta);
+        memcpy(pos, pb, sizeof pb);
+        memcpy(pos + NB, pa, sizeof pa);
+        int32_t ss[3] = {0, NB, NB + NA}, ip[3] = {0, 2, 5}, blocks[5] = {1, 4, 2, 6, 3};
+        int32_t rows[2] = {NA + NB - 1, NB - 1};
+        struct fwd_batch bt = {NA + NB, 2, toks, pos, ss, ip, blocks, 2, rows};
+        assert_int_equal(model_forward(m, &kv, &bt, both), 0);
+    }
+    assert_memory_equal(alone, both, sizeof(float) * 2 * V);
+    free(alone);
+    free(both);
+    kv_cache_free(&kv);
+    model_free(m);
+    backend_destroy(b);
+}
+
+/* Decode after prefill reads the cache: one step of 1 token equals that row of a full pass. */
+static void test_decode_step_matches_full_forward(void **state) {
+    struct backend *b = backend_cpu_create();
+    struct model *m = load_or_fail(b, "tests/fixtures/hf/qwen2", 64);
+    int V = m->cfg.vocab_size;
+    enum { N = 20 };
+    int32_t toks[N], pos[N];
+    for (int i = 0; i < N; i++) toks[i] = 3 + i * 11, pos[i] = i;
+    struct kv_cache kv;
+    assert_int_equal(kv_cache_init(&kv, b, m->cfg.n_layers, m->cfg.n_kv_heads, m->cfg.head_dim, 8, 6), 0);
+    int32_t blocks[3] = {4, 1, 2}, blocks2[3] = {0, 5, 3};
+    float *full = malloc(sizeof(float) * V), *step = malloc(sizeof(float) * V);
+    int32_t ss[2] = {0, N}, ip[2] = {0, 3}, row = N - 1;
+    struct fwd_batch bt = {N, 1, toks, pos, ss, ip, blocks, 1, &row};
+    assert_int_equal(model_forward(m, &kv, &bt, full), 0);
+    int32_t ss1[2] = {0, N - 1}, row1 = N - 2;
+    struct fwd_batch pre = {N - 1, 1, toks, pos, ss1, ip, blocks2, 1, &row1};
+    assert_int_equal(model_forward(m, &kv, &pre, step), 0);
+    int32_t ss2[2] = {0, 1}, row2 = 0;
+    struct fwd_batch dec = {1, 1, toks + N - 1, pos + N - 1, ss2, ip, blocks2, 1, &row2};
+    assert_int_equal(model_forward(m, &kv, &dec, step), 0);
+    for (int i = 0; i < V; i++) assert_float_equal(full[i], step[i], 1e-5);
+    free(full);
+    free(step);
+    kv_cache_free(&kv);
+    model_free(m);
+    backend_destroy(b);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_stories260k_greedy_matches_golden_ids),
+        cmocka_unit_test(test_hf_parity_llama3_gqa_llama3_rope),
+        cmocka_unit_test(test_hf_parity_llama2_mha_linear_rope),
+        cmocka_unit_test(test_hf_parity_mistral_sliding_window),
+        cmocka_unit_test(test_hf_parity_qwen2_bias_tied),
+        cmocka_unit_test(test_greedy_ids_identical_across_prefill_chunks),
+        cmocka_unit_test(test_batched_forward_equals_separate_forwards),
+        cmocka_unit_test(test_decode_step_matches_full_forward),
+    };
+    return cmocka_run_group_tests_name("model", tests, NULL, NULL);
+}
