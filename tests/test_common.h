@@ -47,13 +47,14 @@ static inline void test_rm_rf(const char *dir) {
     DIR *d = opendir(dir);
     if (!d) return;
     struct dirent *e;
-    char p[4096];
     while ((e = readdir(d))) {
         if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        char *p;
+        if (asprintf(&p, "%s/%s", dir, e->d_name) < 0) break;
         struct stat st;
         if (lstat(p, &st) == 0 && S_ISDIR(st.st_mode)) test_rm_rf(p);
         else unlink(p);
+        free(p);
     }
     closedir(d);
     rmdir(dir);
