@@ -11,8 +11,9 @@ NVCC    ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>
 
 # C17, warnings as the house style asks; -O2 because the CPU reference runs real models in tests.
 CFLAGS  ?= -O2 -g
-CFLAGS  += -std=c17 -Wall -Wextra -Wstrict-prototypes -Wno-unused-parameter -D_GNU_SOURCE \
-           -I. -MMD -MP -pthread
+# (CFLAGS/LDFLAGS are the user's to override; the project's own flags live in DUO_CFLAGS.)
+DUO_CFLAGS := -std=c17 -Wall -Wextra -Wstrict-prototypes -Wno-unused-parameter -D_GNU_SOURCE \
+              -I. -MMD -MP -pthread
 # Libraries from Debian packages (scripts/install-deps.sh).
 LDLIBS  += -lmicrohttpd -luv -lcjson -lpcre2-8 -lutf8proc -lm -pthread
 
@@ -33,26 +34,32 @@ CUDA_OBJ   := $(patsubst %.cu,$(BUILD)/%.o,$(CUDA_SRC))
 TEST_SRC   := $(sort $(wildcard tests/test_*.c))
 TEST_BIN   := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC))
 
+# The CUDA objects are always compiled when CUDA=1 (CI proves they build without a GPU); they
+# are linked into duoserve, with --device cuda enabled, once the CUDA backend is present.
+CUDA_BACKEND := $(wildcard cuda/backend_cuda.cu)
 ifeq ($(CUDA),1)
-  CFLAGS  += -DDUO_CUDA=1
-  LIB_OBJ += $(CUDA_OBJ)
-  LDLIBS  += -L$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart -lstdc++
-  CUDA_TEST := $(BUILD)/duoserve-test-cuda
+  CUDA_ALL := $(CUDA_OBJ)
+  ifneq ($(CUDA_BACKEND),)
+    DUO_CFLAGS += -DDUO_CUDA=1
+    LIB_OBJ += $(CUDA_OBJ)
+    LDLIBS  += -L$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart -lstdc++
+    CUDA_TEST := $(BUILD)/duoserve-test-cuda
+  endif
 endif
 
 .PHONY: all test debug setup run clean fuzz
-all: $(BUILD)/duoserve $(CUDA_TEST)
+all: $(BUILD)/duoserve $(CUDA_ALL) $(CUDA_TEST)
 
 $(BUILD)/libduoserve.a: $(LIB_OBJ)
 	@mkdir -p $(@D)
 	ar rcs $@ $^
 
 $(BUILD)/duoserve: $(BUILD)/server/main.o $(BUILD)/libduoserve.a
-	$(CC) $(CFLAGS) -o $@ $^ $(LDFLAGS) $(LDLIBS)
+	$(CC) $(DUO_CFLAGS) $(CFLAGS) -o $@ $^ $(LDFLAGS) $(LDLIBS)
 
 $(BUILD)/%.o: %.c
 	@mkdir -p $(@D)
-	$(CC) $(CFLAGS) -c -o $@ $<
+	$(CC) $(DUO_CFLAGS) $(CFLAGS) -c -o $@ $<
 
 $(BUILD)/cuda/%.o: cuda/%.cu
 	@mkdir -p $(@D)
@@ -60,13 +67,13 @@ $(BUILD)/cuda/%.o: cuda/%.cu
 
 $(BUILD)/tests/%: tests/%.c $(BUILD)/libduoserve.a
 	@mkdir -p $(@D)
-	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libduoserve.a $(LDFLAGS) $(LDLIBS) -lcmocka
+	$(CC) $(DUO_CFLAGS) $(CFLAGS) -o $@ $< $(BUILD)/libduoserve.a $(LDFLAGS) $(LDLIBS) -lcmocka
 
 $(BUILD)/duoserve-test-cuda: tests/cuda/test_cuda_ops.c $(BUILD)/libduoserve.a
-	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libduoserve.a $(LDFLAGS) $(LDLIBS)
+	$(CC) $(DUO_CFLAGS) $(CFLAGS) -o $@ $< $(BUILD)/libduoserve.a $(LDFLAGS) $(LDLIBS)
 
 # Every unit test binary, then the end-to-end scripts; stops at the first failure.
-test: $(BUILD)/duoserve $(TEST_BIN) $(CUDA_TEST)
+test: $(BUILD)/duoserve $(TEST_BIN) $(CUDA_ALL) $(CUDA_TEST)
 	@BUILD=$(BUILD) ./tests/run_all.sh $(TEST_BIN)
 
 debug:

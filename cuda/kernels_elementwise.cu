@@ -1,0 +1,99 @@
+// Elementwise and row-wise kernels of the forward pass: embedding gather, RMSNorm, RoPE
+// (HF rotate_half layout), SwiGLU and residual add. Activations are bf16, math in f32.
+// Each op: __global__ kernel -> launcher on raw pointers and a stream (STYLE.md).
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+#include "cuda/cuda_common.h"
+
+__global__ void embed_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *table, const int32_t *tokens, int dim) {
+    int t = blockIdx.x;
+    const __nv_bfloat16 *row = table + (size_t)tokens[t] * dim;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) out[(size_t)t * dim + i] = row[i];
+}
+
+// One block per row; f32 sum of squares reduced through shared memory.
+__global__ void rmsnorm_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *x, const __nv_bfloat16 *w, int dim, float eps) {
+    __shared__ float partial[32];
+    const __nv_bfloat16 *xr = x + (size_t)blockIdx.x * dim;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+        float v = __bfloat162float(xr[i]);
+        ss += v * v;
+    }
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = ss;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        ss = threadIdx.x < (blockDim.x + 31) / 32 ? partial[threadIdx.x] : 0.0f;
+        for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+        if (threadIdx.x == 0) partial[0] = ss;
+    }
+    __syncthreads();
+    float inv = rsqrtf(partial[0] / dim + eps);
+    __nv_bfloat16 *orow = out + (size_t)blockIdx.x * dim;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x)
+        orow[i] = __float2bfloat16(__bfloat162float(w[i]) * (__bfloat162float(xr[i]) * inv));
+}
+
+// One block per token; thread i rotates pair (i, i + hd/2) of every head.
+__global__ void rope_kernel(__nv_bfloat16 *x, const int32_t *pos, const float *inv_freq, int n_heads, int hd) {
+    int t = blockIdx.x, half = hd / 2;
+    for (int j = threadIdx.x; j < n_heads * half; j += blockDim.x) {
+        int h = j / half, i = j % half;
+        float s, c;
+        sincosf((float)pos[t] * inv_freq[i], &s, &c);
+        __nv_bfloat16 *v = x + ((size_t)t * n_heads + h) * hd;
+        float a = __bfloat162float(v[i]), b = __bfloat162float(v[i + half]);
+        v[i] = __float2bfloat16(a * c - b * s);
+        v[i + half] = __float2bfloat16(b * c + a * s);
+    }
+}
+
+__global__ void silu_mul_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *gate, const __nv_bfloat16 *up, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        float g = __bfloat162float(gate[i]);
+        out[i] = __float2bfloat16(g / (1.0f + __expf(-g)) * __bfloat162float(up[i]));
+    }
+}
+
+__global__ void add_kernel(__nv_bfloat16 *x, const __nv_bfloat16 *y, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] = __float2bfloat16(__bfloat162float(x[i]) + __bfloat162float(y[i]));
+}
+
+extern "C" {
+
+int cuda_embed(void *out, const void *table, const int32_t *tokens, int n, int dim, cudaStream_t s) {
+    embed_kernel<<<n, 256, 0, s>>>((__nv_bfloat16 *)out, (const __nv_bfloat16 *)table, tokens, dim);
+    CUDA_CHECK(cudaGetLastError());
+    return 0;
+}
+
+int cuda_rmsnorm(void *out, const void *x, const void *w, int n, int dim, float eps, cudaStream_t s) {
+    rmsnorm_kernel<<<n, 256, 0, s>>>((__nv_bfloat16 *)out, (const __nv_bfloat16 *)x, (const __nv_bfloat16 *)w, dim, eps);
+    CUDA_CHECK(cudaGetLastError());
+    return 0;
+}
+
+int cuda_rope(void *x, const int32_t *pos, const float *inv_freq, int n, int n_heads, int hd, cudaStream_t s) {
+    rope_kernel<<<n, 128, 0, s>>>((__nv_bfloat16 *)x, pos, inv_freq, n_heads, hd);
+    CUDA_CHECK(cudaGetLastError());
+    return 0;
+}
+
+int cuda_silu_mul(void *out, const void *gate, const void *up, size_t n, cudaStream_t s) {
+    silu_mul_kernel<<<cuda_blocks(n, 256), 256, 0, s>>>((__nv_bfloat16 *)out, (const __nv_bfloat16 *)gate,
+                                                      (const __nv_bfloat16 *)up, n);
+    CUDA_CHECK(cudaGetLastError());
+    return 0;
+}
+
+int cuda_add(void *x, const void *y, size_t n, cudaStream_t s) {
+    add_kernel<<<cuda_blocks(n, 256), 256, 0, s>>>((__nv_bfloat16 *)x, (const __nv_bfloat16 *)y, n);
+    CUDA_CHECK(cudaGetLastError());
+    return 0;
+}
+
+}  // extern "C"

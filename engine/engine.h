@@ -1,0 +1,145 @@
+/* engine: continuous-batching inference on one model. One engine thread (a libuv loop) owns
+ * all inference state: scheduler, KV pools, model, sampler, detokenizers. Other threads (the
+ * HTTP side) only call the functions below, which are thread-safe: engine_submit hands a
+ * request over, engine_poll pops its output events from a per-request queue, engine_cancel /
+ * engine_release mark it for the engine to drop at the next step boundary (its KV is freed
+ * there). `notify` is called from the engine thread whenever new events are queued for a
+ * request; it must only wake the caller (e.g. MHD_resume_connection), never block. */
+#ifndef DUO_ENGINE_H
+#define DUO_ENGINE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct tokenizer;
+struct chat_template;
+
+struct engine_config {
+    const char *model_dir;      // NULL = built-in demo model
+    const char *device;         // "cpu" or "cuda"
+    int max_num_seqs;           // concurrent running sequences (choices), default 64
+    int max_num_batched_tokens; // token budget per step, default 2048 on CPU, 8192 on GPU
+    int max_model_len;          // prompt + output limit, default the model's max_position_embeddings
+    int max_queue;              // waiting requests before submit says ENGINE_ERR_QUEUE_FULL, default 1024
+    int block_size;             // full-pool block size in tokens, default 16
+    size_t kv_cache_memory;     // CPU: bytes for both KV pools (0 = default 256 MiB)
+    float gpu_memory_utilization; // CUDA: fraction of the card, default 0.9
+    const char *duo_pattern;    // full_attention_heads.tsv or NULL (all heads retrieval)
+    float duo_sparsity;         // fraction of heads made streaming, [0, 1]
+    int sink_tokens, recent_tokens; // streaming heads keep these (default 64, 256)
+    const char *chat_template_file; // overrides the model's template, or NULL
+};
+
+/* Sampling and stopping for one request (OpenAI + vLLM semantics). */
+struct engine_sampling {
+    int n;                     // choices, >= 1
+    int max_tokens;            // >= 1
+    int min_tokens;            // EOS and stop ids/strings ignored before this many tokens
+    float temperature;         // 0 = greedy
+    float top_p;               // (0, 1]
+    int top_k;                 // <= 0: off
+    float min_p;               // [0, 1]
+    float presence_penalty, frequency_penalty; // [-2, 2]
+    float repetition_penalty;  // > 0, 1 = off
+    bool has_seed;
+    uint64_t seed;
+    int n_logit_bias;
+    const int32_t *logit_bias_ids; // token ids (in the vocabulary)
+    const float *logit_bias_vals;  // [-100, 100]
+    int n_stop_ids;
+    const int32_t *stop_ids;   // extra stop token ids
+    int n_stop;
+    char *const *stop;         // stop strings (UTF-8), matched on the detokenized text
+    bool ignore_eos;
+    bool include_stop_str_in_output;
+    bool skip_special_tokens;  // default true
+    int logprobs;              // -1: none; 0..20: sampled token's logprob + this many top
+};
+
+/* A request. engine_submit copies everything it needs; the caller keeps ownership. */
+struct engine_request {
+    const int32_t *prompt;
+    int n_prompt;
+    struct engine_sampling sp;
+};
+
+enum engine_finish { ENGINE_FINISH_NONE = 0, ENGINE_FINISH_STOP, ENGINE_FINISH_LENGTH, ENGINE_FINISH_ABORT };
+
+enum engine_event_type {
+    ENGINE_EVENT_TOKEN,  // one generated token of one choice (text may be empty: held back UTF-8)
+    ENGINE_EVENT_FINISH, // a choice finished; text holds any flushed tail
+    ENGINE_EVENT_ERROR,  // the request failed (message); no more events follow
+};
+
+#define ENGINE_MAX_LOGPROBS 20
+
+struct engine_event {
+    enum engine_event_type type;
+    int choice;                    // index among the request's n choices
+    int32_t token;                 // TOKEN: the sampled id
+    char *text;                    // malloc'd UTF-8 delta (never splits a character); caller frees
+    float logprob;                 // TOKEN with logprobs >= 0: log p(token) (before temperature)
+    int n_top;
+    int32_t top_ids[ENGINE_MAX_LOGPROBS];
+    float top_lps[ENGINE_MAX_LOGPROBS];
+    enum engine_finish finish;     // FINISH
+    const char *stop_reason_str;   // FINISH by a stop string: which one (points into the request copy)
+    int32_t stop_reason_id;        // FINISH by a stop id: which one; else -1
+    int prompt_tokens, completion_tokens; // FINISH: usage of this choice
+    double ttft_s;                 // FINISH: time to first token of this choice
+    char message[256];             // ERROR
+};
+
+enum engine_status {
+    ENGINE_OK = 0,
+    ENGINE_ERR_INVALID = -1,      // a parameter is out of range (message says which)
+    ENGINE_ERR_TOO_LONG = -2,     // prompt + max_tokens over max_model_len or the whole KV pool
+    ENGINE_ERR_QUEUE_FULL = -3,   // try later (HTTP 429)
+    ENGINE_ERR_DRAINING = -4,     // shutting down (HTTP 503)
+    ENGINE_ERR_OOM = -5,
+};
+
+struct engine;
+struct engine_handle;
+
+/* Loads the model and starts the engine thread. On failure -1 and a one-line message. */
+int engine_create(struct engine **out, const struct engine_config *cfg, char *err, size_t errlen);
+/* Stops the thread (aborting what is still running) and frees everything; NULL is a no-op. */
+void engine_destroy(struct engine *e);
+
+/* Hands a request to the engine. On ENGINE_OK *h is a handle the caller must engine_release. */
+int engine_submit(struct engine *e, const struct engine_request *req, void (*notify)(void *ud), void *ud,
+                  struct engine_handle **h, char *err, size_t errlen);
+/* Pops the next event: 1 = one event written (caller frees ev->text), 0 = none yet. After the
+ * last choice's FINISH (or an ERROR) it returns -1: the request is done. */
+int engine_poll(struct engine_handle *h, struct engine_event *ev);
+/* Asks the engine to stop the request; remaining choices FINISH with ENGINE_FINISH_ABORT. */
+void engine_cancel(struct engine_handle *h);
+/* The caller is done with h (cancels it if still running); h must not be used afterwards. */
+void engine_release(struct engine_handle *h);
+
+/* Stops admitting (submit returns ENGINE_ERR_DRAINING); running requests continue. */
+void engine_drain(struct engine *e);
+/* Requests running or waiting. */
+int engine_num_active(struct engine *e);
+
+struct engine_stats {
+    int num_running, num_waiting;
+    double kv_usage_full, kv_usage_streaming; // fraction in [0, 1]
+    uint64_t prompt_tokens_total, generation_tokens_total, preemptions_total;
+    uint64_t finished_stop, finished_length, finished_abort;
+    int kv_capacity_tokens; // full-pool tokens
+};
+void engine_get_stats(struct engine *e, struct engine_stats *st);
+
+/* Read-only after engine_create; safe to use from any thread. */
+const struct tokenizer *engine_tokenizer(const struct engine *e);
+const struct chat_template *engine_chat_template(const struct engine *e); // NULL when the model has none
+int engine_vocab_size(const struct engine *e);
+int engine_max_model_len(const struct engine *e);
+const char *engine_model_dir(const struct engine *e);
+
+const char *engine_strerror(int status);
+
+#endif
