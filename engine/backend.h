@@ -20,18 +20,27 @@ struct fwd_batch {
     const int32_t *seq_start;    // [S+1] tokens of sequence s are rows seq_start[s]..seq_start[s+1)
     const int32_t *block_indptr; // [S+1] sequence s's full-pool blocks: block_ids[indptr[s]..indptr[s+1])
     const int32_t *block_ids;    // block table, in position order (block i holds positions i*bs..)
+    const int32_t *stream_slot;  // [S] streaming-pool slot of each sequence (unused without streaming heads)
     int n_logits;
     const int32_t *logit_rows;   // [n_logits] rows of T whose logits are computed
 };
 
-/* Attention geometry and the KV of one layer. K/V cache layout (full pool):
- * [n_blocks][block_size][n_kv_heads][head_dim], indexed by the batch's block table. */
+/* Attention geometry and the KV of one layer. Its KV heads are ordered retrieval first:
+ * heads 0..n_full-1 live in the full pool, heads n_full..n_kv_heads-1 in the streaming pool.
+ * Full pool: [n_blocks][block_size][n_full][head_dim], indexed by the batch's block table.
+ * Streaming pool: [n_slots][sink + recent][n_stream][head_dim]; rows 0..sink-1 hold positions
+ * 0..sink-1, row sink + (p - sink) % recent holds position p >= sink.
+ * Masks: retrieval heads are causal (and within sliding_window when set); a streaming head's
+ * query at position i sees key j iff j <= i and (j < sink or i - j < recent). */
 struct attn_layer {
     int n_heads, n_kv_heads, head_dim;
+    int n_full, n_stream; // n_full + n_stream == n_kv_heads
     int block_size;
+    int sink, recent;
     int sliding_window; // 0 = none; else key j visible to query i iff i - j < sliding_window
     float scale;        // 1/sqrt(head_dim)
-    void *k_cache, *v_cache;
+    void *k_full, *v_full;
+    void *k_stream, *v_stream;
 };
 
 enum backend_status { BACKEND_OK = 0, BACKEND_ERR_OOM = -1, BACKEND_ERR_DEVICE = -2, BACKEND_ERR_ARG = -3 };
@@ -42,6 +51,8 @@ struct backend_ops {
     /* memory: alloc returns zeroed memory or NULL; free(NULL) is a no-op */
     void *(*alloc)(struct backend *b, size_t bytes, enum backend_status *st);
     void (*free)(struct backend *b, void *p);
+    /* device-to-device copy of bytes (KV copy on write, slot forks) */
+    void (*copy)(struct backend *b, void *dst, const void *src, size_t bytes);
     /* bytes of one activation element (4 on CPU, 2 for bf16 on CUDA) */
     size_t act_size;
     /* weights: copies (and converts) a checkpoint tensor into backend memory */
@@ -63,7 +74,8 @@ struct backend_ops {
      * layout; inv_freq[hd/2] is f32 */
     void (*rope)(struct backend *b, void *q, void *k, int n_heads, int n_kv_heads, int head_dim,
                  const void *inv_freq);
-    /* appends k/v of the batch to the layer's cache, then out = causal attention of q over it */
+    /* out = attention of q over the layer's cache and this batch's k/v (masks above); the
+     * batch's k/v are appended to the pools */
     void (*attention)(struct backend *b, void *out, const void *q, const void *k, const void *v,
                       const struct attn_layer *layer);
     /* out[i] = silu(gate[i]) * up[i] */

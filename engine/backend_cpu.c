@@ -21,6 +21,8 @@ static void *cpu_alloc(struct backend *b, size_t bytes, enum backend_status *st)
 
 static void cpu_free(struct backend *b, void *p) { free(p); }
 
+static void cpu_copy(struct backend *b, void *dst, const void *src, size_t bytes) { memmove(dst, src, bytes); }
+
 static int cpu_weight_upload(struct backend *b, const struct st_tensor *t, void **out) {
     int64_t n = st_tensor_numel(t);
     float *w = malloc((size_t)(n ? n : 1) * sizeof(float));
@@ -99,11 +101,74 @@ static void cpu_rope(struct backend *b, void *q, void *k, int n_heads, int n_kv_
     }
 }
 
-/* Row of the full pool holding (sequence s, position p), kv head h. */
-static float *kv_row(float *cache, const struct fwd_batch *bt, const struct attn_layer *L, int s, int p, int h) {
+/* Full-pool row of (sequence s, position p, retrieval head h). */
+static float *full_row(float *cache, const struct fwd_batch *bt, const struct attn_layer *L, int s, int p, int h) {
     int blk = bt->block_ids[bt->block_indptr[s] + p / L->block_size];
-    size_t row = ((size_t)blk * L->block_size + (size_t)(p % L->block_size)) * L->n_kv_heads + (size_t)h;
+    size_t row = ((size_t)blk * L->block_size + (size_t)(p % L->block_size)) * L->n_full + (size_t)h;
     return cache + row * L->head_dim;
+}
+
+/* Streaming-slot row of (slot, position p, streaming head h). */
+static float *stream_row(float *cache, const struct attn_layer *L, int slot, int p, int h) {
+    int r = p < L->sink ? p : L->sink + (p - L->sink) % L->recent;
+    size_t row = ((size_t)slot * (L->sink + L->recent) + (size_t)r) * L->n_stream + (size_t)h;
+    return cache + row * L->head_dim;
+}
+
+/* One query head over the keys `visible` says it sees; scores in sc[0..pos]. */
+static void attend(float *o, const float *q, int pos, int first, const struct attn_layer *L, float *sc,
+                   const float *(*key)(const void *ctx, int j, int want_v), const void *ctx,
+                   int (*visible)(const struct attn_layer *L, int i, int j)) {
+    int hd = L->head_dim;
+    float mx = -INFINITY;
+    for (int j = first; j <= pos; j++) {
+        if (!visible(L, pos, j)) continue;
+        const float *kr = key(ctx, j, 0);
+        float d = 0.0f;
+        for (int i = 0; i < hd; i++) d += q[i] * kr[i];
+        sc[j] = d * L->scale;
+        if (sc[j] > mx) mx = sc[j];
+    }
+    float sum = 0.0f;
+    for (int j = first; j <= pos; j++) {
+        if (!visible(L, pos, j)) continue;
+        sc[j] = expf(sc[j] - mx);
+        sum += sc[j];
+    }
+    memset(o, 0, hd * sizeof(float));
+    for (int j = first; j <= pos; j++) {
+        if (!visible(L, pos, j)) continue;
+        const float *vr = key(ctx, j, 1);
+        float p = sc[j] / sum;
+        for (int i = 0; i < hd; i++) o[i] += p * vr[i];
+    }
+}
+
+static int visible_full(const struct attn_layer *L, int i, int j) {
+    return L->sliding_window <= 0 || i - j < L->sliding_window;
+}
+
+static int visible_stream(const struct attn_layer *L, int i, int j) { return j < L->sink || i - j < L->recent; }
+
+/* Where a key/value row lives: this batch's k/v (positions >= chunk_pos) or the pools. */
+struct key_ctx {
+    const struct fwd_batch *bt;
+    const struct attn_layer *L;
+    const float *k, *v; // batch k/v [T][n_kv][hd]
+    int s, kvh;         // sequence, KV head (reordered index)
+    int row0, pos0;     // first batch row of the sequence and its position
+};
+
+static const float *key_full(const void *ctx_, int j, int want_v) {
+    const struct key_ctx *c = ctx_;
+    return full_row(want_v ? c->L->v_full : c->L->k_full, c->bt, c->L, c->s, j, c->kvh);
+}
+
+static const float *key_stream(const void *ctx_, int j, int want_v) {
+    const struct key_ctx *c = ctx_;
+    if (j >= c->pos0) /* in this chunk: the ring may already be too small to hold it */
+        return (want_v ? c->v : c->k) + ((size_t)(c->row0 + j - c->pos0) * c->L->n_kv_heads + c->kvh) * c->L->head_dim;
+    return stream_row(want_v ? c->L->v_stream : c->L->k_stream, c->L, c->bt->stream_slot[c->s], j, c->kvh - c->L->n_full);
 }
 
 static void cpu_attention(struct backend *b, void *out_, const void *q_, const void *k_, const void *v_,
@@ -111,21 +176,22 @@ static void cpu_attention(struct backend *b, void *out_, const void *q_, const v
     struct cpu_ctx *c = b->ctx;
     const struct fwd_batch *bt = &c->batch;
     int hd = L->head_dim, nkv = L->n_kv_heads, group = L->n_heads / L->n_kv_heads;
+    const float *kin = k_, *vin = v_;
 
-    /* 1. append this step's keys and values to the cache */
+    /* 1. retrieval heads: append this step's keys and values to the full pool */
     for (int s = 0; s < bt->n_seqs; s++)
         for (int t = bt->seq_start[s]; t < bt->seq_start[s + 1]; t++)
-            for (int h = 0; h < nkv; h++) {
+            for (int h = 0; h < L->n_full; h++) {
                 size_t src = ((size_t)t * nkv + h) * hd;
-                memcpy(kv_row(L->k_cache, bt, L, s, bt->pos[t], h), (const float *)k_ + src, hd * sizeof(float));
-                memcpy(kv_row(L->v_cache, bt, L, s, bt->pos[t], h), (const float *)v_ + src, hd * sizeof(float));
+                memcpy(full_row(L->k_full, bt, L, s, bt->pos[t], h), kin + src, hd * sizeof(float));
+                memcpy(full_row(L->v_full, bt, L, s, bt->pos[t], h), vin + src, hd * sizeof(float));
             }
 
-    /* 2. each query attends to keys 0..pos (within the sliding window, if any) */
+    /* 2. every query head over the keys its mask allows */
     for (int s = 0; s < bt->n_seqs; s++) {
-        for (int t = bt->seq_start[s]; t < bt->seq_start[s + 1]; t++) {
+        int row0 = bt->seq_start[s], pos0 = bt->pos[row0];
+        for (int t = row0; t < bt->seq_start[s + 1]; t++) {
             int pos = bt->pos[t];
-            int first = L->sliding_window > 0 && pos - L->sliding_window + 1 > 0 ? pos - L->sliding_window + 1 : 0;
             size_t need = (size_t)(pos + 1);
             if (need > c->scores_cap) {
                 float *ns = realloc(c->scores, need * sizeof(float));
@@ -133,33 +199,29 @@ static void cpu_attention(struct backend *b, void *out_, const void *q_, const v
                 c->scores = ns;
                 c->scores_cap = need;
             }
-            float *sc = c->scores;
             for (int h = 0; h < L->n_heads; h++) {
-                const float *q = (const float *)q_ + ((size_t)t * L->n_heads + h) * hd;
                 int kvh = h / group;
-                float mx = -INFINITY;
-                for (int j = first; j <= pos; j++) {
-                    const float *kr = kv_row(L->k_cache, bt, L, s, j, kvh);
-                    float d = 0.0f;
-                    for (int i = 0; i < hd; i++) d += q[i] * kr[i];
-                    sc[j] = d * L->scale;
-                    if (sc[j] > mx) mx = sc[j];
-                }
-                float sum = 0.0f;
-                for (int j = first; j <= pos; j++) {
-                    sc[j] = expf(sc[j] - mx);
-                    sum += sc[j];
-                }
+                struct key_ctx kc = {bt, L, kin, vin, s, kvh, row0, pos0};
+                const float *q = (const float *)q_ + ((size_t)t * L->n_heads + h) * hd;
                 float *o = (float *)out_ + ((size_t)t * L->n_heads + h) * hd;
-                memset(o, 0, hd * sizeof(float));
-                for (int j = first; j <= pos; j++) {
-                    const float *vr = kv_row(L->v_cache, bt, L, s, j, kvh);
-                    float p = sc[j] / sum;
-                    for (int i = 0; i < hd; i++) o[i] += p * vr[i];
+                if (kvh < L->n_full) {
+                    int first = L->sliding_window > 0 && pos - L->sliding_window + 1 > 0 ? pos - L->sliding_window + 1 : 0;
+                    attend(o, q, pos, first, L, c->scores, key_full, &kc, visible_full);
+                } else {
+                    attend(o, q, pos, 0, L, c->scores, key_stream, &kc, visible_stream);
                 }
             }
         }
     }
+
+    /* 3. streaming heads: store the chunk into the slots (sink rows, then the recent ring) */
+    for (int s = 0; L->n_stream && s < bt->n_seqs; s++)
+        for (int t = bt->seq_start[s]; t < bt->seq_start[s + 1]; t++)
+            for (int h = 0; h < L->n_stream; h++) {
+                size_t src = ((size_t)t * nkv + L->n_full + h) * hd;
+                memcpy(stream_row(L->k_stream, L, bt->stream_slot[s], bt->pos[t], h), kin + src, hd * sizeof(float));
+                memcpy(stream_row(L->v_stream, L, bt->stream_slot[s], bt->pos[t], h), vin + src, hd * sizeof(float));
+            }
 }
 
 static void cpu_silu_mul(struct backend *b, void *out, const void *gate, const void *up, size_t n) {
@@ -197,6 +259,7 @@ static void cpu_destroy(struct backend *b) {
 static const struct backend_ops cpu_ops = {
     .alloc = cpu_alloc,
     .free = cpu_free,
+    .copy = cpu_copy,
     .act_size = sizeof(float),
     .weight_upload = cpu_weight_upload,
     .upload_f32 = cpu_upload_f32,

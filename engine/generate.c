@@ -41,7 +41,9 @@ int generate_run(struct model *m, const int32_t *prompt, int n_prompt, const str
 
     int n_blocks = (total + GEN_BLOCK_SIZE - 1) / GEN_BLOCK_SIZE;
     struct kv_cache kv;
-    if (kv_cache_init(&kv, m->b, c->n_layers, c->n_kv_heads, c->head_dim, GEN_BLOCK_SIZE, n_blocks) != KV_STATUS_OK)
+    struct kv_geometry geo;
+    model_kv_geometry(m, GEN_BLOCK_SIZE, 0, 1, &geo);
+    if (kv_cache_init(&kv, m->b, &geo, n_blocks, 1) != KV_STATUS_OK)
         return util_err(err, errlen, "out of memory for the KV cache of %d tokens", total);
     int32_t *blocks = malloc(sizeof *blocks * (size_t)n_blocks);
     int32_t *toks = malloc(sizeof *toks * (size_t)total), *pos = malloc(sizeof *pos * (size_t)chunk);
@@ -66,7 +68,8 @@ int generate_run(struct model *m, const int32_t *prompt, int n_prompt, const str
         for (int i = 0; i < n; i++) pos[i] = done_upto + i;
         int32_t seq_start[2] = {0, n}, indptr[2] = {0, n_blocks}, row = n - 1;
         bool last = done_upto + n == n_tok;
-        struct fwd_batch bt = {n, 1, toks + done_upto, pos, seq_start, indptr, blocks, last ? 1 : 0, &row};
+        int32_t slot = 0;
+        struct fwd_batch bt = {n, 1, toks + done_upto, pos, seq_start, indptr, blocks, &slot, last ? 1 : 0, &row};
         if (model_forward(m, &kv, &bt, logits) != 0) {
             rc = util_err(err, errlen, "forward pass failed on the %s backend", m->b->name);
             goto done;

@@ -4,63 +4,160 @@
 #include <stdlib.h>
 #include <string.h>
 
-size_t kv_cache_block_bytes(int n_layers, int n_kv_heads, int head_dim, int block_size, size_t elem_size) {
-    return 2 * (size_t)n_layers * block_size * n_kv_heads * head_dim * elem_size;
+static size_t sum_heads(const int *h, int n) {
+    size_t s = 0;
+    for (int i = 0; i < n; i++) s += (size_t)h[i];
+    return s;
 }
 
-int kv_cache_init(struct kv_cache *kv, struct backend *b, int n_layers, int n_kv_heads, int head_dim,
-                  int block_size, int n_blocks) {
+size_t kv_cache_block_bytes(const struct kv_geometry *g, size_t es) {
+    return 2 * sum_heads(g->n_full, g->n_layers) * (size_t)g->block_size * g->head_dim * es;
+}
+
+size_t kv_cache_slot_bytes(const struct kv_geometry *g, size_t es) {
+    return 2 * sum_heads(g->n_stream, g->n_layers) * (size_t)(g->sink + g->recent) * g->head_dim * es;
+}
+
+int kv_cache_init(struct kv_cache *kv, struct backend *b, const struct kv_geometry *g, int n_blocks, int n_slots) {
     memset(kv, 0, sizeof *kv);
+    int L = g->n_layers;
     kv->b = b;
-    kv->n_layers = n_layers;
-    kv->n_kv_heads = n_kv_heads;
-    kv->head_dim = head_dim;
-    kv->block_size = block_size;
+    kv->n_layers = L;
+    kv->head_dim = g->head_dim;
+    kv->block_size = g->block_size;
+    kv->sink = g->sink;
+    kv->recent = g->recent;
     kv->n_blocks = n_blocks;
-    kv->k = calloc((size_t)n_layers, sizeof *kv->k);
-    kv->v = calloc((size_t)n_layers, sizeof *kv->v);
-    kv->free_ids = malloc(sizeof *kv->free_ids * (size_t)(n_blocks ? n_blocks : 1));
-    if (!kv->k || !kv->v || !kv->free_ids) {
+    kv->n_slots = n_slots;
+    kv->n_full = malloc(sizeof(int) * L);
+    kv->n_stream = malloc(sizeof(int) * L);
+    kv->k_full = calloc(L, sizeof(void *));
+    kv->v_full = calloc(L, sizeof(void *));
+    kv->k_stream = calloc(L, sizeof(void *));
+    kv->v_stream = calloc(L, sizeof(void *));
+    kv->ref = calloc((size_t)n_blocks + 1, sizeof(int32_t));
+    kv->free_blocks = malloc(sizeof(int32_t) * ((size_t)n_blocks + 1));
+    kv->free_slots = malloc(sizeof(int32_t) * ((size_t)n_slots + 1));
+    kv->slot_used = calloc((size_t)n_slots + 1, 1);
+    if (!kv->n_full || !kv->n_stream || !kv->k_full || !kv->v_full || !kv->k_stream || !kv->v_stream || !kv->ref ||
+        !kv->free_blocks || !kv->free_slots || !kv->slot_used) {
         kv_cache_free(kv);
         return KV_STATUS_OOM;
     }
-    size_t bytes = (size_t)n_blocks * block_size * n_kv_heads * head_dim * b->ops->act_size;
-    for (int l = 0; l < n_layers; l++) {
-        enum backend_status st1, st2;
-        kv->k[l] = b->ops->alloc(b, bytes, &st1);
-        kv->v[l] = b->ops->alloc(b, bytes, &st2);
-        if (st1 || st2) {
+    memcpy(kv->n_full, g->n_full, sizeof(int) * L);
+    memcpy(kv->n_stream, g->n_stream, sizeof(int) * L);
+    size_t es = b->ops->act_size;
+    for (int l = 0; l < L; l++) {
+        size_t fb = (size_t)n_blocks * g->block_size * g->n_full[l] * g->head_dim * es;
+        size_t sb = (size_t)n_slots * (g->sink + g->recent) * g->n_stream[l] * g->head_dim * es;
+        enum backend_status s[4] = {0};
+        if (fb) {
+            kv->k_full[l] = b->ops->alloc(b, fb, &s[0]);
+            kv->v_full[l] = b->ops->alloc(b, fb, &s[1]);
+        }
+        if (sb) {
+            kv->k_stream[l] = b->ops->alloc(b, sb, &s[2]);
+            kv->v_stream[l] = b->ops->alloc(b, sb, &s[3]);
+        }
+        if (s[0] || s[1] || s[2] || s[3]) {
             kv_cache_free(kv);
             return KV_STATUS_OOM;
         }
     }
-    /* lowest ids on top of the stack, so allocation order is predictable in tests */
-    for (int i = 0; i < n_blocks; i++) kv->free_ids[i] = n_blocks - 1 - i;
-    kv->n_free = n_blocks;
+    /* lowest ids on top of the stacks, so allocation order is predictable */
+    for (int i = 0; i < n_blocks; i++) kv->free_blocks[i] = n_blocks - 1 - i;
+    kv->n_free_blocks = n_blocks;
+    for (int i = 0; i < n_slots; i++) kv->free_slots[i] = n_slots - 1 - i;
+    kv->n_free_slots = n_slots;
     return KV_STATUS_OK;
 }
 
 void kv_cache_free(struct kv_cache *kv) {
-    if (!kv) return;
+    if (!kv || !kv->b) return;
     for (int l = 0; l < kv->n_layers; l++) {
-        if (kv->k) kv->b->ops->free(kv->b, kv->k[l]);
-        if (kv->v) kv->b->ops->free(kv->b, kv->v[l]);
+        void **arrs[4] = {kv->k_full, kv->v_full, kv->k_stream, kv->v_stream};
+        for (int i = 0; i < 4; i++)
+            if (arrs[i]) kv->b->ops->free(kv->b, arrs[i][l]);
     }
-    free(kv->k);
-    free(kv->v);
-    free(kv->free_ids);
+    free(kv->n_full);
+    free(kv->n_stream);
+    free(kv->k_full);
+    free(kv->v_full);
+    free(kv->k_stream);
+    free(kv->v_stream);
+    free(kv->ref);
+    free(kv->free_blocks);
+    free(kv->free_slots);
+    free(kv->slot_used);
     memset(kv, 0, sizeof *kv);
 }
 
 enum kv_status kv_cache_alloc(struct kv_cache *kv, int n, int32_t *out) {
-    if (n > kv->n_free) return KV_STATUS_NO_SPACE;
-    for (int i = 0; i < n; i++) out[i] = kv->free_ids[--kv->n_free];
+    if (n > kv->n_free_blocks) return KV_STATUS_NO_SPACE;
+    for (int i = 0; i < n; i++) {
+        int32_t id = kv->free_blocks[--kv->n_free_blocks];
+        assert(kv->ref[id] == 0);
+        kv->ref[id] = 1;
+        out[i] = id;
+    }
     return KV_STATUS_OK;
+}
+
+void kv_cache_ref(struct kv_cache *kv, int32_t id) {
+    assert(id >= 0 && id < kv->n_blocks && kv->ref[id] > 0);
+    kv->ref[id]++;
 }
 
 void kv_cache_release(struct kv_cache *kv, const int32_t *ids, int n) {
     for (int i = 0; i < n; i++) {
-        assert(kv->n_free < kv->n_blocks && ids[i] >= 0 && ids[i] < kv->n_blocks);
-        kv->free_ids[kv->n_free++] = ids[i];
+        int32_t id = ids[i];
+        assert(id >= 0 && id < kv->n_blocks && kv->ref[id] > 0);
+        if (--kv->ref[id] == 0) kv->free_blocks[kv->n_free_blocks++] = id;
     }
+}
+
+void kv_cache_copy_block(struct kv_cache *kv, int32_t dst, int32_t src) {
+    size_t es = kv->b->ops->act_size;
+    for (int l = 0; l < kv->n_layers; l++) {
+        size_t row = (size_t)kv->block_size * kv->n_full[l] * kv->head_dim * es;
+        if (!row) continue;
+        kv->b->ops->copy(kv->b, (char *)kv->k_full[l] + dst * row, (const char *)kv->k_full[l] + src * row, row);
+        kv->b->ops->copy(kv->b, (char *)kv->v_full[l] + dst * row, (const char *)kv->v_full[l] + src * row, row);
+    }
+}
+
+enum kv_status kv_cache_alloc_slot(struct kv_cache *kv, int32_t *slot) {
+    if (kv->n_free_slots == 0) return KV_STATUS_NO_SPACE;
+    *slot = kv->free_slots[--kv->n_free_slots];
+    assert(!kv->slot_used[*slot]);
+    kv->slot_used[*slot] = 1;
+    return KV_STATUS_OK;
+}
+
+void kv_cache_release_slot(struct kv_cache *kv, int32_t slot) {
+    assert(slot >= 0 && slot < kv->n_slots && kv->slot_used[slot]);
+    kv->slot_used[slot] = 0;
+    kv->free_slots[kv->n_free_slots++] = slot;
+}
+
+void kv_cache_copy_slot(struct kv_cache *kv, int32_t dst, int32_t src) {
+    size_t es = kv->b->ops->act_size;
+    for (int l = 0; l < kv->n_layers; l++) {
+        size_t row = (size_t)(kv->sink + kv->recent) * kv->n_stream[l] * kv->head_dim * es;
+        if (!row) continue;
+        kv->b->ops->copy(kv->b, (char *)kv->k_stream[l] + dst * row, (const char *)kv->k_stream[l] + src * row, row);
+        kv->b->ops->copy(kv->b, (char *)kv->v_stream[l] + dst * row, (const char *)kv->v_stream[l] + src * row, row);
+    }
+}
+
+int kv_cache_has_full(const struct kv_cache *kv) {
+    for (int l = 0; l < kv->n_layers; l++)
+        if (kv->n_full[l]) return 1;
+    return 0;
+}
+
+int kv_cache_has_stream(const struct kv_cache *kv) {
+    for (int l = 0; l < kv->n_layers; l++)
+        if (kv->n_stream[l]) return 1;
+    return 0;
 }

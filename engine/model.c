@@ -7,6 +7,10 @@
 
 #include "engine/util.h"
 
+void model_kv_geometry(const struct model *m, int block_size, int sink, int recent, struct kv_geometry *g) {
+    *g = (struct kv_geometry){m->cfg.n_layers, m->cfg.head_dim, block_size, m->n_full, m->n_stream, sink, recent};
+}
+
 void model_rope_inv_freq(const struct model_config *cfg, float *inv_freq) {
     int hd = cfg->head_dim;
     for (int i = 0; i < hd / 2; i++) inv_freq[i] = 1.0f / powf(cfg->rope_theta, (float)(2 * i) / (float)hd);
@@ -38,11 +42,51 @@ struct loader {
     const struct safetensors *st;
     struct backend *b;
     char *used; // [n_tensors]
+    const uint8_t *streaming; // [n_layers][n_kv_heads] or NULL
     char *err;
     size_t errlen;
 };
 
+/* DuoAttention head order: groups of rows (axis 0) or columns (axis 1) of a tensor, one group
+ * per KV head, reordered so new group i is old group perm[i]. */
+struct head_perm {
+    const int *perm; // [n] or NULL for identity
+    int n;
+    int axis;
+};
+
+static int upload_permuted(struct loader *ld, const struct st_tensor *t, const struct head_perm *hp, void **dst) {
+    if (!hp || !hp->perm) return ld->b->ops->weight_upload(ld->b, t, dst);
+    size_t es = st_dtype_size(t->dtype);
+    int64_t rows = t->shape[0], cols = t->n_dims > 1 ? t->shape[1] : 1;
+    unsigned char *buf = malloc(t->nbytes ? t->nbytes : 1);
+    if (!buf) return BACKEND_ERR_OOM;
+    const unsigned char *src = t->data;
+    if (hp->axis == 0) {
+        size_t gbytes = (size_t)(rows / hp->n) * (size_t)cols * es;
+        for (int i = 0; i < hp->n; i++) memcpy(buf + i * gbytes, src + (size_t)hp->perm[i] * gbytes, gbytes);
+    } else {
+        size_t gbytes = (size_t)(cols / hp->n) * es, rbytes = (size_t)cols * es;
+        for (int64_t r = 0; r < rows; r++)
+            for (int i = 0; i < hp->n; i++)
+                memcpy(buf + r * rbytes + i * gbytes, src + r * rbytes + (size_t)hp->perm[i] * gbytes, gbytes);
+    }
+    struct st_tensor tmp = *t;
+    tmp.data = buf;
+    int rc = ld->b->ops->weight_upload(ld->b, &tmp, dst);
+    free(buf);
+    return rc;
+}
+
+static int load_tensor_p(struct loader *ld, void **dst, const char *name, int n_dims, int64_t d0, int64_t d1,
+                         const struct head_perm *hp);
+
 static int load_tensor(struct loader *ld, void **dst, const char *name, int n_dims, int64_t d0, int64_t d1) {
+    return load_tensor_p(ld, dst, name, n_dims, d0, d1, NULL);
+}
+
+static int load_tensor_p(struct loader *ld, void **dst, const char *name, int n_dims, int64_t d0, int64_t d1,
+                         const struct head_perm *hp) {
     const struct st_tensor *t = safetensors_find(ld->st, name);
     if (!t) return util_err(ld->err, ld->errlen, "%s: tensor \"%s\" is missing", ld->dir, name);
     ld->used[t - ld->st->tensors] = 1;
@@ -59,7 +103,7 @@ static int load_tensor(struct loader *ld, void **dst, const char *name, int n_di
         return util_err(ld->err, ld->errlen, "%s: tensor \"%s\" has shape [%s], config.json implies [%s]", t->file,
                         name, got, exp);
     }
-    if (ld->b->ops->weight_upload(ld->b, t, dst) != BACKEND_OK)
+    if (upload_permuted(ld, t, hp, dst) != BACKEND_OK)
         return util_err(ld->err, ld->errlen, "%s: out of %s memory loading \"%s\"", t->file, ld->b->name, name);
     return 0;
 }
@@ -78,31 +122,46 @@ static int load_weights(struct model *m, struct loader *ld) {
     } else if (load_tensor(ld, &m->lm_head, "lm_head.weight", 2, V, D)) {
         return -1;
     }
+    int *perm = malloc(sizeof(int) * (size_t)c->n_kv_heads);
+    if (!perm) return util_err(ld->err, ld->errlen, "out of memory");
     for (int l = 0; l < c->n_layers; l++) {
         struct layer_weights *w = &m->layers[l];
         char n[160];
-#define LT(dst, suffix, nd, a, b)                                                   \
+        /* retrieval KV heads first, then streaming ones, each in checkpoint order */
+        int np = 0, nf = 0;
+        for (int pass = 0; pass < 2; pass++)
+            for (int h = 0; h < c->n_kv_heads; h++)
+                if ((ld->streaming && ld->streaming[l * c->n_kv_heads + h]) == pass) perm[np++] = h, nf += !pass;
+        m->n_full[l] = nf;
+        m->n_stream[l] = c->n_kv_heads - nf;
+        struct head_perm rows = {nf < c->n_kv_heads ? perm : NULL, c->n_kv_heads, 0};
+        struct head_perm cols = {rows.perm, c->n_kv_heads, 1};
+#define LT(dst, suffix, nd, a, b, hp)                                               \
     do {                                                                            \
         snprintf(n, sizeof n, "model.layers.%d.%s", l, suffix);                     \
-        if (load_tensor(ld, dst, n, nd, a, b)) return -1;                           \
+        if (load_tensor_p(ld, dst, n, nd, a, b, hp)) {                              \
+            free(perm);                                                             \
+            return -1;                                                              \
+        }                                                                           \
     } while (0)
-        LT(&w->attn_norm, "input_layernorm.weight", 1, D, 0);
-        LT(&w->ffn_norm, "post_attention_layernorm.weight", 1, D, 0);
-        LT(&w->wq, "self_attn.q_proj.weight", 2, QD, D);
-        LT(&w->wk, "self_attn.k_proj.weight", 2, KD, D);
-        LT(&w->wv, "self_attn.v_proj.weight", 2, KD, D);
-        LT(&w->wo, "self_attn.o_proj.weight", 2, D, QD);
+        LT(&w->attn_norm, "input_layernorm.weight", 1, D, 0, NULL);
+        LT(&w->ffn_norm, "post_attention_layernorm.weight", 1, D, 0, NULL);
+        LT(&w->wq, "self_attn.q_proj.weight", 2, QD, D, &rows);
+        LT(&w->wk, "self_attn.k_proj.weight", 2, KD, D, &rows);
+        LT(&w->wv, "self_attn.v_proj.weight", 2, KD, D, &rows);
+        LT(&w->wo, "self_attn.o_proj.weight", 2, D, QD, &cols);
         if (c->qkv_bias) {
-            LT(&w->bq, "self_attn.q_proj.bias", 1, QD, 0);
-            LT(&w->bk, "self_attn.k_proj.bias", 1, KD, 0);
-            LT(&w->bv, "self_attn.v_proj.bias", 1, KD, 0);
+            LT(&w->bq, "self_attn.q_proj.bias", 1, QD, 0, &rows);
+            LT(&w->bk, "self_attn.k_proj.bias", 1, KD, 0, &rows);
+            LT(&w->bv, "self_attn.v_proj.bias", 1, KD, 0, &rows);
         }
-        if (c->o_bias) LT(&w->bo, "self_attn.o_proj.bias", 1, D, 0);
-        LT(&w->w_gate, "mlp.gate_proj.weight", 2, F, D);
-        LT(&w->w_up, "mlp.up_proj.weight", 2, F, D);
-        LT(&w->w_down, "mlp.down_proj.weight", 2, D, F);
+        if (c->o_bias) LT(&w->bo, "self_attn.o_proj.bias", 1, D, 0, NULL);
+        LT(&w->w_gate, "mlp.gate_proj.weight", 2, F, D, NULL);
+        LT(&w->w_up, "mlp.up_proj.weight", 2, F, D, NULL);
+        LT(&w->w_down, "mlp.down_proj.weight", 2, D, F, NULL);
 #undef LT
     }
+    free(perm);
     for (int i = 0; i < ld->st->n_tensors; i++) {
         const char *name = ld->st->tensors[i].name;
         static const char buffer_suffix[] = "rotary_emb.inv_freq";
@@ -141,6 +200,11 @@ static int alloc_acts(struct model *m) {
 }
 
 int model_load(struct model **out, const char *dir, struct backend *b, int max_tokens, char *err, size_t errlen) {
+    return model_load_duo(out, dir, b, max_tokens, NULL, err, errlen);
+}
+
+int model_load_duo(struct model **out, const char *dir, struct backend *b, int max_tokens, const uint8_t *streaming,
+                   char *err, size_t errlen) {
     *out = NULL;
     struct model *m = calloc(1, sizeof *m);
     if (!m) return util_err(err, errlen, "out of memory");
@@ -151,8 +215,10 @@ int model_load(struct model **out, const char *dir, struct backend *b, int max_t
     if (!rc) rc = safetensors_open_dir(&st, dir, err, errlen);
     if (!rc) {
         m->layers = calloc((size_t)m->cfg.n_layers, sizeof *m->layers);
-        struct loader ld = {dir, st, b, calloc((size_t)st->n_tensors + 1, 1), err, errlen};
-        if (!m->layers || !ld.used) rc = util_err(err, errlen, "out of memory");
+        m->n_full = calloc((size_t)m->cfg.n_layers, sizeof *m->n_full);
+        m->n_stream = calloc((size_t)m->cfg.n_layers, sizeof *m->n_stream);
+        struct loader ld = {dir, st, b, calloc((size_t)st->n_tensors + 1, 1), streaming, err, errlen};
+        if (!m->layers || !m->n_full || !m->n_stream || !ld.used) rc = util_err(err, errlen, "out of memory");
         if (!rc) rc = load_weights(m, &ld);
         free(ld.used);
     }
@@ -185,6 +251,8 @@ void model_free(struct model *m) {
     void *acts[] = {m->x, m->h, m->q, m->k, m->v, m->att, m->o, m->gate, m->up, m->inv_freq};
     for (size_t i = 0; i < sizeof acts / sizeof acts[0]; i++) fr(b, acts[i]);
     free(m->layers);
+    free(m->n_full);
+    free(m->n_stream);
     free(m);
 }
 
@@ -201,7 +269,11 @@ int model_forward(struct model *m, struct kv_cache *kv, const struct fwd_batch *
     op->embed(b, m->x, m->tok_embed, D);
     for (int l = 0; l < c->n_layers; l++) {
         const struct layer_weights *w = &m->layers[l];
-        struct attn_layer L = {H, KV, hd, kv->block_size, c->sliding_window, 1.0f / sqrtf((float)hd), kv->k[l], kv->v[l]};
+        struct attn_layer L = {.n_heads = H, .n_kv_heads = KV, .head_dim = hd, .n_full = m->n_full[l],
+                               .n_stream = m->n_stream[l], .block_size = kv->block_size, .sink = kv->sink,
+                               .recent = kv->recent, .sliding_window = c->sliding_window,
+                               .scale = 1.0f / sqrtf((float)hd), .k_full = kv->k_full[l], .v_full = kv->v_full[l],
+                               .k_stream = kv->k_stream[l], .v_stream = kv->v_stream[l]};
         // attention block: x += o(attn(rope(q), rope(k), v)) of rmsnorm(x)
         op->rmsnorm(b, m->h, m->x, w->attn_norm, T, D, c->norm_eps);
         op->matmul(b, m->q, m->h, w->wq, w->bq, T, H * hd, D);

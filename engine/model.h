@@ -25,6 +25,7 @@ struct model {
     void *lm_head;                // (vocab, dim); == tok_embed when tied
     void *final_norm;             // (dim)
     struct layer_weights *layers; // [n_layers]
+    int *n_full, *n_stream;       // [n_layers] retrieval / streaming KV heads (retrieval first)
     void *inv_freq;               // (head_dim/2) f32 RoPE frequencies
     int max_tokens;               // activation buffers hold this many tokens per step
     // activations, backend memory, [max_tokens][...]
@@ -34,7 +35,14 @@ struct model {
 /* Loads DIR into backend b with activation buffers for max_tokens tokens per step. On error
  * returns -1 with a one-line message naming the file and the problem. */
 int model_load(struct model **out, const char *dir, struct backend *b, int max_tokens, char *err, size_t errlen);
+/* The same, with DuoAttention: streaming[l * n_kv_heads + h] != 0 makes KV head h of layer l a
+ * streaming head; each layer's heads are reordered at load so retrieval heads come first. */
+int model_load_duo(struct model **out, const char *dir, struct backend *b, int max_tokens, const uint8_t *streaming,
+                   char *err, size_t errlen);
 void model_free(struct model *m);
+
+/* The KV pool geometry this model needs. */
+void model_kv_geometry(const struct model *m, int block_size, int sink, int recent, struct kv_geometry *g);
 
 /* Computes RoPE inverse frequencies (head_dim/2 floats) as HF does, in f32. */
 void model_rope_inv_freq(const struct model_config *cfg, float *inv_freq);

@@ -11,6 +11,12 @@
 #include "engine/safetensors.h"
 #include "engine/util.h"
 
+static int test_kv_init(struct kv_cache *kv, struct backend *b, const struct model *m, int bs, int n_blocks) {
+    struct kv_geometry g;
+    model_kv_geometry(m, bs, 0, 1, &g);
+    return kv_cache_init(kv, b, &g, n_blocks, 1);
+}
+
 #define BASE "tests/fixtures/hf/qwen2"
 
 /* A scratch copy of the qwen2 fixture model. */
@@ -228,9 +234,9 @@ static void test_sharded_checkpoint_loads_and_bad_index_is_rejected(void **state
     int V = m1->cfg.vocab_size;
     float *l1 = malloc(sizeof(float) * V), *l2 = malloc(sizeof(float) * V);
     int32_t tok[3] = {5, 9, 77}, pos[3] = {0, 1, 2}, ss[2] = {0, 3}, ip[2] = {0, 1}, blk = 0, row = 2;
-    struct fwd_batch bt = {3, 1, tok, pos, ss, ip, &blk, 1, &row};
+    struct fwd_batch bt = {3, 1, tok, pos, ss, ip, &blk, NULL, 1, &row};
     struct kv_cache kv;
-    assert_int_equal(kv_cache_init(&kv, b, m1->cfg.n_layers, m1->cfg.n_kv_heads, m1->cfg.head_dim, 16, 1), 0);
+    assert_int_equal(test_kv_init(&kv, b, m1, 16, 1), 0);
     assert_int_equal(model_forward(m1, &kv, &bt, l1), 0);
     assert_int_equal(model_forward(m2, &kv, &bt, l2), 0);
     assert_memory_equal(l1, l2, sizeof(float) * V);
