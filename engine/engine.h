@@ -29,6 +29,7 @@ struct engine_config {
     float duo_sparsity;         // fraction of heads made streaming, [0, 1]
     int sink_tokens, recent_tokens; // streaming heads keep these (default 64, 256)
     const char *chat_template_file; // overrides the model's template, or NULL
+    bool quiet;                 // no start-up log lines (tests)
 };
 
 /* Sampling and stopping for one request (OpenAI + vLLM semantics). */

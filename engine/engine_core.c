@@ -1,0 +1,804 @@
+#include "engine/engine_core.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "engine/demo_model.h"
+#include "engine/duo_pattern.h"
+#include "engine/sampler.h"
+#include "engine/tokenizer.h"
+#include "engine/util.h"
+
+enum seq_state { SEQ_WAITING, SEQ_RUNNING, SEQ_DONE };
+
+struct core_seq {
+    struct core_request *req;
+    int choice;
+    enum seq_state state;
+    int32_t *tokens; // prompt + generated
+    int n_tokens, cap;
+    int n_computed;  // tokens whose K/V are in the pools
+    int32_t *blocks; // full-pool block table
+    int n_blocks, blocks_cap;
+    int32_t slot;    // streaming slot or -1
+    int forks_pending; // choices still to fork from this one once its prompt is computed
+    uint64_t admit_order;
+    struct sampler_seq smp;
+    struct tokenizer_stream detok;
+    char *text;      // generated text (after any stop-string cut)
+    size_t text_len, text_cap, emitted;
+    int n_generated;
+    double t_first;
+};
+
+struct core_request {
+    struct core *core;
+    core_emit_fn emit;
+    void *ud;
+    struct engine_sampling sp; // owns the arrays below
+    int32_t *prompt;
+    int n_prompt;
+    int n_choices, n_done;
+    struct core_seq **seqs;    // [n_choices], created lazily by forks
+    size_t max_stop_len;
+    double t_arrival;
+};
+
+struct seq_list {
+    struct core_seq **v;
+    int n, cap;
+};
+
+struct core {
+    struct engine_config cfg;
+    struct backend *b;
+    struct model *m;
+    struct tokenizer *tok;
+    struct kv_cache kv;
+    bool has_full, has_stream;
+    int vocab, max_model_len, max_batch;
+    int32_t eos[16];
+    int n_eos;
+    struct seq_list waiting, running; // running ordered by admit_order
+    uint64_t next_admit;
+    // step scratch
+    int32_t *b_tokens, *b_pos, *b_seq_start, *b_indptr, *b_blocks, *b_slots, *b_rows;
+    int b_blocks_cap;
+    struct core_seq **b_seqs;
+    int *b_want;
+    float *logits, *work, *scratch, *lp;
+    struct engine_stats stats;
+    struct util_rng seed_rng; // seeds of requests that give none
+};
+
+/* ---- small containers ---- */
+
+static int list_push(struct seq_list *l, struct core_seq *s) {
+    if (l->n == l->cap) {
+        int nc = l->cap ? l->cap * 2 : 16;
+        struct core_seq **nv = realloc(l->v, sizeof *nv * nc);
+        if (!nv) return -1;
+        l->v = nv;
+        l->cap = nc;
+    }
+    l->v[l->n++] = s;
+    return 0;
+}
+
+static int list_push_front(struct seq_list *l, struct core_seq *s) {
+    if (list_push(l, s)) return -1;
+    memmove(l->v + 1, l->v, sizeof *l->v * (l->n - 1));
+    l->v[0] = s;
+    return 0;
+}
+
+static void list_remove(struct seq_list *l, struct core_seq *s) {
+    for (int i = 0; i < l->n; i++)
+        if (l->v[i] == s) {
+            memmove(l->v + i, l->v + i + 1, sizeof *l->v * (l->n - i - 1));
+            l->n--;
+            return;
+        }
+}
+
+static int grow(void **p, int *cap, int need, size_t elem) {
+    if (need <= *cap) return 0;
+    int nc = *cap ? *cap : 16;
+    while (nc < need) nc *= 2;
+    void *np = realloc(*p, elem * (size_t)nc);
+    if (!np) return -1;
+    *p = np;
+    *cap = nc;
+    return 0;
+}
+
+static int text_append(struct core_seq *s, const char *p, size_t n) {
+    if (s->text_len + n + 1 > s->text_cap) {
+        size_t nc = s->text_cap ? s->text_cap * 2 : 256;
+        while (nc < s->text_len + n + 1) nc *= 2;
+        char *nt = realloc(s->text, nc);
+        if (!nt) return -1;
+        s->text = nt;
+        s->text_cap = nc;
+    }
+    memcpy(s->text + s->text_len, p, n);
+    s->text_len += n;
+    s->text[s->text_len] = 0;
+    return 0;
+}
+
+/* ---- creation ---- */
+
+static int plan_memory(struct core *c, char *err, size_t errlen) {
+    struct kv_geometry g;
+    model_kv_geometry(c->m, c->cfg.block_size, c->cfg.sink_tokens, c->cfg.recent_tokens, &g);
+    size_t es = c->b->ops->act_size;
+    size_t block_bytes = kv_cache_block_bytes(&g, es), slot_bytes = kv_cache_slot_bytes(&g, es);
+    size_t budget = c->cfg.kv_cache_memory ? c->cfg.kv_cache_memory : (size_t)256 << 20;
+    int n_slots = slot_bytes ? c->cfg.max_num_seqs : 0;
+    if ((size_t)n_slots * slot_bytes > budget)
+        return util_err(err, errlen, "KV budget of %zu bytes cannot hold %d streaming slots of %zu bytes", budget,
+                        n_slots, slot_bytes);
+    size_t left = budget - (size_t)n_slots * slot_bytes;
+    /* no retrieval heads at all: blocks cost nothing, one per block_size tokens of every sequence */
+    size_t n_blocks = block_bytes ? left / block_bytes
+                                  : (size_t)c->cfg.max_num_seqs * (c->max_model_len / c->cfg.block_size + 1);
+    if (n_blocks > (1u << 30)) n_blocks = 1u << 30;
+    if (block_bytes && n_blocks < 1) return util_err(err, errlen, "KV budget of %zu bytes holds no block", budget);
+    if (kv_cache_init(&c->kv, c->b, &g, (int)n_blocks, n_slots) != KV_STATUS_OK)
+        return util_err(err, errlen, "out of memory for the KV pools (%zu bytes)", budget);
+    c->has_full = block_bytes > 0;
+    c->has_stream = slot_bytes > 0;
+    const struct model_config *mc = &c->m->cfg;
+    int n_stream_total = 0;
+    for (int l = 0; l < mc->n_layers; l++) n_stream_total += c->m->n_stream[l];
+    if (c->cfg.quiet) return 0;
+    fprintf(stderr,
+            "duoserve: KV cache: full pool %zu blocks x %d tokens = %zu tokens (%zu B/token), streaming pool %d slots "
+            "x %d tokens (%zu B/slot); %d of %d KV heads streaming; max concurrency at %d tokens: %zu\n",
+            n_blocks, c->cfg.block_size, n_blocks * c->cfg.block_size, block_bytes / c->cfg.block_size, n_slots,
+            c->cfg.sink_tokens + c->cfg.recent_tokens, slot_bytes, n_stream_total, mc->n_layers * mc->n_kv_heads,
+            c->max_model_len,
+            c->has_full ? n_blocks / ((size_t)(c->max_model_len + c->cfg.block_size - 1) / c->cfg.block_size)
+                        : (size_t)n_slots);
+    if (n_stream_total) {
+        char line[1024];
+        size_t o = 0;
+        for (int l = 0; l < mc->n_layers && o < sizeof line - 8; l++)
+            o += (size_t)snprintf(line + o, sizeof line - o, "%s%d", l ? " " : "", c->m->n_stream[l]);
+        fprintf(stderr, "duoserve: streaming KV heads per layer: %s (sink %d, recent %d)\n", line, c->cfg.sink_tokens,
+                c->cfg.recent_tokens);
+    }
+    c->stats.kv_capacity_tokens = c->has_full ? (int)(n_blocks * c->cfg.block_size) : 0;
+    return 0;
+}
+
+static void fill_defaults(struct engine_config *cfg) {
+    if (cfg->max_num_seqs <= 0) cfg->max_num_seqs = 64;
+    if (cfg->max_num_batched_tokens <= 0) cfg->max_num_batched_tokens = 2048;
+    if (cfg->max_queue <= 0) cfg->max_queue = 1024;
+    if (cfg->block_size <= 0) cfg->block_size = 16;
+    if (cfg->sink_tokens <= 0) cfg->sink_tokens = 64;
+    if (cfg->recent_tokens <= 0) cfg->recent_tokens = 256;
+    if (!cfg->device) cfg->device = "cpu";
+}
+
+int core_create(struct core **out, const struct engine_config *cfg_in, char *err, size_t errlen) {
+    *out = NULL;
+    struct core *c = calloc(1, sizeof *c);
+    if (!c) return util_err(err, errlen, "out of memory");
+    c->cfg = *cfg_in;
+    fill_defaults(&c->cfg);
+    static char demo_dir[4096];
+    int rc = 0;
+    const char *dir = c->cfg.model_dir;
+    if (!dir) {
+        if (demo_model_ensure(demo_dir, sizeof demo_dir, err, errlen) != 0) goto fail;
+        dir = demo_dir;
+        fprintf(stderr, "duoserve: no -m given: using the built-in demo model (random weights, its text is noise) in %s\n", dir);
+    }
+    c->cfg.model_dir = dir;
+    if (!strcmp(c->cfg.device, "cuda")) c->b = backend_cuda_create(0, err, errlen);
+    else c->b = backend_cpu_create();
+    if (!c->b) {
+        if (strcmp(c->cfg.device, "cuda")) util_err(err, errlen, "out of memory");
+        goto fail;
+    }
+    /* head pattern -> streaming mask, checked against the model's shape */
+    struct model_config mc;
+    uint8_t *streaming = NULL;
+    if (model_config_load(&mc, dir, err, errlen) != 0) goto fail;
+    if (c->cfg.duo_pattern) {
+        struct duo_pattern p;
+        if (duo_pattern_load(&p, c->cfg.duo_pattern, err, errlen) != 0) goto fail;
+        if (p.n_layers != mc.n_layers || p.n_kv_heads != mc.n_kv_heads) {
+            util_err(err, errlen, "%s: pattern has %d layers x %d KV heads, the model %d x %d", c->cfg.duo_pattern,
+                     p.n_layers, p.n_kv_heads, mc.n_layers, mc.n_kv_heads);
+            duo_pattern_free(&p);
+            goto fail;
+        }
+        if (!(c->cfg.duo_sparsity >= 0.0f && c->cfg.duo_sparsity <= 1.0f)) {
+            util_err(err, errlen, "--duo-sparsity must be in [0, 1]");
+            duo_pattern_free(&p);
+            goto fail;
+        }
+        streaming = calloc((size_t)mc.n_layers * mc.n_kv_heads, 1);
+        if (streaming) duo_pattern_streaming(&p, c->cfg.duo_sparsity, streaming);
+        duo_pattern_free(&p);
+        if (!streaming) {
+            util_err(err, errlen, "out of memory");
+            goto fail;
+        }
+    }
+    c->max_batch = c->cfg.max_num_batched_tokens;
+    util_rng_seed(&c->seed_rng, (uint64_t)(util_now() * 1e9) ^ (uint64_t)getpid());
+    rc = model_load_duo(&c->m, dir, c->b, c->max_batch, streaming, err, errlen);
+    free(streaming);
+    if (rc) goto fail;
+    c->vocab = c->m->cfg.vocab_size;
+    c->max_model_len = c->cfg.max_model_len > 0 && c->cfg.max_model_len < c->m->cfg.max_pos ? c->cfg.max_model_len
+                                                                                              : c->m->cfg.max_pos;
+    char terr[512];
+    char *tj = util_path_join(dir, "tokenizer.json");
+    bool has_tok_file = tj && access(tj, R_OK) == 0;
+    free(tj);
+    if (has_tok_file) {
+        if (tokenizer_load(&c->tok, dir, terr, sizeof terr) != 0) {
+            util_err(err, errlen, "%s", terr);
+            goto fail;
+        }
+    } else {
+        if (!c->cfg.quiet) fprintf(stderr, "duoserve: %s has no tokenizer.json: token ids only (no text prompts or stop strings)\n", dir);
+    }
+    /* EOS ids: config.json's and the tokenizer's */
+    for (int i = 0; i < c->m->cfg.n_eos && c->n_eos < 16; i++) c->eos[c->n_eos++] = c->m->cfg.eos_ids[i];
+    if (c->tok) {
+        const int32_t *ids;
+        size_t n = tokenizer_eos_ids(c->tok, &ids);
+        for (size_t i = 0; i < n && c->n_eos < 16; i++) {
+            bool dup = false;
+            for (int j = 0; j < c->n_eos; j++) dup |= c->eos[j] == ids[i];
+            if (!dup && ids[i] >= 0 && ids[i] < c->vocab) c->eos[c->n_eos++] = ids[i];
+        }
+    }
+    if (plan_memory(c, err, errlen) != 0) goto fail;
+    int S = c->cfg.max_num_seqs, T = c->max_batch, V = c->vocab;
+    c->b_tokens = malloc(sizeof(int32_t) * T);
+    c->b_pos = malloc(sizeof(int32_t) * T);
+    c->b_seq_start = malloc(sizeof(int32_t) * (S + 1));
+    c->b_indptr = malloc(sizeof(int32_t) * (S + 1));
+    c->b_slots = malloc(sizeof(int32_t) * S);
+    c->b_rows = malloc(sizeof(int32_t) * S);
+    c->b_seqs = malloc(sizeof(*c->b_seqs) * S);
+    c->b_want = malloc(sizeof(int) * S);
+    c->logits = malloc(sizeof(float) * (size_t)S * V);
+    c->work = malloc(sizeof(float) * V);
+    c->scratch = malloc(sizeof(float) * V);
+    c->lp = malloc(sizeof(float) * V);
+    if (!c->b_tokens || !c->b_pos || !c->b_seq_start || !c->b_indptr || !c->b_slots || !c->b_rows || !c->b_seqs ||
+        !c->b_want || !c->logits || !c->work || !c->scratch || !c->lp) {
+        util_err(err, errlen, "out of memory");
+        goto fail;
+    }
+    *out = c;
+    return 0;
+fail:
+    core_free(c);
+    return -1;
+}
+
+static void seq_free(struct core *c, struct core_seq *s) {
+    if (!s) return;
+    if (s->n_blocks) kv_cache_release(&c->kv, s->blocks, s->n_blocks);
+    if (s->slot >= 0) kv_cache_release_slot(&c->kv, s->slot);
+    sampler_seq_free(&s->smp);
+    if (c->tok) tokenizer_stream_free(&s->detok);
+    free(s->tokens);
+    free(s->blocks);
+    free(s->text);
+    free(s);
+}
+
+static void request_free(struct core_request *r) {
+    struct core *c = r->core;
+    for (int i = 0; i < r->n_choices; i++) {
+        struct core_seq *s = r->seqs[i];
+        if (!s) continue;
+        list_remove(&c->waiting, s);
+        list_remove(&c->running, s);
+        seq_free(c, s);
+    }
+    free(r->seqs);
+    free(r->prompt);
+    free((void *)r->sp.logit_bias_ids);
+    free((void *)r->sp.logit_bias_vals);
+    free((void *)r->sp.stop_ids);
+    for (int i = 0; i < r->sp.n_stop; i++) free(r->sp.stop[i]);
+    free((void *)r->sp.stop);
+    free(r);
+}
+
+void core_free(struct core *c) {
+    if (!c) return;
+    while (c->running.n) core_abort(c, c->running.v[0]->req);
+    while (c->waiting.n) core_abort(c, c->waiting.v[0]->req);
+    free(c->waiting.v);
+    free(c->running.v);
+    kv_cache_free(&c->kv);
+    model_free(c->m);
+    tokenizer_free(c->tok);
+    backend_destroy(c->b);
+    free(c->b_tokens);
+    free(c->b_pos);
+    free(c->b_seq_start);
+    free(c->b_indptr);
+    free(c->b_blocks);
+    free(c->b_slots);
+    free(c->b_rows);
+    free(c->b_seqs);
+    free(c->b_want);
+    free(c->logits);
+    free(c->work);
+    free(c->scratch);
+    free(c->lp);
+    free(c);
+}
+
+/* ---- requests ---- */
+
+static struct core_seq *seq_new(struct core *c, struct core_request *r, int choice, const int32_t *tokens, int n) {
+    struct core_seq *s = calloc(1, sizeof *s);
+    if (!s) return NULL;
+    s->req = r;
+    s->choice = choice;
+    s->slot = -1;
+    s->cap = n + r->sp.max_tokens + 1;
+    s->tokens = malloc(sizeof(int32_t) * s->cap);
+    if (!s->tokens) {
+        free(s);
+        return NULL;
+    }
+    memcpy(s->tokens, tokens, sizeof(int32_t) * n);
+    s->n_tokens = n;
+    return s;
+}
+
+/* Starts the per-choice state: sampler and detokenizer primed with the prompt. */
+static int seq_start_output(struct core *c, struct core_seq *s) {
+    struct core_request *r = s->req;
+    uint64_t seed = r->sp.has_seed ? r->sp.seed : util_rng_next(&c->seed_rng);
+    if (sampler_seq_init(&s->smp, &r->sp, seed, s->choice, c->vocab, r->prompt, r->n_prompt) != 0) return -1;
+    if (c->tok) {
+        tokenizer_stream_init(&s->detok, c->tok, r->sp.skip_special_tokens);
+        if (tokenizer_stream_prime(&s->detok, r->prompt, (size_t)r->n_prompt) != 0) return -1;
+    }
+    return 0;
+}
+
+int core_add(struct core *c, const struct engine_request *req, core_emit_fn emit, void *ud, struct core_request **out,
+             char *err, size_t errlen) {
+    const struct engine_sampling *sp = &req->sp;
+    if (out) *out = NULL;
+    if (req->n_prompt < 1) return util_err(err, errlen, "the prompt is empty"), ENGINE_ERR_INVALID;
+    for (int i = 0; i < req->n_prompt; i++)
+        if (req->prompt[i] < 0 || req->prompt[i] >= c->vocab)
+            return util_err(err, errlen, "prompt token %d is outside the vocabulary (0..%d)", req->prompt[i],
+                            c->vocab - 1), ENGINE_ERR_INVALID;
+    if (sp->n < 1 || sp->n > c->cfg.max_num_seqs)
+        return util_err(err, errlen, "n must be in 1..%d", c->cfg.max_num_seqs), ENGINE_ERR_INVALID;
+    if (sp->max_tokens < 1) return util_err(err, errlen, "max_tokens must be at least 1"), ENGINE_ERR_INVALID;
+    if (sp->min_tokens < 0 || sp->min_tokens > sp->max_tokens)
+        return util_err(err, errlen, "min_tokens must be in 0..max_tokens"), ENGINE_ERR_INVALID;
+    if (!(sp->temperature >= 0.0f && sp->temperature <= 2.0f) || !(sp->top_p > 0.0f && sp->top_p <= 1.0f) ||
+        !(sp->min_p >= 0.0f && sp->min_p <= 1.0f) || !(sp->repetition_penalty > 0.0f) ||
+        !(fabsf(sp->presence_penalty) <= 2.0f) || !(fabsf(sp->frequency_penalty) <= 2.0f))
+        return util_err(err, errlen, "a sampling parameter is out of range"), ENGINE_ERR_INVALID;
+    if (sp->logprobs > ENGINE_MAX_LOGPROBS)
+        return util_err(err, errlen, "logprobs must be at most %d", ENGINE_MAX_LOGPROBS), ENGINE_ERR_INVALID;
+    for (int i = 0; i < sp->n_logit_bias; i++)
+        if (sp->logit_bias_ids[i] < 0 || sp->logit_bias_ids[i] >= c->vocab || !isfinite(sp->logit_bias_vals[i]))
+            return util_err(err, errlen, "logit_bias token %d is outside the vocabulary", sp->logit_bias_ids[i]),
+                   ENGINE_ERR_INVALID;
+    for (int i = 0; i < sp->n_stop_ids; i++)
+        if (sp->stop_ids[i] < 0 || sp->stop_ids[i] >= c->vocab)
+            return util_err(err, errlen, "stop token id %d is outside the vocabulary", sp->stop_ids[i]),
+                   ENGINE_ERR_INVALID;
+    if (sp->n_stop && !c->tok)
+        return util_err(err, errlen, "stop strings need a tokenizer, and this model has none"), ENGINE_ERR_INVALID;
+    int total = req->n_prompt + sp->max_tokens;
+    if (total > c->max_model_len)
+        return util_err(err, errlen,
+                        "This model's maximum context length is %d tokens. However, you requested %d tokens (%d in "
+                        "the prompt, %d for the completion). Please reduce the prompt or max_tokens.",
+                        c->max_model_len, total, req->n_prompt, sp->max_tokens), ENGINE_ERR_TOO_LONG;
+    if (c->has_full && (total + c->cfg.block_size - 1) / c->cfg.block_size > c->kv.n_blocks)
+        return util_err(err, errlen, "prompt + max_tokens (%d tokens) exceeds the KV cache capacity of %d tokens",
+                        total, c->kv.n_blocks * c->cfg.block_size), ENGINE_ERR_TOO_LONG;
+    if (c->waiting.n >= c->cfg.max_queue)
+        return util_err(err, errlen, "the request queue is full (%d waiting)", c->waiting.n), ENGINE_ERR_QUEUE_FULL;
+
+    struct core_request *r = calloc(1, sizeof *r);
+    if (!r) return util_err(err, errlen, "out of memory"), ENGINE_ERR_OOM;
+    r->core = c;
+    r->emit = emit;
+    r->ud = ud;
+    r->sp = *sp;
+    r->n_choices = sp->n;
+    r->n_prompt = req->n_prompt;
+    r->t_arrival = util_now();
+    r->prompt = malloc(sizeof(int32_t) * req->n_prompt);
+    r->seqs = calloc((size_t)sp->n, sizeof *r->seqs);
+    r->sp.logit_bias_ids = malloc(sizeof(int32_t) * (sp->n_logit_bias + 1));
+    r->sp.logit_bias_vals = malloc(sizeof(float) * (sp->n_logit_bias + 1));
+    r->sp.stop_ids = malloc(sizeof(int32_t) * (sp->n_stop_ids + 1));
+    r->sp.stop = calloc((size_t)sp->n_stop + 1, sizeof(char *));
+    bool ok = r->prompt && r->seqs && r->sp.logit_bias_ids && r->sp.logit_bias_vals && r->sp.stop_ids && r->sp.stop;
+    if (ok) {
+        memcpy(r->prompt, req->prompt, sizeof(int32_t) * req->n_prompt);
+        memcpy((void *)r->sp.logit_bias_ids, sp->logit_bias_ids, sizeof(int32_t) * sp->n_logit_bias);
+        memcpy((void *)r->sp.logit_bias_vals, sp->logit_bias_vals, sizeof(float) * sp->n_logit_bias);
+        memcpy((void *)r->sp.stop_ids, sp->stop_ids, sizeof(int32_t) * sp->n_stop_ids);
+        for (int i = 0; ok && i < sp->n_stop; i++) {
+            ok = (((char **)r->sp.stop)[i] = strdup(sp->stop[i])) != NULL;
+            size_t l = strlen(sp->stop[i]);
+            if (l > r->max_stop_len) r->max_stop_len = l;
+        }
+    }
+    struct core_seq *s = ok ? seq_new(c, r, 0, req->prompt, req->n_prompt) : NULL;
+    if (!s || seq_start_output(c, s) != 0 || list_push(&c->waiting, s) != 0) {
+        if (s) r->seqs[0] = s;
+        request_free(r);
+        return util_err(err, errlen, "out of memory"), ENGINE_ERR_OOM;
+    }
+    s->forks_pending = sp->n - 1;
+    r->seqs[0] = s;
+    c->stats.prompt_tokens_total += (uint64_t)req->n_prompt;
+    if (out) *out = r;
+    return ENGINE_OK;
+}
+
+/* ---- outputs ---- */
+
+static void emit_event(struct core_request *r, struct engine_event *ev) { r->emit(r->ud, ev); }
+
+/* Length of the longest suffix of text that is a proper prefix of a stop string. */
+static size_t stop_holdback(const struct core_request *r, const char *text, size_t len) {
+    size_t best = 0;
+    for (int i = 0; i < r->sp.n_stop; i++) {
+        const char *st = r->sp.stop[i];
+        size_t sl = strlen(st);
+        for (size_t k = sl - 1 < len ? sl - 1 : len; k > best; k--)
+            if (!memcmp(text + len - k, st, k)) {
+                best = k;
+                break;
+            }
+    }
+    return best;
+}
+
+static char *dup_range(const char *p, size_t n) {
+    char *s = malloc(n + 1);
+    if (s) {
+        memcpy(s, p, n);
+        s[n] = 0;
+    }
+    return s;
+}
+
+static void seq_finish(struct core *c, struct core_seq *s, enum engine_finish why, const char *stop_str, int32_t stop_id) {
+    struct core_request *r = s->req;
+    struct engine_event ev = {.type = ENGINE_EVENT_FINISH, .choice = s->choice, .finish = why,
+                              .stop_reason_str = stop_str, .stop_reason_id = stop_id,
+                              .prompt_tokens = r->n_prompt, .completion_tokens = s->n_generated,
+                              .ttft_s = s->t_first > 0 ? s->t_first - r->t_arrival : 0};
+    ev.text = dup_range(s->text ? s->text + s->emitted : "", s->text ? s->text_len - s->emitted : 0);
+    s->emitted = s->text_len;
+    if (s->state == SEQ_RUNNING) list_remove(&c->running, s);
+    else if (s->state == SEQ_WAITING) list_remove(&c->waiting, s);
+    s->state = SEQ_DONE;
+    if (s->n_blocks) kv_cache_release(&c->kv, s->blocks, s->n_blocks);
+    s->n_blocks = 0;
+    if (s->slot >= 0) kv_cache_release_slot(&c->kv, s->slot);
+    s->slot = -1;
+    if (why == ENGINE_FINISH_STOP) c->stats.finished_stop++;
+    else if (why == ENGINE_FINISH_LENGTH) c->stats.finished_length++;
+    else c->stats.finished_abort++;
+    /* choices not yet forked finish with their parent (only on abort or error) */
+    int pending = s->forks_pending;
+    s->forks_pending = 0;
+    r->n_done += 1 + pending;
+    emit_event(r, &ev);
+    for (int i = 0; i < pending; i++) {
+        struct engine_event e2 = ev;
+        e2.choice = r->n_choices - pending + i;
+        e2.completion_tokens = 0;
+        e2.text = dup_range("", 0);
+        emit_event(r, &e2);
+    }
+    if (r->n_done >= r->n_choices) request_free(r);
+}
+
+void core_abort(struct core *c, struct core_request *r) {
+    /* finish from the last choice: the request is freed with its last one */
+    int n = r->n_choices;
+    for (int i = n - 1; i >= 0; i--) {
+        struct core_seq *s = r->seqs[i];
+        if (s && s->state != SEQ_DONE) {
+            bool last = r->n_done + 1 + s->forks_pending >= r->n_choices;
+            seq_finish(c, s, ENGINE_FINISH_ABORT, NULL, -1);
+            if (last) return;
+        }
+    }
+}
+
+static bool is_eos(const struct core *c, int32_t id) {
+    for (int i = 0; i < c->n_eos; i++)
+        if (c->eos[i] == id) return true;
+    return false;
+}
+
+/* Applies a sampled token to a choice: text, stop conditions, events. Returns true when done. */
+static bool seq_accept_token(struct core *c, struct core_seq *s, int32_t id, const float *raw) {
+    struct core_request *r = s->req;
+    const struct engine_sampling *sp = &r->sp;
+    struct engine_event ev = {.type = ENGINE_EVENT_TOKEN, .choice = s->choice, .token = id, .stop_reason_id = -1};
+    if (sp->logprobs >= 0) {
+        sampler_log_softmax(raw, c->vocab, c->lp);
+        ev.logprob = c->lp[id];
+        ev.n_top = sp->logprobs;
+        if (ev.n_top) sampler_top_k(c->lp, c->vocab, ev.n_top, ev.top_ids, ev.top_lps);
+    }
+    s->tokens[s->n_tokens++] = id;
+    s->n_generated++;
+    sampler_seq_accept(&s->smp, id);
+    if (s->n_generated == 1) s->t_first = util_now();
+    c->stats.generation_tokens_total++;
+
+    enum engine_finish fin = ENGINE_FINISH_NONE;
+    const char *stop_str = NULL;
+    int32_t stop_id = -1;
+    bool past_min = s->n_generated >= sp->min_tokens;
+    bool stop_token = past_min && ((!sp->ignore_eos && is_eos(c, id)));
+    for (int i = 0; past_min && i < sp->n_stop_ids; i++)
+        if (sp->stop_ids[i] == id) stop_token = true, stop_id = id;
+    if (stop_token) fin = ENGINE_FINISH_STOP;
+
+    if (c->tok && (!stop_token || sp->include_stop_str_in_output)) {
+        const char *piece;
+        size_t plen;
+        size_t before = s->text_len;
+        if (tokenizer_stream_push(&s->detok, id, &piece, &plen) == 0) text_append(s, piece, plen);
+        /* stop strings: earliest match in the text not yet sent (matches may straddle tokens) */
+        if (!fin && past_min && sp->n_stop) {
+            size_t from = s->emitted;
+            size_t best_at = (size_t)-1;
+            for (int i = 0; i < sp->n_stop; i++) {
+                const char *hit = memmem(s->text + from, s->text_len - from, sp->stop[i], strlen(sp->stop[i]));
+                if (hit && (size_t)(hit - s->text) < best_at) {
+                    best_at = (size_t)(hit - s->text);
+                    stop_str = sp->stop[i];
+                }
+            }
+            if (stop_str) {
+                fin = ENGINE_FINISH_STOP;
+                s->text_len = best_at + (sp->include_stop_str_in_output ? strlen(stop_str) : 0);
+                s->text[s->text_len] = 0;
+            }
+        }
+        (void)before;
+    }
+    if (!fin && (s->n_generated >= sp->max_tokens || s->n_tokens >= c->max_model_len)) fin = ENGINE_FINISH_LENGTH;
+    if (fin) {
+        /* the held-back bytes of an unfinished character go out with the finish */
+        if (c->tok && !stop_str) {
+            const char *piece;
+            size_t plen;
+            if (tokenizer_stream_flush(&s->detok, &piece, &plen) == 0) text_append(s, piece, plen);
+        }
+        ev.text = dup_range("", 0);
+        emit_event(r, &ev);
+        seq_finish(c, s, fin, stop_str, stop_id);
+        return true;
+    }
+    size_t safe = s->text_len - (sp->n_stop ? stop_holdback(r, s->text + s->emitted, s->text_len - s->emitted) : 0);
+    ev.text = dup_range(s->text ? s->text + s->emitted : "", safe > s->emitted ? safe - s->emitted : 0);
+    if (safe > s->emitted) s->emitted = safe;
+    emit_event(r, &ev);
+    return false;
+}
+
+/* ---- scheduling ---- */
+
+/* Makes s's block table cover positions [0, upto), copying a shared block it will write into.
+ * All or nothing; false when the pool lacks blocks. */
+static bool ensure_blocks(struct core *c, struct core_seq *s, int upto) {
+    if (!c->has_full) return true;
+    int bs = c->cfg.block_size;
+    int need = (upto + bs - 1) / bs;
+    int first_write = s->n_computed / bs;
+    bool cow = first_write < s->n_blocks && c->kv.ref[s->blocks[first_write]] > 1;
+    int new_blocks = (need > s->n_blocks ? need - s->n_blocks : 0) + (cow ? 1 : 0);
+    if (new_blocks > c->kv.n_free_blocks) return false;
+    if (grow((void **)&s->blocks, &s->blocks_cap, need + 1, sizeof(int32_t))) return false;
+    if (cow) {
+        int32_t nb;
+        kv_cache_alloc(&c->kv, 1, &nb);
+        kv_cache_copy_block(&c->kv, nb, s->blocks[first_write]);
+        kv_cache_release(&c->kv, &s->blocks[first_write], 1);
+        s->blocks[first_write] = nb;
+    }
+    if (need > s->n_blocks) {
+        kv_cache_alloc(&c->kv, need - s->n_blocks, s->blocks + s->n_blocks);
+        s->n_blocks = need;
+    }
+    return true;
+}
+
+/* Recompute preemption: the sequence loses its KV and waits at the front of the queue. */
+static void preempt(struct core *c, struct core_seq *s) {
+    list_remove(&c->running, s);
+    if (s->n_blocks) kv_cache_release(&c->kv, s->blocks, s->n_blocks);
+    s->n_blocks = 0;
+    if (s->slot >= 0) kv_cache_release_slot(&c->kv, s->slot);
+    s->slot = -1;
+    s->n_computed = 0;
+    s->state = SEQ_WAITING;
+    list_push_front(&c->waiting, s);
+    c->stats.preemptions_total++;
+}
+
+/* Fills the batch: running sequences first (decodes and unfinished prefills, oldest first),
+ * then waiting ones, FCFS, within the token budget. Returns the number of sequences. */
+static int schedule(struct core *c, int *n_tokens) {
+    int budget = c->max_batch, n = 0;
+    for (int i = 0; i < c->running.n && budget > 0;) {
+        struct core_seq *s = c->running.v[i];
+        int want = s->n_tokens - s->n_computed;
+        if (want > budget) want = budget;
+        bool preempted_self = false;
+        while (!ensure_blocks(c, s, s->n_computed + want)) {
+            struct core_seq *victim = c->running.v[c->running.n - 1];
+            preempt(c, victim);
+            if (victim == s) {
+                preempted_self = true;
+                break;
+            }
+        }
+        if (preempted_self) continue; /* running.v[i] is now the next sequence (or none) */
+        c->b_seqs[n] = s;
+        c->b_want[n++] = want;
+        budget -= want;
+        i++;
+    }
+    while (c->waiting.n && budget > 0) {
+        struct core_seq *s = c->waiting.v[0];
+        int seats = 1 + s->forks_pending;
+        if (c->running.n + seats > c->cfg.max_num_seqs) break;
+        if (c->has_stream && c->kv.n_free_slots < seats) break;
+        int want = s->n_tokens - s->n_computed;
+        if (want > budget) want = budget;
+        if (!ensure_blocks(c, s, s->n_computed + want)) break;
+        if (c->has_stream) kv_cache_alloc_slot(&c->kv, &s->slot);
+        list_remove(&c->waiting, s);
+        s->state = SEQ_RUNNING;
+        s->admit_order = c->next_admit++;
+        list_push(&c->running, s);
+        c->b_seqs[n] = s;
+        c->b_want[n++] = want;
+        budget -= want;
+    }
+    *n_tokens = c->max_batch - budget;
+    return n;
+}
+
+/* After the prompt: the other choices start as copies sharing the prompt's blocks. */
+static int fork_choices(struct core *c, struct core_seq *parent) {
+    struct core_request *r = parent->req;
+    while (parent->forks_pending > 0) {
+        int choice = r->n_choices - parent->forks_pending;
+        struct core_seq *s = seq_new(c, r, choice, parent->tokens, parent->n_tokens);
+        if (!s) return -1;
+        r->seqs[choice] = s;
+        if (seq_start_output(c, s) != 0 || grow((void **)&s->blocks, &s->blocks_cap, parent->n_blocks + 1, sizeof(int32_t)))
+            return -1;
+        memcpy(s->blocks, parent->blocks, sizeof(int32_t) * parent->n_blocks);
+        s->n_blocks = parent->n_blocks;
+        for (int i = 0; i < s->n_blocks; i++) kv_cache_ref(&c->kv, s->blocks[i]);
+        if (c->has_stream) {
+            kv_cache_alloc_slot(&c->kv, &s->slot); /* reserved at admission */
+            kv_cache_copy_slot(&c->kv, s->slot, parent->slot);
+        }
+        s->n_computed = parent->n_computed;
+        s->state = SEQ_RUNNING;
+        s->admit_order = c->next_admit++;
+        list_push(&c->running, s);
+        parent->forks_pending--;
+    }
+    return 0;
+}
+
+int core_step(struct core *c) {
+    int T;
+    int n = schedule(c, &T);
+    if (n == 0) return 0;
+    /* batch arrays */
+    int n_blk = 0, row = 0, n_logits = 0;
+    for (int i = 0; i < n; i++) n_blk += c->b_seqs[i]->n_blocks;
+    if (grow((void **)&c->b_blocks, &c->b_blocks_cap, n_blk + 1, sizeof(int32_t))) return ENGINE_ERR_OOM;
+    n_blk = 0;
+    for (int i = 0; i < n; i++) {
+        struct core_seq *s = c->b_seqs[i];
+        c->b_seq_start[i] = row;
+        c->b_indptr[i] = n_blk;
+        memcpy(c->b_blocks + n_blk, s->blocks, sizeof(int32_t) * s->n_blocks);
+        n_blk += s->n_blocks;
+        c->b_slots[i] = s->slot;
+        for (int k = 0; k < c->b_want[i]; k++) {
+            c->b_tokens[row] = s->tokens[s->n_computed + k];
+            c->b_pos[row] = s->n_computed + k;
+            row++;
+        }
+        if (s->n_computed + c->b_want[i] == s->n_tokens) c->b_rows[n_logits++] = row - 1;
+    }
+    c->b_seq_start[n] = row;
+    c->b_indptr[n] = n_blk;
+    struct fwd_batch bt = {T, n, c->b_tokens, c->b_pos, c->b_seq_start, c->b_indptr, c->b_blocks, c->b_slots,
+                           n_logits, c->b_rows};
+    int rc = model_forward(c->m, &c->kv, &bt, c->logits);
+    if (rc != 0) {
+        for (int i = 0; i < n; i++) { /* fail the requests of this batch, keep serving others */
+            struct core_seq *s = c->b_seqs[i];
+            bool alive = false; /* an earlier abort may have freed it with its request */
+            for (int j = 0; j < c->running.n && !alive; j++) alive = c->running.v[j] == s;
+            if (!alive) continue;
+            struct engine_event ev = {.type = ENGINE_EVENT_ERROR, .choice = s->choice};
+            snprintf(ev.message, sizeof ev.message, "the %s backend failed during the forward pass", c->b->name);
+            emit_event(s->req, &ev);
+            core_abort(c, s->req);
+        }
+        return ENGINE_ERR_OOM;
+    }
+    /* sample, in batch order; a parent's forks sample from the same logits row */
+    int li = 0;
+    for (int i = 0; i < n; i++) {
+        struct core_seq *s = c->b_seqs[i];
+        s->n_computed += c->b_want[i];
+        if (s->n_computed != s->n_tokens) continue;
+        const float *raw = c->logits + (size_t)li++ * c->vocab;
+        struct core_request *r = s->req;
+        int first_fork = r->n_choices - s->forks_pending;
+        if (s->forks_pending && fork_choices(c, s) != 0) {
+            core_abort(c, r);
+            continue;
+        }
+        int n_sample = s == r->seqs[0] && first_fork < r->n_choices ? r->n_choices - first_fork + 1 : 1;
+        for (int k = 0; k < n_sample; k++) {
+            struct core_seq *t = k == 0 ? s : r->seqs[first_fork + k - 1];
+            memcpy(c->work, raw, sizeof(float) * c->vocab);
+            int id = sampler_pick(&t->smp, &r->sp, c->work, c->vocab, t->n_generated, c->eos, c->n_eos, c->scratch);
+            bool last_choice = r->n_done + 1 >= r->n_choices;
+            bool done = seq_accept_token(c, t, id, raw);
+            if (done && last_choice) break; /* r was freed */
+        }
+    }
+    return T;
+}
+
+bool core_has_work(const struct core *c) { return c->running.n > 0 || c->waiting.n > 0; }
+int core_num_waiting(const struct core *c) { return c->waiting.n; }
+
+void core_stats(const struct core *c, struct engine_stats *st) {
+    *st = c->stats;
+    st->num_running = c->running.n;
+    st->num_waiting = c->waiting.n;
+    st->kv_usage_full = c->kv.n_blocks ? 1.0 - (double)c->kv.n_free_blocks / c->kv.n_blocks : 0.0;
+    st->kv_usage_streaming = c->kv.n_slots ? 1.0 - (double)c->kv.n_free_slots / c->kv.n_slots : 0.0;
+}
+
+const struct model *core_model(const struct core *c) { return c->m; }
+const struct tokenizer *core_tokenizer(const struct core *c) { return c->tok; }
+const struct kv_cache *core_kv(const struct core *c) { return &c->kv; }
+int core_max_model_len(const struct core *c) { return c->max_model_len; }

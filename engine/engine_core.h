@@ -1,0 +1,44 @@
+/* engine_core: the synchronous heart of the engine: request admission, the continuous-batching
+ * scheduler (token budget, running decodes first, then chunked prefill of waiting requests,
+ * FCFS, preemption by recompute), the two KV pools, the forward pass, sampling, incremental
+ * detokenization and stop conditions. Single-threaded: engine.c runs it on the engine thread;
+ * tests drive it directly, step by step. */
+#ifndef DUO_ENGINE_CORE_H
+#define DUO_ENGINE_CORE_H
+
+#include <stdbool.h>
+
+#include "engine/engine.h"
+#include "engine/kv_cache.h"
+#include "engine/model.h"
+
+struct core;
+struct core_request;
+
+/* Receives each event of a request; takes ownership of ev->text. Called on the core's thread. */
+typedef void (*core_emit_fn)(void *ud, const struct engine_event *ev);
+
+int core_create(struct core **out, const struct engine_config *cfg, char *err, size_t errlen);
+void core_free(struct core *c);
+
+/* Validates and queues a request (everything is copied). Returns an engine_status; on error a
+ * message in err. The request is freed by the core after its last FINISH (or ERROR) event. */
+int core_add(struct core *c, const struct engine_request *req, core_emit_fn emit, void *ud, struct core_request **out,
+             char *err, size_t errlen);
+/* Finishes every unfinished choice of r with ENGINE_FINISH_ABORT now (KV freed); r is freed. */
+void core_abort(struct core *c, struct core_request *r);
+
+/* Runs one scheduler step (one forward pass). Returns the number of tokens computed, 0 when
+ * there was nothing to do, or a negative engine_status on a backend failure (every request in
+ * the batch then gets an ERROR event). */
+int core_step(struct core *c);
+bool core_has_work(const struct core *c);
+int core_num_waiting(const struct core *c);
+void core_stats(const struct core *c, struct engine_stats *st);
+
+const struct model *core_model(const struct core *c);
+const struct tokenizer *core_tokenizer(const struct core *c);
+const struct kv_cache *core_kv(const struct core *c);
+int core_max_model_len(const struct core *c);
+
+#endif
