@@ -378,10 +378,8 @@ static int seq_start_output(struct core *c, struct core_seq *s) {
     return 0;
 }
 
-int core_add(struct core *c, const struct engine_request *req, core_emit_fn emit, void *ud, struct core_request **out,
-             char *err, size_t errlen) {
+int core_validate(const struct core *c, const struct engine_request *req, char *err, size_t errlen) {
     const struct engine_sampling *sp = &req->sp;
-    if (out) *out = NULL;
     if (req->n_prompt < 1) return util_err(err, errlen, "the prompt is empty"), ENGINE_ERR_INVALID;
     for (int i = 0; i < req->n_prompt; i++)
         if (req->prompt[i] < 0 || req->prompt[i] >= c->vocab)
@@ -417,6 +415,15 @@ int core_add(struct core *c, const struct engine_request *req, core_emit_fn emit
     if (c->has_full && (total + c->cfg.block_size - 1) / c->cfg.block_size > c->kv.n_blocks)
         return util_err(err, errlen, "prompt + max_tokens (%d tokens) exceeds the KV cache capacity of %d tokens",
                         total, c->kv.n_blocks * c->cfg.block_size), ENGINE_ERR_TOO_LONG;
+    return ENGINE_OK;
+}
+
+int core_add(struct core *c, const struct engine_request *req, core_emit_fn emit, void *ud, struct core_request **out,
+             char *err, size_t errlen) {
+    const struct engine_sampling *sp = &req->sp;
+    if (out) *out = NULL;
+    int vrc = core_validate(c, req, err, errlen);
+    if (vrc != ENGINE_OK) return vrc;
     if (c->waiting.n >= c->cfg.max_queue)
         return util_err(err, errlen, "the request queue is full (%d waiting)", c->waiting.n), ENGINE_ERR_QUEUE_FULL;
 
@@ -802,3 +809,5 @@ const struct model *core_model(const struct core *c) { return c->m; }
 const struct tokenizer *core_tokenizer(const struct core *c) { return c->tok; }
 const struct kv_cache *core_kv(const struct core *c) { return &c->kv; }
 int core_max_model_len(const struct core *c) { return c->max_model_len; }
+const char *core_model_dir(const struct core *c) { return c->cfg.model_dir; }
+int core_max_queue(const struct core *c) { return c->cfg.max_queue; }

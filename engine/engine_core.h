@@ -25,6 +25,9 @@ void core_free(struct core *c);
  * message in err. The request is freed by the core after its last FINISH (or ERROR) event. */
 int core_add(struct core *c, const struct engine_request *req, core_emit_fn emit, void *ud, struct core_request **out,
              char *err, size_t errlen);
+/* The checks core_add makes that depend only on the request and immutable configuration:
+ * thread-safe, so a submitting thread can refuse bad requests at once. */
+int core_validate(const struct core *c, const struct engine_request *req, char *err, size_t errlen);
 /* Finishes every unfinished choice of r with ENGINE_FINISH_ABORT now (KV freed); r is freed. */
 void core_abort(struct core *c, struct core_request *r);
 
@@ -40,5 +43,7 @@ const struct model *core_model(const struct core *c);
 const struct tokenizer *core_tokenizer(const struct core *c);
 const struct kv_cache *core_kv(const struct core *c);
 int core_max_model_len(const struct core *c);
+const char *core_model_dir(const struct core *c);
+int core_max_queue(const struct core *c);
 
 #endif

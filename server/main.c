@@ -10,10 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/backend.h"
-#include "engine/demo_model.h"
-#include "engine/generate.h"
-#include "engine/model.h"
+#include "engine/engine_core.h"
+#include "engine/tokenizer.h"
 
 #define DUO_VERSION "0.1.0"
 
@@ -29,15 +27,27 @@ static void usage(FILE *f) {
             "\n"
             "generate options:\n"
             "  -m, --model DIR         Hugging Face model directory (default: built-in demo model)\n"
+            "  --prompt TEXT           prompt text (BOS added as the tokenizer config says)\n"
             "  --prompt-ids 1,2,3      prompt token ids, used verbatim (no BOS added)\n"
             "  -n, --max-tokens N      tokens to generate (default 16)\n"
             "  --temperature T         0 = greedy (default 0)\n"
+            "  --top-p P, --top-k K, --min-p P, --presence-penalty X, --frequency-penalty X,\n"
+            "  --repetition-penalty X, --min-tokens N, --stop STR (repeatable)\n"
             "  --seed S                sampling seed (default 0)\n"
             "  --top-logprobs K        report the K most likely tokens per position (0..20)\n"
             "  --ignore-eos            do not stop at the end-of-sequence token\n"
-            "  --prefill-chunk N       prompt tokens per forward step (default: all)\n"
+            "  --json                  print one JSON object\n"
+            "\n"
+            "engine options (generate and serve):\n"
             "  --device cpu|cuda       backend (default cpu)\n"
-            "  --json                  print one JSON object\n");
+            "  --max-num-batched-tokens N   token budget of one step (prefill chunk size)\n"
+            "  --max-num-seqs N        concurrent sequences\n"
+            "  --max-model-len N       prompt + output limit (default: the model's)\n"
+            "  --block-size N          KV block size in tokens (default 16)\n"
+            "  --kv-cache-memory MIB   CPU: memory for both KV pools (default 256)\n"
+            "  --duo-pattern TSV       DuoAttention full_attention_heads.tsv\n"
+            "  --duo-sparsity S        fraction of heads made streaming (0..1)\n"
+            "  --sink-tokens N, --recent-tokens N   streaming heads keep these (64, 256)\n");
 }
 
 /* Parses a whole decimal integer in [lo, hi]. */
@@ -80,12 +90,12 @@ static int parse_ids(const char *s, int32_t **ids, int *n) {
 }
 
 struct gen_cli {
-    const char *model_dir;
+    struct engine_config ec;
+    struct engine_sampling sp;
     int32_t *prompt_ids;
     int n_prompt;
     const char *prompt_text;
-    struct gen_params p;
-    const char *device;
+    char *stops[16];
     int json;
 };
 
@@ -96,20 +106,34 @@ static int usage_error(const char *fmt, const char *arg) {
     return 2;
 }
 
+static int parse_float(const char *s, double lo, double hi, float *out) {
+    char *end;
+    double v = strtod(s, &end);
+    if (end == s || *end || !isfinite(v) || v < lo || v > hi) return -1;
+    *out = (float)v;
+    return 0;
+}
+
 static int parse_generate(int argc, char **argv, struct gen_cli *o) {
-    o->p = (struct gen_params){.max_tokens = 16, .temperature = 0.0f, .seed = 0, .top_logprobs = 0};
-    o->device = "cpu";
+    o->sp = (struct engine_sampling){.n = 1, .max_tokens = 16, .top_p = 1.0f, .repetition_penalty = 1.0f,
+                                     .skip_special_tokens = true, .logprobs = -1};
+    o->ec = (struct engine_config){.device = "cpu", .max_num_seqs = 8};
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         long x;
 #define NEED_VALUE() if (!v) return usage_error("%s needs a value", a); i++
+#define INT_OPT(name, lo, hi, dst) else if (!strcmp(a, name)) { NEED_VALUE(); \
+            if (parse_int(v, lo, hi, &x)) return usage_error(name ": \"%s\" is out of range", v); else dst = (int)x; }
+#define FLOAT_OPT(name, lo, hi, dst) else if (!strcmp(a, name)) { NEED_VALUE(); \
+            if (parse_float(v, lo, hi, &dst)) return usage_error(name ": \"%s\" is out of range", v); }
         if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
             NEED_VALUE();
-            o->model_dir = v;
+            o->ec.model_dir = v;
         } else if (!strcmp(a, "--prompt-ids")) {
             NEED_VALUE();
             free(o->prompt_ids);
+            o->prompt_ids = NULL;
             if (parse_ids(v, &o->prompt_ids, &o->n_prompt)) return usage_error("--prompt-ids: \"%s\" is not a list of token ids", v);
         } else if (!strcmp(a, "--prompt")) {
             NEED_VALUE();
@@ -117,49 +141,114 @@ static int parse_generate(int argc, char **argv, struct gen_cli *o) {
         } else if (!strcmp(a, "-n") || !strcmp(a, "--max-tokens")) {
             NEED_VALUE();
             if (parse_int(v, 1, 1 << 24, &x)) return usage_error("-n: \"%s\" is not a positive integer", v);
-            o->p.max_tokens = (int)x;
-        } else if (!strcmp(a, "--temperature")) {
+            o->sp.max_tokens = (int)x;
+        }
+        FLOAT_OPT("--temperature", 0, 2, o->sp.temperature)
+        FLOAT_OPT("--top-p", 1e-9, 1, o->sp.top_p)
+        FLOAT_OPT("--min-p", 0, 1, o->sp.min_p)
+        FLOAT_OPT("--presence-penalty", -2, 2, o->sp.presence_penalty)
+        FLOAT_OPT("--frequency-penalty", -2, 2, o->sp.frequency_penalty)
+        FLOAT_OPT("--repetition-penalty", 1e-6, 100, o->sp.repetition_penalty)
+        FLOAT_OPT("--duo-sparsity", 0, 1, o->ec.duo_sparsity)
+        INT_OPT("--top-k", -1, 1 << 30, o->sp.top_k)
+        INT_OPT("--min-tokens", 0, 1 << 24, o->sp.min_tokens)
+        INT_OPT("--top-logprobs", 0, 20, o->sp.logprobs)
+        INT_OPT("--sink-tokens", 1, 1 << 20, o->ec.sink_tokens)
+        INT_OPT("--recent-tokens", 1, 1 << 24, o->ec.recent_tokens)
+        INT_OPT("--max-num-batched-tokens", 1, 1 << 24, o->ec.max_num_batched_tokens)
+        INT_OPT("--prefill-chunk", 1, 1 << 24, o->ec.max_num_batched_tokens)
+        INT_OPT("--max-num-seqs", 1, 1 << 16, o->ec.max_num_seqs)
+        INT_OPT("--block-size", 1, 4096, o->ec.block_size)
+        INT_OPT("--max-model-len", 1, 1 << 30, o->ec.max_model_len)
+        else if (!strcmp(a, "--kv-cache-memory")) {
             NEED_VALUE();
-            char *end;
-            double t = strtod(v, &end);
-            if (end == v || *end || !isfinite(t) || t < 0 || t > 2) return usage_error("--temperature: \"%s\" is not in [0, 2]", v);
-            o->p.temperature = (float)t;
+            if (parse_int(v, 1, 1L << 30, &x)) return usage_error("--kv-cache-memory: \"%s\" is not a size in MiB", v);
+            o->ec.kv_cache_memory = (size_t)x << 20;
         } else if (!strcmp(a, "--seed")) {
             NEED_VALUE();
             char *end;
             errno = 0;
             unsigned long long s = strtoull(v, &end, 10);
             if (errno || end == v || *end || v[0] == '-') return usage_error("--seed: \"%s\" is not a non-negative integer", v);
-            o->p.seed = s;
-        } else if (!strcmp(a, "--top-logprobs")) {
+            o->sp.seed = s;
+        } else if (!strcmp(a, "--stop")) {
             NEED_VALUE();
-            if (parse_int(v, 0, 20, &x)) return usage_error("--top-logprobs: \"%s\" is not in 0..20", v);
-            o->p.top_logprobs = (int)x;
-        } else if (!strcmp(a, "--prefill-chunk")) {
+            if (o->sp.n_stop >= 16) return usage_error("%s", "at most 16 --stop strings");
+            o->stops[o->sp.n_stop++] = (char *)v;
+        } else if (!strcmp(a, "--duo-pattern")) {
             NEED_VALUE();
-            if (parse_int(v, 1, 1 << 20, &x)) return usage_error("--prefill-chunk: \"%s\" is not a positive integer", v);
-            o->p.prefill_chunk = (int)x;
+            o->ec.duo_pattern = v;
         } else if (!strcmp(a, "--device")) {
             NEED_VALUE();
             if (strcmp(v, "cpu") && strcmp(v, "cuda")) return usage_error("--device: \"%s\" is not cpu or cuda", v);
-            o->device = v;
+            o->ec.device = v;
         } else if (!strcmp(a, "--ignore-eos")) {
-            o->p.ignore_eos = true;
+            o->sp.ignore_eos = true;
         } else if (!strcmp(a, "--json")) {
             o->json = 1;
         } else {
             return usage_error("generate: unknown option \"%s\"", a);
         }
 #undef NEED_VALUE
+#undef INT_OPT
+#undef FLOAT_OPT
     }
+    o->sp.stop = o->stops;
+    o->sp.has_seed = true; /* --seed defaults to 0: generate is reproducible */
     return 0;
 }
 
-static void print_result(const struct gen_cli *o, const struct gen_result *r) {
-    int K = o->p.top_logprobs;
+struct gen_out {
+    int32_t *ids;
+    int n, cap, K;
+    int32_t *top_ids;
+    float *top_lps;
+    char *text;
+    size_t text_len;
+    int finished, error;
+    char message[256];
+};
+
+static void gen_emit(void *ud, const struct engine_event *ev) {
+    struct gen_out *g = ud;
+    if (ev->type == ENGINE_EVENT_ERROR) {
+        g->error = 1;
+        snprintf(g->message, sizeof g->message, "%s", ev->message);
+        return;
+    }
+    if (ev->text) {
+        size_t l = strlen(ev->text);
+        char *nt = g->text ? realloc(g->text, g->text_len + l + 1) : NULL;
+        if (nt) {
+            memcpy(nt + g->text_len, ev->text, l + 1);
+            g->text = nt;
+            g->text_len += l;
+        }
+        free(ev->text);
+    }
+    if (ev->type == ENGINE_EVENT_FINISH) {
+        g->finished = 1;
+        return;
+    }
+    if (g->n < g->cap) {
+        g->ids[g->n] = ev->token;
+        for (int k = 0; k < g->K; k++) {
+            g->top_ids[g->n * g->K + k] = ev->top_ids[k];
+            g->top_lps[g->n * g->K + k] = ev->top_lps[k];
+        }
+        g->n++;
+    }
+}
+
+static void print_result(const struct gen_cli *o, const struct gen_out *r) {
+    int K = r->K;
     if (!o->json) {
-        for (int i = 0; i < r->n; i++) printf("%s%d", i ? " " : "", r->ids[i]);
-        printf("\n");
+        if (r->text) {
+            printf("%s\n", r->text);
+        } else {
+            for (int i = 0; i < r->n; i++) printf("%s%d", i ? " " : "", r->ids[i]);
+            printf("\n");
+        }
         return;
     }
     cJSON *root = cJSON_CreateObject();
@@ -167,7 +256,8 @@ static void print_result(const struct gen_cli *o, const struct gen_result *r) {
     for (int i = 0; i < o->n_prompt; i++) cJSON_AddItemToArray(pi, cJSON_CreateNumber(o->prompt_ids[i]));
     cJSON *ids = cJSON_AddArrayToObject(root, "ids");
     for (int i = 0; i < r->n; i++) cJSON_AddItemToArray(ids, cJSON_CreateNumber(r->ids[i]));
-    cJSON_AddNullToObject(root, "text"); /* needs the tokenizer */
+    if (r->text) cJSON_AddStringToObject(root, "text", r->text);
+    else cJSON_AddNullToObject(root, "text"); /* the model has no tokenizer */
     cJSON *tl = cJSON_AddArrayToObject(root, "top_logprobs");
     for (int i = 0; K && i < r->n; i++) {
         cJSON *pos = cJSON_CreateArray();
@@ -185,62 +275,67 @@ static void print_result(const struct gen_cli *o, const struct gen_result *r) {
     cJSON_Delete(root);
 }
 
-/* Resolves -m (or the demo model) and loads it on the chosen backend. */
-static int open_model(const char *dir_arg, const char *device, int max_tokens, struct backend **b, struct model **m) {
-    char err[1024], demo[4096];
-    const char *dir = dir_arg;
-    if (!dir) {
-        if (demo_model_ensure(demo, sizeof demo, err, sizeof err) != 0) {
-            fprintf(stderr, "duoserve: demo model: %s\n", err);
-            return 1;
-        }
-        dir = demo;
-        fprintf(stderr, "duoserve: no -m given: using the built-in demo model (random weights, its text is noise) in %s\n", dir);
-    }
-    *b = !strcmp(device, "cuda") ? backend_cuda_create(0, err, sizeof err) : backend_cpu_create();
-    if (!*b) {
-        fprintf(stderr, "duoserve: %s\n", !strcmp(device, "cuda") ? err : "out of memory");
-        return 1;
-    }
-    if (model_load(m, dir, *b, max_tokens, err, sizeof err) != 0) {
-        fprintf(stderr, "duoserve: %s\n", err);
-        backend_destroy(*b);
-        *b = NULL;
-        return 1;
-    }
-    return 0;
-}
-
 static int cmd_generate(int argc, char **argv) {
     struct gen_cli o = {0};
+    struct gen_out g = {0};
+    struct core *c = NULL;
+    char err[1024];
     int rc = parse_generate(argc, argv, &o);
     if (rc) goto out;
-    if (o.prompt_text) {
-        rc = usage_error("%s", "--prompt needs the tokenizer, which this build does not have yet: use --prompt-ids");
+    if (!o.prompt_text && !o.prompt_ids) {
+        rc = usage_error("%s", "generate needs --prompt TEXT or --prompt-ids 1,2,3");
         goto out;
     }
-    if (!o.prompt_ids) {
-        rc = usage_error("%s", "generate needs --prompt-ids");
-        goto out;
-    }
-    struct backend *b = NULL;
-    struct model *m = NULL;
-    int chunk = o.p.prefill_chunk ? o.p.prefill_chunk : 2048;
-    rc = open_model(o.model_dir, o.device, chunk, &b, &m);
-    if (rc) goto out;
-    struct gen_result r;
-    char err[512];
-    if (generate_run(m, o.prompt_ids, o.n_prompt, &o.p, &r, err, sizeof err) != 0) {
+    if (core_create(&c, &o.ec, err, sizeof err) != 0) {
         fprintf(stderr, "duoserve: %s\n", err);
         rc = 1;
-    } else {
-        print_result(&o, &r);
-        gen_result_free(&r);
+        goto out;
     }
-    model_free(m);
-    backend_destroy(b);
+    if (o.prompt_text) {
+        const struct tokenizer *tok = core_tokenizer(c);
+        size_t n = 0;
+        if (!tok) {
+            fprintf(stderr, "duoserve: --prompt needs a tokenizer.json in the model directory; use --prompt-ids\n");
+            rc = 1;
+            goto out;
+        }
+        free(o.prompt_ids);
+        o.prompt_ids = NULL;
+        int trc = tokenizer_encode(tok, o.prompt_text, strlen(o.prompt_text), true, &o.prompt_ids, &n);
+        if (trc != 0) {
+            fprintf(stderr, "duoserve: --prompt: %s\n", tokenizer_strerror(trc));
+            rc = 1;
+            goto out;
+        }
+        o.n_prompt = (int)n;
+    }
+    g.cap = o.sp.max_tokens;
+    g.K = o.sp.logprobs > 0 ? o.sp.logprobs : 0;
+    g.ids = malloc(sizeof(int32_t) * g.cap);
+    g.top_ids = malloc(sizeof(int32_t) * ((size_t)g.cap * g.K + 1));
+    g.top_lps = malloc(sizeof(float) * ((size_t)g.cap * g.K + 1));
+    if (core_tokenizer(c)) g.text = calloc(1, 1);
+    struct engine_request req = {o.prompt_ids, o.n_prompt, o.sp};
+    if (core_add(c, &req, gen_emit, &g, NULL, err, sizeof err) != ENGINE_OK) {
+        fprintf(stderr, "duoserve: %s\n", err);
+        rc = 1;
+        goto out;
+    }
+    while (core_has_work(c))
+        if (core_step(c) < 0) break;
+    if (g.error || !g.finished) {
+        fprintf(stderr, "duoserve: generation failed: %s\n", g.error ? g.message : "no result");
+        rc = 1;
+        goto out;
+    }
+    print_result(&o, &g);
 out:
+    core_free(c);
     free(o.prompt_ids);
+    free(g.ids);
+    free(g.top_ids);
+    free(g.top_lps);
+    free(g.text);
     return rc;
 }
 

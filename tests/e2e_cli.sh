@@ -30,12 +30,18 @@ else
 fi
 
 # the demo model is written on first use, deterministically (same bytes every time)
-DUOSERVE_CACHE="$tmp/c1" "$BIN" generate --prompt-ids 1,5,9 -n 12 --ignore-eos >"$tmp/d1" 2>"$tmp/d1.err"
+DUOSERVE_CACHE="$tmp/c1" "$BIN" generate --prompt-ids 1,5,9 -n 12 --ignore-eos --json >"$tmp/d1" 2>"$tmp/d1.err"
 check "demo model: generate exits 0" "$?" 0
-DUOSERVE_CACHE="$tmp/c2" "$BIN" generate --prompt-ids 1,5,9 -n 12 --ignore-eos >"$tmp/d2" 2>/dev/null
+DUOSERVE_CACHE="$tmp/c2" "$BIN" generate --prompt-ids 1,5,9 -n 12 --ignore-eos --json >"$tmp/d2" 2>/dev/null
 check "demo model: two fresh caches hold identical weights" \
   "$(cmp -s "$tmp/c1/demo-llama-v1/model.safetensors" "$tmp/c2/demo-llama-v1/model.safetensors" && echo same)" same
-check "demo model: 12 ids, same output both times" "$(wc -w <"$tmp/d1")/$(cmp -s "$tmp/d1" "$tmp/d2" && echo same)" "12/same"
+check "demo model: 12 ids, same output both times" \
+  "$(python3 -c 'import json,sys; print(len(json.load(open(sys.argv[1]))["ids"]))' "$tmp/d1")/$(cmp -s "$tmp/d1" "$tmp/d2" && echo same)" "12/same"
+# text prompts go through the tokenizer (BOS added), and the output is text
+if [ -f "$SHARED/models/stories260k/tokenizer.json" ]; then
+  out=$("$BIN" generate -m "$SHARED/models/stories260k" --prompt "Once upon a time" -n 40 --temperature 0 2>/dev/null)
+  check "stories260k: --prompt continues the story" "$(echo "$out" | grep -c '^, there was a little girl named Lily')" 1
+fi
 grep -q "built-in demo model" "$tmp/d1.err" && ok "demo model: says it is the demo model" || bad "demo model notice"
 # a demo-model generation (load + 12 tokens) is fast enough for a fresh machine
 start=$(date +%s%N); DUOSERVE_CACHE="$tmp/c3" "$BIN" generate --prompt-ids 1 -n 4 >/dev/null 2>&1; end=$(date +%s%N)

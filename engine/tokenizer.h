@@ -1,0 +1,111 @@
+/* tokenizer: a Hugging Face `tokenizer.json` tokenizer (BPE models: byte-level as in GPT-2,
+ * Llama-3 and Qwen2/3; SentencePiece-style with byte fallback as in Llama-2 and Mistral) and an
+ * incremental detokenizer for streaming output.
+ *
+ * Encoding follows the `tokenizers` library pipeline: added/special tokens are split out of the
+ * raw text first, then normalizer, pre-tokenizer, BPE model, and (when asked) the post-processor.
+ * Decoding runs the decoder chain and produces valid UTF-8 (invalid bytes become U+FFFD exactly
+ * as HF does). Decoding does not apply transformers' `clean_up_tokenization_spaces`.
+ *
+ * Threads: a loaded tokenizer is immutable, so encode/decode/lookups may run on any number of
+ * threads at once. A struct tokenizer_stream belongs to one sequence and one thread at a time. */
+#ifndef DUO_TOKENIZER_H
+#define DUO_TOKENIZER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+enum tokenizer_status {
+    TOKENIZER_OK = 0,
+    TOKENIZER_ERR_NOMEM = -1,
+    TOKENIZER_ERR_IO = -2,           // a file is missing or unreadable
+    TOKENIZER_ERR_JSON = -3,         // a file is not valid JSON
+    TOKENIZER_ERR_FORMAT = -4,       // valid JSON with missing or inconsistent fields
+    TOKENIZER_ERR_UNSUPPORTED = -5,  // a model/normalizer/pre-tokenizer/decoder type not implemented
+    TOKENIZER_ERR_REGEX = -6,        // a pattern PCRE2 rejects, or a match failure
+    TOKENIZER_ERR_INVALID_UTF8 = -7, // text given to encode is not valid UTF-8
+    TOKENIZER_ERR_NOT_FOUND = -8,    // lookup of a token string that is not in the vocabulary
+};
+
+const char *tokenizer_strerror(int status);
+
+struct tokenizer; // opaque, immutable once loaded
+
+/* Loads dir/tokenizer.json (required), dir/tokenizer_config.json, dir/config.json and
+ * dir/generation_config.json (optional: bos/eos ids and add_bos_token/add_eos_token). On error
+ * returns a negative status and writes a one-line message naming the file and the problem into
+ * err[errlen] (err may be NULL). */
+int tokenizer_load(struct tokenizer **out, const char *dir, char *err, size_t errlen);
+void tokenizer_free(struct tokenizer *tok);
+
+/* Encodes text[0..len) (UTF-8) into a malloc'd array of *n_ids ids (caller frees; NULL when
+ * *n_ids is 0). add_special=false equals HF `encode(text, add_special_tokens=False)`; true adds
+ * what the post-processor adds (e.g. BOS), or what tokenizer_config.json's add_bos_token /
+ * add_eos_token say when present, which is what transformers' `tokenizer(text)` gives. */
+int tokenizer_encode(const struct tokenizer *tok, const char *text, size_t len, bool add_special,
+                     int32_t **ids, size_t *n_ids);
+
+/* Decodes ids into a malloc'd NUL-terminated UTF-8 string (caller frees) of *len bytes (len may
+ * be NULL). Equals HF `decode(ids, skip_special_tokens)`; ids outside the vocabulary are
+ * dropped, as HF does. */
+int tokenizer_decode(const struct tokenizer *tok, const int32_t *ids, size_t n, bool skip_special,
+                     char **text, size_t *len);
+
+/* Number of ids: 1 + the largest id of the model vocabulary and the added tokens. The model's
+ * embedding table may be larger; ids in between decode to nothing. */
+size_t tokenizer_vocab_size(const struct tokenizer *tok);
+/* The token string of id as HF's id_to_token gives it ("ĠHello", "▁the", "<s>"); NUL-terminated,
+ * owned by tok. NULL when id is not a token. *len may be NULL. */
+const char *tokenizer_id_to_piece(const struct tokenizer *tok, int32_t id, size_t *len);
+/* The id of a token string (added tokens first, then the model vocabulary). */
+int tokenizer_piece_to_id(const struct tokenizer *tok, const char *piece, size_t len, int32_t *id);
+/* BOS id, or -1 when the model has none. */
+int32_t tokenizer_bos_id(const struct tokenizer *tok);
+/* Primary EOS id (tokenizer_config.json's eos_token, else config.json's), or -1. */
+int32_t tokenizer_eos_id(const struct tokenizer *tok);
+/* Every id that ends generation: the primary EOS first, then the other eos_token_id entries of
+ * config.json and generation_config.json. The array is owned by tok. Returns the count. */
+size_t tokenizer_eos_ids(const struct tokenizer *tok, const int32_t **ids);
+bool tokenizer_is_eos(const struct tokenizer *tok, int32_t id);
+/* True for added tokens marked "special" (those skip_special drops when decoding). */
+bool tokenizer_is_special(const struct tokenizer *tok, int32_t id);
+
+/* Incremental detokenizer: fed one id at a time, returns the text that became final. The
+ * concatenation of every piece (including flush) equals tokenizer_decode() of all ids pushed
+ * (prime included), and no piece ends inside a UTF-8 character. Text that may still change is
+ * held back: the bytes of an unfinished character, and with byte-fallback models a run of
+ * <0xNN> tokens until it ends (HF turns a whole run into U+FFFDs when any part is invalid).
+ * O(1) work per token besides the text itself. Fields are private. */
+struct tokenizer_stream {
+    const struct tokenizer *tok;
+    bool skip_special;
+    size_t n_tokens;            // non-skipped tokens seen (first-token rules of Strip/Metaspace)
+    unsigned char *run;         // pending ByteFallback bytes
+    size_t run_len, run_cap;
+    unsigned char pend[4];      // ByteLevel: held bytes of an unfinished character
+    size_t n_pend;
+    size_t lead_seen;           // Strip: leading chars examined so far
+    bool lead_done;             // Strip: a non-stripped char went out
+    size_t held;                // Strip: trailing strip chars held back
+    char *out;                  // the piece returned by the last call
+    size_t out_len, out_cap;
+    char *tmp[2];               // scratch for one token's text
+    size_t tmp_cap[2];
+};
+
+/* Starts a stream over tok (borrowed; must outlive the stream). Cannot fail. */
+void tokenizer_stream_init(struct tokenizer_stream *s, const struct tokenizer *tok, bool skip_special);
+/* Feeds ids whose text the caller does not want (e.g. the prompt), so that the next pushes
+ * continue that sequence (e.g. no leading-space strip on the first generated token). */
+int tokenizer_stream_prime(struct tokenizer_stream *s, const int32_t *ids, size_t n);
+/* Feeds one id; *piece (NUL-terminated, owned by s, valid until the next call) gets the new text,
+ * possibly empty. */
+int tokenizer_stream_push(struct tokenizer_stream *s, int32_t id, const char **piece, size_t *len);
+/* Ends the sequence: returns what was held back (U+FFFD for unfinished characters, exactly as
+ * tokenizer_decode) and resets s to a fresh stream over the same tokenizer. */
+int tokenizer_stream_flush(struct tokenizer_stream *s, const char **piece, size_t *len);
+/* Frees s's buffers (s itself is the caller's). NULL is a no-op. */
+void tokenizer_stream_free(struct tokenizer_stream *s);
+
+#endif
