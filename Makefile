@@ -12,7 +12,7 @@ NVCC    ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>
 # C17, warnings as the house style asks; -O2 because the CPU reference runs real models in tests.
 CFLAGS  ?= -O2 -g
 # (CFLAGS/LDFLAGS are the user's to override; the project's own flags live in DUO_CFLAGS.)
-DUO_CFLAGS := -std=c17 -Wall -Wextra -Wstrict-prototypes -Wno-unused-parameter -D_GNU_SOURCE \
+DUO_CFLAGS := -std=c17 -Wall -Wextra -Wstrict-prototypes -Wno-unused-parameter -D_GNU_SOURCE -ffp-contract=off \
               -I. -MMD -MP -pthread
 # Libraries from Debian packages (scripts/install-deps.sh).
 LDLIBS  += -lmicrohttpd -luv -lcjson -lpcre2-8 -lutf8proc -lm -pthread
@@ -47,7 +47,7 @@ ifeq ($(CUDA),1)
   endif
 endif
 
-.PHONY: all test debug setup run clean fuzz
+.PHONY: all test debug setup run clean fuzz bench
 all: $(BUILD)/duoserve $(CUDA_ALL) $(CUDA_TEST)
 
 $(BUILD)/libduoserve.a: $(LIB_OBJ)
@@ -75,6 +75,13 @@ $(BUILD)/duoserve-test-cuda: tests/cuda/test_cuda_ops.c $(BUILD)/libduoserve.a
 # Every unit test binary, then the end-to-end scripts; stops at the first failure.
 test: $(BUILD)/duoserve $(TEST_BIN) $(CUDA_ALL) $(CUDA_TEST)
 	@BUILD=$(BUILD) ./tests/run_all.sh $(TEST_BIN)
+
+# Benchmarks (not part of the tests): engine throughput on the CPU, tokenizer speed.
+$(BUILD)/bench_%: scripts/bench_%.c $(BUILD)/libduoserve.a
+	$(CC) $(DUO_CFLAGS) $(CFLAGS) -o $@ $< $(BUILD)/libduoserve.a $(LDFLAGS) $(LDLIBS)
+
+bench: $(BUILD)/bench_engine $(BUILD)/bench_tokenizer
+	./$(BUILD)/bench_engine ../shared/models/stories260k 128 1 8 32
 
 debug:
 	$(MAKE) BUILD=build-debug CUDA=0 CFLAGS="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer" \

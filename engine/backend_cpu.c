@@ -62,16 +62,40 @@ static void cpu_rmsnorm(struct backend *b, void *out_, const void *x_, const voi
     }
 }
 
+/* Four tokens share each weight row (four independent sums: instruction-level parallelism and
+ * one pass over the weights), so batching raises throughput. Every output is still one
+ * sequential sum over k, so results do not depend on the batch. */
 static void cpu_matmul(struct backend *b, void *out_, const void *x_, const void *w_, const void *bias_, int n,
                        int n_out, int n_in) {
-    const float *w = w_, *bias = bias_;
-    for (int i = 0; i < n; i++) {
-        const float *x = (const float *)x_ + (size_t)i * n_in;
-        float *o = (float *)out_ + (size_t)i * n_out;
+    const float *w = w_, *bias = bias_, *x = x_;
+    float *out = out_;
+    int i = 0;
+    for (; i + 4 <= n; i += 4) {
+        const float *x0 = x + (size_t)i * n_in, *x1 = x0 + n_in, *x2 = x1 + n_in, *x3 = x2 + n_in;
+        for (int r = 0; r < n_out; r++) {
+            const float *wr = w + (size_t)r * n_in;
+            float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+            for (int k = 0; k < n_in; k++) {
+                float wk = wr[k];
+                s0 += wk * x0[k];
+                s1 += wk * x1[k];
+                s2 += wk * x2[k];
+                s3 += wk * x3[k];
+            }
+            float bb = bias ? bias[r] : 0.0f;
+            out[(size_t)i * n_out + r] = bias ? s0 + bb : s0;
+            out[(size_t)(i + 1) * n_out + r] = bias ? s1 + bb : s1;
+            out[(size_t)(i + 2) * n_out + r] = bias ? s2 + bb : s2;
+            out[(size_t)(i + 3) * n_out + r] = bias ? s3 + bb : s3;
+        }
+    }
+    for (; i < n; i++) {
+        const float *xi = x + (size_t)i * n_in;
+        float *o = out + (size_t)i * n_out;
         for (int r = 0; r < n_out; r++) {
             const float *wr = w + (size_t)r * n_in;
             float s = 0.0f;
-            for (int k = 0; k < n_in; k++) s += wr[k] * x[k];
+            for (int k = 0; k < n_in; k++) s += wr[k] * xi[k];
             o[r] = bias ? s + bias[r] : s;
         }
     }
