@@ -57,7 +57,12 @@ $(BUILD)/libduoserve.a: $(LIB_OBJ)
 $(BUILD)/duoserve: $(BUILD)/server/main.o $(BUILD)/libduoserve.a
 	$(CC) $(DUO_CFLAGS) $(CFLAGS) -o $@ $^ $(LDFLAGS) $(LDLIBS)
 
-$(BUILD)/%.o: %.c
+# Objects are rebuilt when the flags change (CUDA=0 <-> CUDA=1 share the build folder).
+FLAGS_STAMP := $(BUILD)/.flags
+$(shell mkdir -p $(BUILD) && echo '$(CC) $(DUO_CFLAGS) $(CFLAGS) $(LDLIBS)' | cmp -s - $(FLAGS_STAMP) || \
+        echo '$(CC) $(DUO_CFLAGS) $(CFLAGS) $(LDLIBS)' > $(FLAGS_STAMP))
+
+$(BUILD)/%.o: %.c $(FLAGS_STAMP)
 	@mkdir -p $(@D)
 	$(CC) $(DUO_CFLAGS) $(CFLAGS) -c -o $@ $<
 
@@ -78,6 +83,8 @@ test: $(BUILD)/duoserve $(TEST_BIN) $(CUDA_ALL) $(CUDA_TEST)
 
 # Benchmarks (not part of the tests): engine throughput on the CPU, tokenizer speed.
 $(BUILD)/bench_%: scripts/bench_%.c $(BUILD)/libduoserve.a
+	$(CC) $(DUO_CFLAGS) $(CFLAGS) -o $@ $< $(BUILD)/libduoserve.a $(LDFLAGS) $(LDLIBS)
+$(BUILD)/check_%: scripts/check_%.c $(BUILD)/libduoserve.a
 	$(CC) $(DUO_CFLAGS) $(CFLAGS) -o $@ $< $(BUILD)/libduoserve.a $(LDFLAGS) $(LDLIBS)
 
 bench: $(BUILD)/bench_engine $(BUILD)/bench_tokenizer

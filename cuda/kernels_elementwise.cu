@@ -63,27 +63,81 @@ __global__ void add_kernel(__nv_bfloat16 *x, const __nv_bfloat16 *y, size_t n) {
     if (i < n) x[i] = __float2bfloat16(__bfloat162float(x[i]) + __bfloat162float(y[i]));
 }
 
+__global__ void add_bias_kernel(__nv_bfloat16 *x, const __nv_bfloat16 *bias, int dim, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] = __float2bfloat16(__bfloat162float(x[i]) + __bfloat162float(bias[i % dim]));
+}
+
+__global__ void get_rows_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *x, const int32_t *rows, int dim) {
+    const __nv_bfloat16 *src = x + (size_t)rows[blockIdx.x] * dim;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) out[(size_t)blockIdx.x * dim + i] = src[i];
+}
+
+__global__ void f32_to_bf16_kernel(__nv_bfloat16 *dst, const float *src, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) dst[i] = __float2bfloat16(src[i]);
+}
+
+__global__ void bf16_to_f32_kernel(float *dst, const __nv_bfloat16 *src, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) dst[i] = __bfloat162float(src[i]);
+}
+
 extern "C" {
 
+int cuda_add_bias(void *x, const void *bias, int n, int dim, cudaStream_t s) {
+    size_t total = (size_t)n * dim;
+    if (total == 0) return 0;
+    add_bias_kernel<<<cuda_blocks(total, 256), 256, 0, s>>>((__nv_bfloat16 *)x, (const __nv_bfloat16 *)bias, dim, total);
+    CUDA_CHECK(cudaGetLastError());
+    return 0;
+}
+
+int cuda_get_rows(void *out, const void *x, const int32_t *rows, int n, int dim, cudaStream_t s) {
+    if (n == 0) return 0;
+    // out may alias x's first rows only if rows[i] >= i for all i: the engine passes separate buffers
+    get_rows_kernel<<<n, 256, 0, s>>>((__nv_bfloat16 *)out, (const __nv_bfloat16 *)x, rows, dim);
+    CUDA_CHECK(cudaGetLastError());
+    return 0;
+}
+
+int cuda_f32_to_bf16(void *dst, const float *src, size_t n, cudaStream_t s) {
+    if (n == 0) return 0;
+    f32_to_bf16_kernel<<<cuda_blocks(n, 256), 256, 0, s>>>((__nv_bfloat16 *)dst, src, n);
+    CUDA_CHECK(cudaGetLastError());
+    return 0;
+}
+
+int cuda_bf16_to_f32(float *dst, const void *src, size_t n, cudaStream_t s) {
+    if (n == 0) return 0;
+    bf16_to_f32_kernel<<<cuda_blocks(n, 256), 256, 0, s>>>(dst, (const __nv_bfloat16 *)src, n);
+    CUDA_CHECK(cudaGetLastError());
+    return 0;
+}
+
 int cuda_embed(void *out, const void *table, const int32_t *tokens, int n, int dim, cudaStream_t s) {
+    if (n == 0) return 0;
     embed_kernel<<<n, 256, 0, s>>>((__nv_bfloat16 *)out, (const __nv_bfloat16 *)table, tokens, dim);
     CUDA_CHECK(cudaGetLastError());
     return 0;
 }
 
 int cuda_rmsnorm(void *out, const void *x, const void *w, int n, int dim, float eps, cudaStream_t s) {
+    if (n == 0) return 0;
     rmsnorm_kernel<<<n, 256, 0, s>>>((__nv_bfloat16 *)out, (const __nv_bfloat16 *)x, (const __nv_bfloat16 *)w, dim, eps);
     CUDA_CHECK(cudaGetLastError());
     return 0;
 }
 
 int cuda_rope(void *x, const int32_t *pos, const float *inv_freq, int n, int n_heads, int hd, cudaStream_t s) {
+    if (n == 0) return 0;
     rope_kernel<<<n, 128, 0, s>>>((__nv_bfloat16 *)x, pos, inv_freq, n_heads, hd);
     CUDA_CHECK(cudaGetLastError());
     return 0;
 }
 
 int cuda_silu_mul(void *out, const void *gate, const void *up, size_t n, cudaStream_t s) {
+    if (n == 0) return 0;
     silu_mul_kernel<<<cuda_blocks(n, 256), 256, 0, s>>>((__nv_bfloat16 *)out, (const __nv_bfloat16 *)gate,
                                                       (const __nv_bfloat16 *)up, n);
     CUDA_CHECK(cudaGetLastError());
@@ -91,6 +145,7 @@ int cuda_silu_mul(void *out, const void *gate, const void *up, size_t n, cudaStr
 }
 
 int cuda_add(void *x, const void *y, size_t n, cudaStream_t s) {
+    if (n == 0) return 0;
     add_kernel<<<cuda_blocks(n, 256), 256, 0, s>>>((__nv_bfloat16 *)x, (const __nv_bfloat16 *)y, n);
     CUDA_CHECK(cudaGetLastError());
     return 0;

@@ -59,6 +59,11 @@ struct backend_ops {
     int (*weight_upload)(struct backend *b, const struct st_tensor *t, void **out);
     /* uploads f32 host data into a buffer of `n` floats kept as f32 (RoPE tables) */
     int (*upload_f32)(struct backend *b, void *dst, const float *src, size_t n);
+    /* activations <-> f32 host data, converting to/from the activation dtype (tests, debugging) */
+    int (*upload_act)(struct backend *b, void *dst, const float *src, size_t n);
+    int (*download_act)(struct backend *b, float *dst, const void *src, size_t n);
+    /* device memory: free and total bytes (CPU: 0, 0 = not planned from the device) */
+    void (*mem_info)(struct backend *b, size_t *free_bytes, size_t *total_bytes);
 
     /* step: makes the batch metadata visible to the ops below */
     int (*begin_step)(struct backend *b, const struct fwd_batch *batch);

@@ -37,6 +37,20 @@ static int cpu_upload_f32(struct backend *b, void *dst, const float *src, size_t
     return BACKEND_OK;
 }
 
+static int cpu_upload_act(struct backend *b, void *dst, const float *src, size_t n) {
+    memcpy(dst, src, n * sizeof(float));
+    return BACKEND_OK;
+}
+
+static int cpu_download_act(struct backend *b, float *dst, const void *src, size_t n) {
+    memcpy(dst, src, n * sizeof(float));
+    return BACKEND_OK;
+}
+
+static void cpu_mem_info(struct backend *b, size_t *free_bytes, size_t *total_bytes) {
+    *free_bytes = *total_bytes = 0;
+}
+
 static int cpu_begin_step(struct backend *b, const struct fwd_batch *batch) {
     struct cpu_ctx *c = b->ctx;
     c->batch = *batch;
@@ -287,6 +301,9 @@ static const struct backend_ops cpu_ops = {
     .act_size = sizeof(float),
     .weight_upload = cpu_weight_upload,
     .upload_f32 = cpu_upload_f32,
+    .upload_act = cpu_upload_act,
+    .download_act = cpu_download_act,
+    .mem_info = cpu_mem_info,
     .begin_step = cpu_begin_step,
     .embed = cpu_embed,
     .rmsnorm = cpu_rmsnorm,

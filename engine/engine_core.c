@@ -138,6 +138,19 @@ static int plan_memory(struct core *c, char *err, size_t errlen) {
     size_t es = c->b->ops->act_size;
     size_t block_bytes = kv_cache_block_bytes(&g, es), slot_bytes = kv_cache_slot_bytes(&g, es);
     size_t budget = c->cfg.kv_cache_memory ? c->cfg.kv_cache_memory : (size_t)256 << 20;
+    size_t dev_free = 0, dev_total = 0;
+    c->b->ops->mem_info(c->b, &dev_free, &dev_total);
+    if (dev_total && !c->cfg.kv_cache_memory) {
+        /* GPU: the card's share minus what weights and activations already hold, less a
+         * reserve for logits and cuBLAS workspaces */
+        float util = c->cfg.gpu_memory_utilization > 0 ? c->cfg.gpu_memory_utilization : 0.9f;
+        double want = (double)util * (double)dev_total - (double)(dev_total - dev_free) - (double)(512u << 20);
+        if (want < (double)(64u << 20))
+            return util_err(err, errlen,
+                            "not enough GPU memory for the KV cache: %.1f GiB total, %.1f GiB free after the weights, "
+                            "--gpu-memory-utilization %.2f", dev_total / 1073741824.0, dev_free / 1073741824.0, util);
+        budget = (size_t)want;
+    }
     int n_slots = slot_bytes ? c->cfg.max_num_seqs : 0;
     if ((size_t)n_slots * slot_bytes > budget)
         return util_err(err, errlen, "KV budget of %zu bytes cannot hold %d streaming slots of %zu bytes", budget,
@@ -232,6 +245,10 @@ int core_create(struct core **out, const struct engine_config *cfg_in, char *err
             util_err(err, errlen, "out of memory");
             goto fail;
         }
+    }
+    if (!strcmp(c->cfg.device, "cuda") && mc.head_dim > 256) {
+        util_err(err, errlen, "%s: head_dim %d is larger than the CUDA attention kernels support (256)", dir, mc.head_dim);
+        goto fail;
     }
     c->max_batch = c->cfg.max_num_batched_tokens;
     util_rng_seed(&c->seed_rng, (uint64_t)(util_now() * 1e9) ^ (uint64_t)getpid());

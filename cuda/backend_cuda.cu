@@ -1,0 +1,350 @@
+// backend_cuda: the backend op table (engine/backend.h) on one NVIDIA GPU. Weights and
+// activations are bf16 in device memory, accumulation in f32, logits in f32; GEMMs go through
+// cuBLAS, everything else through the kernels of cuda/*.cu. All work is queued on one stream;
+// ops that cannot return a status record the first error, which sync() reports.
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <vector>
+
+extern "C" {
+#include "engine/backend.h"
+#include "engine/util.h"
+}
+#include "cuda/cuda_attention.h"
+#include "cuda/cuda_common.h"
+
+extern "C" {
+int cuda_embed(void *out, const void *table, const int32_t *tokens, int n, int dim, cudaStream_t s);
+int cuda_rmsnorm(void *out, const void *x, const void *w, int n, int dim, float eps, cudaStream_t s);
+int cuda_rope(void *x, const int32_t *pos, const float *inv_freq, int n, int n_heads, int hd, cudaStream_t s);
+int cuda_silu_mul(void *out, const void *gate, const void *up, size_t n, cudaStream_t s);
+int cuda_add(void *x, const void *y, size_t n, cudaStream_t s);
+int cuda_add_bias(void *x, const void *bias, int n, int dim, cudaStream_t s);
+int cuda_get_rows(void *out, const void *x, const int32_t *rows, int n, int dim, cudaStream_t s);
+int cuda_f32_to_bf16(void *dst, const float *src, size_t n, cudaStream_t s);
+int cuda_bf16_to_f32(float *dst, const void *src, size_t n, cudaStream_t s);
+}
+
+struct cuda_ctx {
+    int device;
+    cudaStream_t stream;
+    cublasHandle_t blas;
+    int err; // first error of a void op (backend_status)
+    // batch metadata: one device buffer, one pinned staging buffer
+    int32_t *d_meta, *h_meta;
+    size_t meta_cap;
+    const int32_t *tokens, *pos, *tok_seq, *seq_start, *indptr, *blocks, *slots, *rows;
+    int n_tokens, n_seqs, n_logits;
+    float *d_logits;
+    size_t logits_cap;
+    float *d_tmp; // f32 staging for upload/download of activations
+    size_t tmp_cap;
+};
+
+#define CTX(b) ((struct cuda_ctx *)(b)->ctx)
+
+// Records the first failure of a void op; file:line goes to stderr.
+#define CK(b, stmt)                                                                                       \
+    do {                                                                                                  \
+        cudaError_t e_ = (stmt);                                                                          \
+        if (e_ != cudaSuccess) {                                                                          \
+            fprintf(stderr, "duoserve: CUDA error %s in %s at %s:%d\n", cudaGetErrorString(e_), #stmt, __FILE__, \
+                    __LINE__);                                                                            \
+            if (!CTX(b)->err) CTX(b)->err = BACKEND_ERR_DEVICE;                                          \
+        }                                                                                                 \
+    } while (0)
+#define CKI(b, rc)                                                                                        \
+    do {                                                                                                  \
+        if ((rc) != 0 && !CTX(b)->err) CTX(b)->err = BACKEND_ERR_DEVICE;                                  \
+    } while (0)
+#define CUBLAS_CHECK(b, stmt)                                                                             \
+    do {                                                                                                  \
+        cublasStatus_t s_ = (stmt);                                                                       \
+        if (s_ != CUBLAS_STATUS_SUCCESS) {                                                                \
+            fprintf(stderr, "duoserve: cuBLAS error %d in %s at %s:%d\n", (int)s_, #stmt, __FILE__, __LINE__); \
+            if (!CTX(b)->err) CTX(b)->err = BACKEND_ERR_DEVICE;                                          \
+        }                                                                                                 \
+    } while (0)
+
+static void *cu_alloc(struct backend *b, size_t bytes, enum backend_status *st) {
+    void *p = NULL;
+    cudaError_t e = cudaMalloc(&p, bytes ? bytes : 16);
+    if (e != cudaSuccess) {
+        cudaGetLastError(); // clear the sticky-free OOM error
+        if (st) *st = BACKEND_ERR_OOM;
+        return NULL;
+    }
+    cudaMemsetAsync(p, 0, bytes, CTX(b)->stream);
+    if (st) *st = BACKEND_OK;
+    return p;
+}
+
+static void cu_free(struct backend *b, void *p) {
+    if (p) cudaFree(p);
+}
+
+static void cu_copy(struct backend *b, void *dst, const void *src, size_t bytes) {
+    CK(b, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, CTX(b)->stream));
+}
+
+static float *tmp_f32(struct backend *b, size_t n) {
+    struct cuda_ctx *c = CTX(b);
+    if (n > c->tmp_cap) {
+        cudaFree(c->d_tmp);
+        c->d_tmp = NULL;
+        if (cudaMalloc(&c->d_tmp, n * sizeof(float)) != cudaSuccess) {
+            c->tmp_cap = 0;
+            return NULL;
+        }
+        c->tmp_cap = n;
+    }
+    return c->d_tmp;
+}
+
+/* Weights: converted to bf16 on the host (round to nearest even), then copied. */
+static int cu_weight_upload(struct backend *b, const struct st_tensor *t, void **out) {
+    int64_t n = st_tensor_numel(t);
+    std::vector<uint16_t> h((size_t)(n ? n : 1));
+    if (t->dtype == ST_DTYPE_BF16) {
+        memcpy(h.data(), t->data, (size_t)n * 2);
+    } else {
+        std::vector<float> f(4096);
+        for (int64_t i = 0; i < n; i += 4096) {
+            int64_t m = n - i < 4096 ? n - i : 4096;
+            st_tensor_to_f32(t, i, m, f.data());
+            for (int64_t k = 0; k < m; k++) h[(size_t)(i + k)] = util_f32_to_bf16(f[(size_t)k]);
+        }
+    }
+    enum backend_status st;
+    void *d = cu_alloc(b, (size_t)n * 2, &st);
+    if (!d) return st;
+    if (cudaMemcpy(d, h.data(), (size_t)n * 2, cudaMemcpyHostToDevice) != cudaSuccess) {
+        cudaFree(d);
+        return BACKEND_ERR_DEVICE;
+    }
+    *out = d;
+    return BACKEND_OK;
+}
+
+static int cu_upload_f32(struct backend *b, void *dst, const float *src, size_t n) {
+    return cudaMemcpy(dst, src, n * sizeof(float), cudaMemcpyHostToDevice) == cudaSuccess ? BACKEND_OK
+                                                                                          : BACKEND_ERR_DEVICE;
+}
+
+static int cu_upload_act(struct backend *b, void *dst, const float *src, size_t n) {
+    float *t = tmp_f32(b, n);
+    if (!t) return BACKEND_ERR_OOM;
+    if (cudaMemcpyAsync(t, src, n * sizeof(float), cudaMemcpyHostToDevice, CTX(b)->stream) != cudaSuccess)
+        return BACKEND_ERR_DEVICE;
+    if (cuda_f32_to_bf16(dst, t, n, CTX(b)->stream)) return BACKEND_ERR_DEVICE;
+    return cudaStreamSynchronize(CTX(b)->stream) == cudaSuccess ? BACKEND_OK : BACKEND_ERR_DEVICE;
+}
+
+static int cu_download_act(struct backend *b, float *dst, const void *src, size_t n) {
+    float *t = tmp_f32(b, n);
+    if (!t) return BACKEND_ERR_OOM;
+    if (cuda_bf16_to_f32(t, src, n, CTX(b)->stream)) return BACKEND_ERR_DEVICE;
+    if (cudaMemcpyAsync(dst, t, n * sizeof(float), cudaMemcpyDeviceToHost, CTX(b)->stream) != cudaSuccess)
+        return BACKEND_ERR_DEVICE;
+    return cudaStreamSynchronize(CTX(b)->stream) == cudaSuccess ? BACKEND_OK : BACKEND_ERR_DEVICE;
+}
+
+static void cu_mem_info(struct backend *b, size_t *free_bytes, size_t *total_bytes) {
+    if (cudaMemGetInfo(free_bytes, total_bytes) != cudaSuccess) *free_bytes = *total_bytes = 0;
+}
+
+/* The batch metadata travels in one copy: tokens, pos, tok_seq [T]; seq_start, indptr [S+1];
+ * slots [S]; rows [n_logits]; block ids. */
+static int cu_begin_step(struct backend *b, const struct fwd_batch *bt) {
+    struct cuda_ctx *c = CTX(b);
+    int T = bt->n_tokens, S = bt->n_seqs, NB = bt->block_indptr ? bt->block_indptr[S] : 0;
+    size_t need = (size_t)3 * T + 2 * (S + 1) + S + bt->n_logits + NB + 8;
+    if (need > c->meta_cap) {
+        cudaFree(c->d_meta);
+        cudaFreeHost(c->h_meta);
+        c->d_meta = c->h_meta = NULL;
+        size_t cap = need * 2;
+        if (cudaMalloc(&c->d_meta, cap * 4) != cudaSuccess || cudaMallocHost(&c->h_meta, cap * 4) != cudaSuccess) {
+            c->meta_cap = 0;
+            return BACKEND_ERR_OOM;
+        }
+        c->meta_cap = cap;
+    }
+    // the previous step's copy must be done before the staging buffer is rewritten
+    if (cudaStreamSynchronize(c->stream) != cudaSuccess) return BACKEND_ERR_DEVICE;
+    int32_t *h = c->h_meta;
+    size_t o = 0;
+    auto put = [&](const int32_t *src, int n, const int32_t **dev) {
+        if (src) memcpy(h + o, src, sizeof(int32_t) * n);
+        else memset(h + o, 0, sizeof(int32_t) * n);
+        *dev = c->d_meta + o;
+        o += (size_t)n;
+    };
+    put(bt->tokens, T, &c->tokens);
+    put(bt->pos, T, &c->pos);
+    int32_t *ts = h + o;
+    c->tok_seq = c->d_meta + o;
+    for (int s = 0; s < S; s++)
+        for (int t = bt->seq_start[s]; t < bt->seq_start[s + 1]; t++) ts[t] = s;
+    o += (size_t)T;
+    put(bt->seq_start, S + 1, &c->seq_start);
+    put(bt->block_indptr, S + 1, &c->indptr);
+    put(bt->stream_slot, S, &c->slots);
+    put(bt->logit_rows, bt->n_logits, &c->rows);
+    put(bt->block_ids, NB, &c->blocks);
+    c->n_tokens = T;
+    c->n_seqs = S;
+    c->n_logits = bt->n_logits;
+    if (cudaMemcpyAsync(c->d_meta, h, o * 4, cudaMemcpyHostToDevice, c->stream) != cudaSuccess) return BACKEND_ERR_DEVICE;
+    return BACKEND_OK;
+}
+
+static void cu_embed(struct backend *b, void *out, const void *table, int dim) {
+    CKI(b, cuda_embed(out, table, CTX(b)->tokens, CTX(b)->n_tokens, dim, CTX(b)->stream));
+}
+
+static void cu_rmsnorm(struct backend *b, void *out, const void *x, const void *w, int n, int dim, float eps) {
+    CKI(b, cuda_rmsnorm(out, x, w, n, dim, eps, CTX(b)->stream));
+}
+
+/* out[n][n_out] = x[n][n_in] @ w[n_out][n_in]^T: in cuBLAS's column-major terms
+ * out^T (n_out x n) = w^T' (op T of the n_in x n_out matrix) * x^T (n_in x n). */
+static void gemm(struct backend *b, void *out, cudaDataType_t out_type, const void *x, const void *w, int n,
+                 int n_out, int n_in) {
+    const float alpha = 1.0f, beta = 0.0f;
+    CUBLAS_CHECK(b, cublasGemmEx(CTX(b)->blas, CUBLAS_OP_T, CUBLAS_OP_N, n_out, n, n_in, &alpha, w, CUDA_R_16BF, n_in,
+                                 x, CUDA_R_16BF, n_in, &beta, out, out_type, n_out, CUBLAS_COMPUTE_32F,
+                                 CUBLAS_GEMM_DEFAULT));
+}
+
+static void cu_matmul(struct backend *b, void *out, const void *x, const void *w, const void *bias, int n, int n_out,
+                      int n_in) {
+    gemm(b, out, CUDA_R_16BF, x, w, n, n_out, n_in);
+    if (bias) CKI(b, cuda_add_bias(out, bias, n, n_out, CTX(b)->stream));
+}
+
+static void cu_rope(struct backend *b, void *q, void *k, int n_heads, int n_kv_heads, int head_dim, const void *inv_freq) {
+    struct cuda_ctx *c = CTX(b);
+    CKI(b, cuda_rope(q, c->pos, (const float *)inv_freq, c->n_tokens, n_heads, head_dim, c->stream));
+    CKI(b, cuda_rope(k, c->pos, (const float *)inv_freq, c->n_tokens, n_kv_heads, head_dim, c->stream));
+}
+
+static void cu_attention(struct backend *b, void *out, const void *q, const void *k, const void *v,
+                         const struct attn_layer *L) {
+    struct cuda_ctx *c = CTX(b);
+    struct cuda_attn_args a = {L->n_heads, L->n_kv_heads, L->head_dim, L->n_full, L->n_stream, L->block_size,
+                               L->sink, L->recent, L->sliding_window, L->scale,
+                               (__nv_bfloat16 *)L->k_full, (__nv_bfloat16 *)L->v_full,
+                               (__nv_bfloat16 *)L->k_stream, (__nv_bfloat16 *)L->v_stream,
+                               c->pos, c->tok_seq, c->seq_start, c->indptr, c->blocks, c->slots};
+    CKI(b, cuda_attention(out, q, k, v, &a, c->n_tokens, c->stream));
+}
+
+static void cu_silu_mul(struct backend *b, void *out, const void *gate, const void *up, size_t n) {
+    CKI(b, cuda_silu_mul(out, gate, up, n, CTX(b)->stream));
+}
+
+static void cu_add(struct backend *b, void *x, const void *y, size_t n) { CKI(b, cuda_add(x, y, n, CTX(b)->stream)); }
+
+static void cu_get_rows(struct backend *b, void *out, const void *x, int dim) {
+    struct cuda_ctx *c = CTX(b);
+    CKI(b, cuda_get_rows(out, x, c->rows, c->n_logits, dim, c->stream));
+}
+
+static int cu_logits(struct backend *b, float *host_logits, const void *x, const void *w, int n, int vocab, int dim) {
+    struct cuda_ctx *c = CTX(b);
+    size_t need = (size_t)n * vocab;
+    if (need > c->logits_cap) {
+        cudaFree(c->d_logits);
+        c->d_logits = NULL;
+        if (cudaMalloc(&c->d_logits, need * sizeof(float)) != cudaSuccess) {
+            c->logits_cap = 0;
+            return BACKEND_ERR_OOM;
+        }
+        c->logits_cap = need;
+    }
+    gemm(b, c->d_logits, CUDA_R_32F, x, w, n, vocab, dim);
+    CK(b, cudaMemcpyAsync(host_logits, c->d_logits, need * sizeof(float), cudaMemcpyDeviceToHost, c->stream));
+    return c->err;
+}
+
+static int cu_sync(struct backend *b) {
+    struct cuda_ctx *c = CTX(b);
+    CK(b, cudaStreamSynchronize(c->stream));
+    int e = c->err;
+    c->err = 0;
+    return e;
+}
+
+static void cu_destroy(struct backend *b) {
+    struct cuda_ctx *c = CTX(b);
+    cudaStreamSynchronize(c->stream);
+    cudaFree(c->d_meta);
+    cudaFreeHost(c->h_meta);
+    cudaFree(c->d_logits);
+    cudaFree(c->d_tmp);
+    cublasDestroy(c->blas);
+    cudaStreamDestroy(c->stream);
+    free(c);
+    free(b);
+}
+
+static struct backend_ops make_ops(void) {
+    struct backend_ops o;
+    memset(&o, 0, sizeof o);
+    o.alloc = cu_alloc;
+    o.free = cu_free;
+    o.copy = cu_copy;
+    o.act_size = 2; // bf16
+    o.weight_upload = cu_weight_upload;
+    o.upload_f32 = cu_upload_f32;
+    o.upload_act = cu_upload_act;
+    o.download_act = cu_download_act;
+    o.mem_info = cu_mem_info;
+    o.begin_step = cu_begin_step;
+    o.embed = cu_embed;
+    o.rmsnorm = cu_rmsnorm;
+    o.matmul = cu_matmul;
+    o.rope = cu_rope;
+    o.attention = cu_attention;
+    o.silu_mul = cu_silu_mul;
+    o.add = cu_add;
+    o.get_rows = cu_get_rows;
+    o.logits = cu_logits;
+    o.sync = cu_sync;
+    o.destroy = cu_destroy;
+    return o;
+}
+
+static const struct backend_ops cuda_ops = make_ops();
+
+extern "C" struct backend *backend_cuda_create(int device, char *err, size_t errlen) {
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess || n == 0) {
+        snprintf(err, errlen, "no CUDA device usable (%s)", e != cudaSuccess ? cudaGetErrorString(e) : "none found");
+        return NULL;
+    }
+    if (device >= n || cudaSetDevice(device) != cudaSuccess) {
+        snprintf(err, errlen, "CUDA device %d is not usable (%d devices)", device, n);
+        return NULL;
+    }
+    struct backend *b = (struct backend *)calloc(1, sizeof *b);
+    struct cuda_ctx *c = (struct cuda_ctx *)calloc(1, sizeof *c);
+    if (!b || !c || cudaStreamCreate(&c->stream) != cudaSuccess || cublasCreate(&c->blas) != CUBLAS_STATUS_SUCCESS) {
+        snprintf(err, errlen, "cannot initialise CUDA / cuBLAS on device %d", device);
+        free(b);
+        free(c);
+        return NULL;
+    }
+    cublasSetStream(c->blas, c->stream);
+    c->device = device;
+    b->ops = &cuda_ops;
+    b->name = "cuda";
+    b->ctx = c;
+    return b;
+}

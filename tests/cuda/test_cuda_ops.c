@@ -1,0 +1,282 @@
+/* Every CUDA op against the CPU reference op on fresh random inputs, with stated tolerances.
+ * Inputs are rounded to bf16 first and given to both backends, so differences come only from
+ * the CUDA side's bf16 activations and accumulation order. Run on a GPU machine:
+ *   source .device/env.sh && ./build/duoserve-test-cuda
+ * Prints one line per case and a closing "N passed, M failed". */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/backend.h"
+#include "engine/model.h"
+#include "engine/util.h"
+
+static struct backend *cpu, *gpu;
+static struct util_rng rng;
+static int n_pass, n_fail;
+
+static float *rand_bf16(size_t n, float scale) {
+    float *v = malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) v[i] = util_bf16_to_f32(util_f32_to_bf16(scale * util_rng_normal(&rng)));
+    return v;
+}
+
+/* The same f32 data as activations of both backends. */
+static void up2(void **pc, void **pg, const float *h, size_t n) {
+    enum backend_status st;
+    *pc = cpu->ops->alloc(cpu, n * 4, &st);
+    *pg = gpu->ops->alloc(gpu, n * 2, &st);
+    cpu->ops->upload_act(cpu, *pc, h, n);
+    gpu->ops->upload_act(gpu, *pg, h, n);
+}
+
+/* A weight (rows x cols) from f32 data, in both backends. */
+static void weight2(void **pc, void **pg, const float *h, int64_t rows, int64_t cols) {
+    struct st_tensor t = {.name = "w", .dtype = ST_DTYPE_F32, .n_dims = cols ? 2 : 1, .shape = {rows, cols ? cols : 0},
+                          .data = h, .nbytes = (size_t)(rows * (cols ? cols : 1) * 4)};
+    cpu->ops->weight_upload(cpu, &t, pc);
+    gpu->ops->weight_upload(gpu, &t, pg);
+}
+
+static void free2(void *pc, void *pg) {
+    cpu->ops->free(cpu, pc);
+    gpu->ops->free(gpu, pg);
+}
+
+/* Compares n outputs: |gpu - cpu| <= atol + rtol * |cpu| everywhere. */
+static void compare(const char *what, const void *pc, const void *pg, size_t n, float atol, float rtol) {
+    float *a = malloc(n * 4), *b = malloc(n * 4);
+    cpu->ops->download_act(cpu, a, pc, n);
+    int sync = gpu->ops->sync(gpu);
+    gpu->ops->download_act(gpu, b, pg, n);
+    double worst = 0, worst_rel = 0;
+    size_t bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - b[i]);
+        if (!(d <= atol + rtol * fabs(a[i]))) bad++;
+        if (d > worst) worst = d;
+        double r = d / (fabs(a[i]) + 1e-6);
+        if (r > worst_rel && fabs(a[i]) > 1e-2) worst_rel = r;
+    }
+    int ok = bad == 0 && sync == 0;
+    printf("%-4s %-58s max|d| %.3e  max rel %.3e  (atol %.0e rtol %.0e)%s\n", ok ? "ok" : "FAIL", what, worst,
+           worst_rel, atol, rtol, sync ? "  [device error]" : "");
+    ok ? n_pass++ : n_fail++;
+    free(a);
+    free(b);
+}
+
+static void batch_both(const struct fwd_batch *bt) {
+    cpu->ops->begin_step(cpu, bt);
+    gpu->ops->begin_step(gpu, bt);
+}
+
+static void test_elementwise(void) {
+    int dims[] = {64, 4096};
+    for (int di = 0; di < 2; di++) {
+        int n = 33, d = dims[di];
+        float *x = rand_bf16((size_t)n * d, 1.0f), *w = rand_bf16(d, 1.0f), *y = rand_bf16((size_t)n * d, 1.0f);
+        void *xc, *xg, *yc, *yg, *oc, *og, *wc, *wg;
+        up2(&xc, &xg, x, (size_t)n * d);
+        up2(&yc, &yg, y, (size_t)n * d);
+        up2(&oc, &og, y, (size_t)n * d);
+        weight2(&wc, &wg, w, d, 0);
+        char what[96];
+        cpu->ops->rmsnorm(cpu, oc, xc, wc, n, d, 1e-5f);
+        gpu->ops->rmsnorm(gpu, og, xg, wg, n, d, 1e-5f);
+        snprintf(what, sizeof what, "rmsnorm %d x %d", n, d);
+        compare(what, oc, og, (size_t)n * d, 1e-2f, 1e-2f);
+        cpu->ops->silu_mul(cpu, oc, xc, yc, (size_t)n * d);
+        gpu->ops->silu_mul(gpu, og, xg, yg, (size_t)n * d);
+        snprintf(what, sizeof what, "silu_mul %d", n * d);
+        compare(what, oc, og, (size_t)n * d, 1e-2f, 1e-2f);
+        cpu->ops->add(cpu, xc, yc, (size_t)n * d);
+        gpu->ops->add(gpu, xg, yg, (size_t)n * d);
+        snprintf(what, sizeof what, "add %d", n * d);
+        compare(what, xc, xg, (size_t)n * d, 1e-2f, 1e-2f);
+        free2(xc, xg), free2(yc, yg), free2(oc, og), free2(wc, wg);
+        free(x), free(w), free(y);
+    }
+}
+
+static void test_embed_rows_logits(void) {
+    int V = 1000, D = 256, T = 20;
+    float *table = rand_bf16((size_t)V * D, 1.0f);
+    void *tc, *tg, *oc, *og, *hc, *hg;
+    weight2(&tc, &tg, table, V, D);
+    float *zero = calloc((size_t)T * D, 4);
+    up2(&oc, &og, zero, (size_t)T * D);
+    up2(&hc, &hg, zero, (size_t)T * D);
+    int32_t toks[20], pos[20], ss[2] = {0, T}, ip[2] = {0, 0}, rows[3] = {19, 0, 7};
+    for (int i = 0; i < T; i++) toks[i] = (int32_t)(util_rng_next(&rng) % V), pos[i] = i;
+    struct fwd_batch bt = {T, 1, toks, pos, ss, ip, NULL, NULL, 3, rows};
+    batch_both(&bt);
+    cpu->ops->embed(cpu, oc, tc, D);
+    gpu->ops->embed(gpu, og, tg, D);
+    compare("embed 20 tokens of a 1000 x 256 table", oc, og, (size_t)T * D, 0, 0);
+    cpu->ops->get_rows(cpu, hc, oc, D);
+    gpu->ops->get_rows(gpu, hg, og, D);
+    compare("get_rows 3 of 20", hc, hg, (size_t)3 * D, 0, 0);
+    float *lc = malloc(sizeof(float) * 3 * V), *lg = malloc(sizeof(float) * 3 * V);
+    cpu->ops->logits(cpu, lc, hc, tc, 3, V, D);
+    int rc = gpu->ops->logits(gpu, lg, hg, tg, 3, V, D);
+    gpu->ops->sync(gpu);
+    double worst = 0;
+    for (int i = 0; i < 3 * V; i++) worst = fmax(worst, fabs(lc[i] - lg[i]));
+    int ok = rc == 0 && worst <= 0.05;
+    printf("%-4s %-58s max|d| %.3e  (atol 5e-2, f32 logits of |x| ~ 16)\n", ok ? "ok" : "FAIL",
+           "logits 3 x 1000 (f32 out)", worst);
+    ok ? n_pass++ : n_fail++;
+    free2(tc, tg), free2(oc, og), free2(hc, hg);
+    free(table), free(zero), free(lc), free(lg);
+}
+
+static void test_matmul(void) {
+    int shapes[][3] = {{1, 4096, 4096}, {37, 1024, 4096}, {128, 2048, 512}};
+    for (int s = 0; s < 3; s++) {
+        int n = shapes[s][0], no = shapes[s][1], ni = shapes[s][2];
+        float *x = rand_bf16((size_t)n * ni, 1.0f), *w = rand_bf16((size_t)no * ni, 1.0f / sqrtf((float)ni));
+        float *bias = rand_bf16(no, 1.0f), *z = calloc((size_t)n * no, 4);
+        void *xc, *xg, *wc, *wg, *bc, *bg, *oc, *og;
+        up2(&xc, &xg, x, (size_t)n * ni);
+        up2(&oc, &og, z, (size_t)n * no);
+        weight2(&wc, &wg, w, no, ni);
+        weight2(&bc, &bg, bias, no, 0);
+        cpu->ops->matmul(cpu, oc, xc, wc, s == 1 ? bc : NULL, n, no, ni);
+        gpu->ops->matmul(gpu, og, xg, wg, s == 1 ? bg : NULL, n, no, ni);
+        char what[96];
+        snprintf(what, sizeof what, "matmul %d x %d x %d%s (cuBLAS bf16, f32 accumulate)", n, no, ni, s == 1 ? " + bias" : "");
+        compare(what, oc, og, (size_t)n * no, 2e-2f, 1e-2f);
+        free2(xc, xg), free2(wc, wg), free2(bc, bg), free2(oc, og);
+        free(x), free(w), free(bias), free(z);
+    }
+}
+
+static void test_rope(void) {
+    struct model_config cfgs[3] = {{0}};
+    const char *names[3] = {"default theta 1e4", "linear x4", "llama3 (8, 1, 4, 8192) theta 5e5"};
+    cfgs[0].rope_type = ROPE_TYPE_DEFAULT, cfgs[0].rope_theta = 10000.0f;
+    cfgs[1].rope_type = ROPE_TYPE_LINEAR, cfgs[1].rope_theta = 10000.0f, cfgs[1].rope_factor = 4.0f;
+    cfgs[2].rope_type = ROPE_TYPE_LLAMA3, cfgs[2].rope_theta = 500000.0f, cfgs[2].rope_factor = 8.0f;
+    cfgs[2].rope_low_freq_factor = 1.0f, cfgs[2].rope_high_freq_factor = 4.0f, cfgs[2].rope_orig_max_pos = 8192;
+    int hds[2] = {64, 128};
+    for (int c = 0; c < 3; c++)
+        for (int hi = 0; hi < 2; hi++) {
+            int hd = hds[hi], H = 8, KV = 2, T = 16;
+            cfgs[c].head_dim = hd;
+            float inv[64];
+            model_rope_inv_freq(&cfgs[c], inv);
+            float *q = rand_bf16((size_t)T * H * hd, 1.0f), *k = rand_bf16((size_t)T * KV * hd, 1.0f);
+            void *qc, *qg, *kc, *kg, *ic, *ig;
+            up2(&qc, &qg, q, (size_t)T * H * hd);
+            up2(&kc, &kg, k, (size_t)T * KV * hd);
+            enum backend_status st;
+            ic = cpu->ops->alloc(cpu, sizeof inv, &st);
+            ig = gpu->ops->alloc(gpu, sizeof inv, &st);
+            cpu->ops->upload_f32(cpu, ic, inv, hd / 2);
+            gpu->ops->upload_f32(gpu, ig, inv, hd / 2);
+            int32_t pos[16], ss[2] = {0, T}, ip[2] = {0, 0};
+            for (int i = 0; i < T; i++) pos[i] = (int32_t)(util_rng_next(&rng) % 32768);
+            struct fwd_batch bt = {T, 1, pos, pos, ss, ip, NULL, NULL, 0, NULL};
+            batch_both(&bt);
+            cpu->ops->rope(cpu, qc, kc, H, KV, hd, ic);
+            gpu->ops->rope(gpu, qg, kg, H, KV, hd, ig);
+            char what[96];
+            snprintf(what, sizeof what, "rope %s, hd %d, positions < 32k", names[c], hd);
+            compare(what, qc, qg, (size_t)T * H * hd, 2e-2f, 1e-2f);
+            free2(qc, qg), free2(kc, kg), free2(ic, ig);
+            free(q), free(k);
+        }
+}
+
+/* Attention: pools filled with random K/V (both backends the same), block tables shuffled,
+ * then a step of `T` query tokens per sequence (T = 1: decode; T > 1: a prefill chunk). */
+static void attention_case(int H, int KV, int hd, int n_stream, int ctx, int T, int n_seqs, int sink, int recent) {
+    int bs = 16, n_full = KV - n_stream;
+    int blocks_per_seq = (ctx + T + bs - 1) / bs, NB = blocks_per_seq * n_seqs;
+    size_t full_n = (size_t)NB * bs * n_full * hd, slot_n = (size_t)n_seqs * (sink + recent) * n_stream * hd;
+    float *kf = rand_bf16(full_n + 1, 1.0f), *vf = rand_bf16(full_n + 1, 1.0f);
+    float *ks = rand_bf16(slot_n + 1, 1.0f), *vs = rand_bf16(slot_n + 1, 1.0f);
+    int TT = T * n_seqs;
+    float *q = rand_bf16((size_t)TT * H * hd, 1.0f), *k = rand_bf16((size_t)TT * KV * hd, 1.0f);
+    float *v = rand_bf16((size_t)TT * KV * hd, 1.0f), *z = calloc((size_t)TT * H * hd, 4);
+    void *kfc, *kfg, *vfc, *vfg, *ksc, *ksg, *vsc, *vsg, *qc, *qg, *kc, *kg, *vc, *vg, *oc, *og;
+    up2(&kfc, &kfg, kf, full_n + 1);
+    up2(&vfc, &vfg, vf, full_n + 1);
+    up2(&ksc, &ksg, ks, slot_n + 1);
+    up2(&vsc, &vsg, vs, slot_n + 1);
+    up2(&qc, &qg, q, (size_t)TT * H * hd);
+    up2(&kc, &kg, k, (size_t)TT * KV * hd);
+    up2(&vc, &vg, v, (size_t)TT * KV * hd);
+    up2(&oc, &og, z, (size_t)TT * H * hd);
+    /* shuffled block ids */
+    int32_t *ids = malloc(sizeof(int32_t) * NB);
+    for (int i = 0; i < NB; i++) ids[i] = i;
+    for (int i = NB - 1; i > 0; i--) {
+        int j = (int)(util_rng_next(&rng) % (uint64_t)(i + 1));
+        int32_t t = ids[i];
+        ids[i] = ids[j];
+        ids[j] = t;
+    }
+    int32_t *toks = calloc(TT, 4), *pos = malloc(4 * TT), ss[9], ip[9], slots[8];
+    for (int s = 0; s < n_seqs; s++) {
+        int start = ctx - s * 7; /* sequences of different lengths */
+        ss[s] = s * T;
+        ip[s] = s * blocks_per_seq;
+        slots[s] = n_seqs - 1 - s;
+        for (int i = 0; i < T; i++) pos[s * T + i] = start + i;
+    }
+    ss[n_seqs] = TT;
+    ip[n_seqs] = NB;
+    struct fwd_batch bt = {TT, n_seqs, toks, pos, ss, ip, ids, slots, 0, NULL};
+    batch_both(&bt);
+    struct attn_layer L = {.n_heads = H, .n_kv_heads = KV, .head_dim = hd, .n_full = n_full, .n_stream = n_stream,
+                           .block_size = bs, .sink = sink, .recent = recent, .scale = 1.0f / sqrtf((float)hd)};
+    struct attn_layer Lc = L, Lg = L;
+    Lc.k_full = kfc, Lc.v_full = vfc, Lc.k_stream = ksc, Lc.v_stream = vsc;
+    Lg.k_full = kfg, Lg.v_full = vfg, Lg.k_stream = ksg, Lg.v_stream = vsg;
+    cpu->ops->attention(cpu, oc, qc, kc, vc, &Lc);
+    gpu->ops->attention(gpu, og, qg, kg, vg, &Lg);
+    char what[128];
+    snprintf(what, sizeof what, "attention H%d/KV%d hd%d %d streaming, ctx %d, %d x %d tok%s", H, KV, hd, n_stream,
+             ctx, n_seqs, T, n_stream ? " (sink/recent)" : "");
+    compare(what, oc, og, (size_t)TT * H * hd, 2e-2f, 2e-2f);
+    /* the pools the step wrote must agree too */
+    snprintf(what, sizeof what, "  ... full pool after the step's K append");
+    compare(what, kfc, kfg, full_n, 0, 0);
+    if (n_stream) {
+        snprintf(what, sizeof what, "  ... streaming slots after the step's K/V append");
+        compare(what, vsc, vsg, slot_n, 0, 0);
+    }
+    free2(kfc, kfg), free2(vfc, vfg), free2(ksc, ksg), free2(vsc, vsg), free2(qc, qg), free2(kc, kg), free2(vc, vg),
+        free2(oc, og);
+    free(kf), free(vf), free(ks), free(vs), free(q), free(k), free(v), free(z), free(ids), free(toks), free(pos);
+}
+
+int main(void) {
+    char err[256];
+    gpu = backend_cuda_create(0, err, sizeof err);
+    if (!gpu) {
+        printf("SKIP: %s\n0 passed, 0 failed\n", err);
+        return 0;
+    }
+    cpu = backend_cpu_create();
+    util_rng_seed(&rng, 7);
+    test_elementwise();
+    test_embed_rows_logits();
+    test_matmul();
+    test_rope();
+    /* GQA ratios 1, 4, 8; head dims 64 and 128; decode and prefill; contexts to 32k */
+    attention_case(8, 8, 64, 0, 1000, 1, 3, 0, 1);
+    attention_case(32, 8, 128, 0, 4096, 1, 4, 0, 1);
+    attention_case(32, 4, 128, 0, 32768, 1, 1, 0, 1);
+    attention_case(16, 4, 64, 0, 500, 64, 2, 0, 1);
+    attention_case(32, 8, 128, 5, 2000, 1, 3, 64, 256);
+    attention_case(32, 8, 128, 3, 700, 100, 2, 16, 64);
+    attention_case(8, 1, 128, 1, 30000, 1, 2, 64, 256);
+    printf("\ncuda ops: %d passed, %d failed\n", n_pass, n_fail);
+    backend_destroy(cpu);
+    backend_destroy(gpu);
+    return n_fail ? 1 : 0;
+}
