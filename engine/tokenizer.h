@@ -48,7 +48,8 @@ int tokenizer_encode(const struct tokenizer *tok, const char *text, size_t len, 
 
 /* Decodes ids into a malloc'd NUL-terminated UTF-8 string (caller frees) of *len bytes (len may
  * be NULL). Equals HF `decode(ids, skip_special_tokens)`; ids outside the vocabulary are
- * dropped, as HF does. */
+ * dropped, as HF does. The text holds a NUL byte where a token stands for byte 0 (<0x00>, or
+ * "Ā" in byte-level vocabularies): use *len, not strlen, where that matters. */
 int tokenizer_decode(const struct tokenizer *tok, const int32_t *ids, size_t n, bool skip_special,
                      char **text, size_t *len);
 
@@ -90,8 +91,8 @@ struct tokenizer_stream {
     size_t held;                // Strip: trailing strip chars held back
     char *out;                  // the piece returned by the last call
     size_t out_len, out_cap;
-    char *tmp[2];               // scratch for one token's text
-    size_t tmp_cap[2];
+    char *tmp[3];               // scratch for one token's text, bytes and decoded bytes
+    size_t tmp_cap[3];
 };
 
 /* Starts a stream over tok (borrowed; must outlive the stream). Cannot fail. */
@@ -99,8 +100,8 @@ void tokenizer_stream_init(struct tokenizer_stream *s, const struct tokenizer *t
 /* Feeds ids whose text the caller does not want (e.g. the prompt), so that the next pushes
  * continue that sequence (e.g. no leading-space strip on the first generated token). */
 int tokenizer_stream_prime(struct tokenizer_stream *s, const int32_t *ids, size_t n);
-/* Feeds one id; *piece (NUL-terminated, owned by s, valid until the next call) gets the new text,
- * possibly empty. */
+/* Feeds one id; *piece (NUL-terminated, owned by s, valid until the next call) gets the new text
+ * of *len bytes (len may be NULL), possibly empty; like decode, it may hold NUL bytes. */
 int tokenizer_stream_push(struct tokenizer_stream *s, int32_t id, const char **piece, size_t *len);
 /* Ends the sequence: returns what was held back (U+FFFD for unfinished characters, exactly as
  * tokenizer_decode) and resets s to a fresh stream over the same tokenizer. */

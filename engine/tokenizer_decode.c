@@ -14,8 +14,6 @@
 #include "engine/tokenizer_impl.h"
 #include "engine/utf8.h"
 
-int tokenizer_decoder_plan(struct tokenizer *tok, char *msg, size_t msglen);
-
 static const char *dec_name(enum tok_dec_kind k) {
     switch (k) {
     case TOK_DEC_REPLACE: return "Replace";
@@ -412,8 +410,7 @@ void tokenizer_stream_free(struct tokenizer_stream *s) {
     if (!s) return;
     free(s->run);
     free(s->out);
-    free(s->tmp[0]);
-    free(s->tmp[1]);
+    for (int i = 0; i < 3; i++) free(s->tmp[i]);
     memset(s, 0, sizeof *s);
 }
 
@@ -445,20 +442,28 @@ static int stream_feed(struct tokenizer_stream *s, int32_t id) {
             if (!rc) rc = emit(s, t, tn);
         }
     } else if (tok->stream_byte_level) {
-        struct tok_buf bytes = {0};
-        rc = bytelevel_bytes(tok, &bytes, t, tn);
-        char *dec = rc ? NULL : malloc(3 * (bytes.len + 3) + 1);
-        if (!rc && !dec) rc = TOKENIZER_ERR_NOMEM;
-        if (!rc) {
-            struct utf8_lossy_stream ls = {{0}, s->n_pend};
-            memcpy(ls.pend, s->pend, sizeof ls.pend);
-            size_t k = utf8_lossy_feed(&ls, bytes.p ? bytes.p : "", bytes.len, dec);
-            memcpy(s->pend, ls.pend, sizeof s->pend);
-            s->n_pend = ls.n_pend;
-            rc = emit(s, dec, k);
+        // the token's bytes, then a lossy decode of them after the held ones, both in tmp[2]
+        if (sbuf_reserve(&s->tmp[2], &s->tmp_cap[2], tn + 3 * (tn + 3) + 1)) return TOKENIZER_ERR_NOMEM;
+        char *bytes = s->tmp[2];
+        size_t nb = 0;
+        for (size_t i = 0; i < tn;) {
+            uint32_t cp;
+            size_t cl = utf8_decode(t + i, tn - i, &cp);
+            if (cp >= 0x144 || tok->bl_dec[cp] < 0) { // not byte-level text: its own UTF-8, as HF
+                memcpy(bytes, t, tn);
+                nb = tn;
+                break;
+            }
+            bytes[nb++] = (char)tok->bl_dec[cp];
+            i += cl;
         }
-        free(dec);
-        free(bytes.p);
+        struct utf8_lossy_stream ls = {{0}, s->n_pend};
+        memcpy(ls.pend, s->pend, sizeof ls.pend);
+        char *dec = bytes + tn;
+        size_t k = utf8_lossy_feed(&ls, bytes, nb, dec);
+        memcpy(s->pend, ls.pend, sizeof s->pend);
+        s->n_pend = ls.n_pend;
+        rc = emit(s, dec, k);
     } else {
         rc = emit(s, t, tn);
     }

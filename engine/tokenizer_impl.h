@@ -1,5 +1,6 @@
 /* tokenizer_impl: the tokenizer's private structures, shared by tokenizer*.c only.
- * tokenizer.c: loading, lookups, the encode driver (added tokens, normalizers, post-processor);
+ * tokenizer.c: loading and lookups;
+ * tokenizer_encode.c: the encode driver (added tokens, normalize, pre-tokenize, post-processor);
  * tokenizer_bpe.c: vocabulary/merge hash maps and the BPE merge loop;
  * tokenizer_pretok.c: normalizers and pre-tokenizers (PCRE2, utf8proc);
  * tokenizer_decode.c: the decoder chain and the incremental detokenizer. */
@@ -178,7 +179,6 @@ struct tokenizer {
     int32_t bos_id;
     int32_t *eos; // primary first
     size_t n_eos;
-    bool clean_up_spaces; // tokenizer_config's clean_up_tokenization_spaces (not applied)
 
     // byte-level alphabet (GPT-2 bytes_to_unicode)
     char bl_enc[256][2];  // UTF-8 of the char standing for each byte
@@ -216,7 +216,10 @@ struct tok_enc {
     void *piece_ctx;
 };
 
-/* tokenizer.c: normalizes text[0..len) (no added-token split) and reports each pre-token. */
+/* tokenizer_encode.c: per-call scratch (enc_free also after a failed init). */
+int tokenizer_enc_init(struct tok_enc *e, const struct tokenizer *tok);
+void tokenizer_enc_free(struct tok_enc *e);
+/* Normalizes text[0..len) (no added-token split) and reports each pre-token. */
 int tokenizer_pretokenize(const struct tokenizer *tok, const char *text, size_t len,
                           int (*cb)(void *ctx, const char *s, size_t n), void *ctx);
 
@@ -239,5 +242,9 @@ int tokenizer_pretok_run(struct tok_enc *e, size_t step, const char *s, size_t n
 /* Compiles a tokenizers regex for PCRE2 (UTF, UCP); NULL with a message on failure. */
 pcre2_code *tokenizer_regex_compile(const char *pattern, char *msg, size_t msglen);
 void tokenizer_bytelevel_init(struct tokenizer *tok);
+
+/* tokenizer_decode.c: checks the decoder chain fits the stream's pipeline and records its shape
+ * (stream_strip, stream_byte_fallback, stream_byte_level). */
+int tokenizer_decoder_plan(struct tokenizer *tok, char *msg, size_t msglen);
 
 #endif
