@@ -90,6 +90,17 @@ $(BUILD)/check_%: scripts/check_%.c $(BUILD)/libduoserve.a
 bench: $(BUILD)/bench_engine $(BUILD)/bench_tokenizer
 	./$(BUILD)/bench_engine ../shared/models/stories260k 128 1 8 32
 
+# libFuzzer harness for request parsing and validation (clang), e.g. make fuzz FUZZ_SECONDS=600
+FUZZ_SECONDS ?= 60
+$(BUILD)/fuzz_request: tests/fuzz_request.c server/openai.c server/openai_response.c engine/utf8.c
+	@mkdir -p $(@D)
+	clang -std=c17 -g -O1 -D_GNU_SOURCE -I. -Wall -Wextra -fsanitize=fuzzer,address,undefined \
+	      -fno-sanitize-recover=undefined -o $@ $^ -lcjson -lutf8proc -lm
+fuzz: $(BUILD)/fuzz_request
+	mkdir -p $(BUILD)/fuzz_corpus && cp -n tests/fuzz_corpus/* $(BUILD)/fuzz_corpus/
+	./$(BUILD)/fuzz_request -max_total_time=$(FUZZ_SECONDS) -max_len=65536 -dict=tests/fuzz_request.dict \
+	      -print_final_stats=1 $(BUILD)/fuzz_corpus
+
 debug:
 	$(MAKE) BUILD=build-debug CUDA=0 CFLAGS="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer" \
 	        LDFLAGS="-fsanitize=address,undefined" test

@@ -85,7 +85,8 @@ struct engine_event {
     int32_t top_ids[ENGINE_MAX_LOGPROBS];
     float top_lps[ENGINE_MAX_LOGPROBS];
     enum engine_finish finish;     // FINISH
-    const char *stop_reason_str;   // FINISH by a stop string: which one (points into the request copy)
+    const char *stop_reason_str;   // FINISH by a stop string: which one (owned by the request's handle)
+    int stop_index;                // FINISH by a stop string: its index in sp.stop; else -1
     int32_t stop_reason_id;        // FINISH by a stop id: which one; else -1
     int prompt_tokens, completion_tokens; // FINISH: usage of this choice
     double ttft_s;                 // FINISH: time to first token of this choice

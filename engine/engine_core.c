@@ -515,11 +515,13 @@ static char *dup_range(const char *p, size_t n) {
 static void seq_finish(struct core *c, struct core_seq *s, enum engine_finish why, const char *stop_str, int32_t stop_id) {
     struct core_request *r = s->req;
     struct engine_event ev = {.type = ENGINE_EVENT_FINISH, .choice = s->choice, .finish = why,
-                              .stop_reason_str = stop_str, .stop_reason_id = stop_id,
+                              .stop_reason_str = stop_str, .stop_index = -1, .stop_reason_id = stop_id,
                               .prompt_tokens = r->n_prompt, .completion_tokens = s->n_generated,
                               .ttft_s = s->t_first > 0 ? s->t_first - r->t_arrival : 0};
     ev.text = dup_range(s->text ? s->text + s->emitted : "", s->text ? s->text_len - s->emitted : 0);
     s->emitted = s->text_len;
+    for (int i = 0; stop_str && i < r->sp.n_stop; i++)
+        if (r->sp.stop[i] == stop_str) ev.stop_index = i;
     if (s->state == SEQ_RUNNING) list_remove(&c->running, s);
     else if (s->state == SEQ_WAITING) list_remove(&c->waiting, s);
     s->state = SEQ_DONE;

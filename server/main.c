@@ -12,6 +12,7 @@
 
 #include "engine/engine_core.h"
 #include "engine/tokenizer.h"
+#include "server/serve.h"
 
 #define DUO_VERSION "0.1.0"
 
@@ -349,6 +350,7 @@ int main(int argc, char **argv) {
         return 0;
     }
     if (!strcmp(argv[1], "generate")) return cmd_generate(argc - 2, argv + 2);
+    if (!strcmp(argv[1], "serve")) return serve_main(argc - 2, argv + 2);
     fprintf(stderr, "duoserve: unknown command \"%s\" (see duoserve --help)\n", argv[1]);
     return 2;
 }

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs every test binary given as arguments, then the end-to-end scripts (tests/e2e_*.sh).
+# Runs every test binary given as arguments, then the end-to-end scripts (tests/e2e_*.sh, *.py).
 # Prints one closing line "N passed, M failed" and exits non-zero if anything failed.
 set -u
 pass=0; fail=0; failed=()
@@ -7,10 +7,14 @@ for t in "$@"; do
   echo "=== $t"
   if "$t"; then pass=$((pass+1)); else fail=$((fail+1)); failed+=("$t"); fi
 done
-for t in tests/e2e_*.sh; do
+for t in tests/e2e_*.sh tests/e2e_*.py; do
   [ -e "$t" ] || continue
   echo "=== $t"
-  if BUILD="${BUILD:-build}" bash "$t"; then pass=$((pass+1)); else fail=$((fail+1)); failed+=("$t"); fi
+  case "$t" in
+    *.sh) BUILD="${BUILD:-build}" bash "$t" ;;
+    *.py) timeout 900 python3 "$t" --bin "${BUILD:-build}/duoserve" ;;
+  esac
+  if [ $? -eq 0 ]; then pass=$((pass+1)); else fail=$((fail+1)); failed+=("$t"); fi
 done
 echo
 [ $fail -eq 0 ] || echo "failed: ${failed[*]}"

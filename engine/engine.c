@@ -1,0 +1,383 @@
+/* engine: the engine thread (a libuv loop around engine_core) and the thread-safe API of
+ * engine.h. Submissions and cancels reach the loop through one uv_async_t; while there is
+ * work, a uv_idle_t runs one core step per loop iteration. Events go into per-request queues
+ * under the engine mutex, then the request's notify callback wakes its consumer. */
+#include "engine/engine.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <uv.h>
+
+#include "engine/chat_template.h"
+#include "engine/engine_core.h"
+#include "engine/util.h"
+
+struct engine_handle {
+    struct engine *e;
+    struct engine_request req; // deep copy, owned
+    void (*notify)(void *ud);
+    void *ud;
+    pthread_mutex_t notify_mu; // held while notify runs; release takes it, so no notify follows release
+    struct core_request *cr;   // engine thread only; NULL before admission and after the end
+    struct engine_event *q;    // event ring
+    int q_head, q_len, q_cap;
+    int n_finished;
+    bool cancel, released, done, added;
+    int refs;                  // caller + engine
+    struct engine_handle *next; // inbox / live list
+};
+
+struct engine {
+    struct core *core;
+    struct chat_template *tmpl;
+    uv_loop_t loop;
+    uv_async_t wake;
+    uv_idle_t idle;
+    uv_thread_t thread;
+    pthread_mutex_t mu;
+    struct engine_handle *inbox; // submitted, not yet seen by the loop (mu)
+    struct engine_handle *live;  // added to the core (engine thread only)
+    bool draining, stopping;     // mu
+    int n_active;                // submitted and not done (mu)
+    int n_waiting_est;           // inbox + core waiting (mu), for the queue limit
+    struct engine_stats stats;   // snapshot after each step (mu)
+};
+
+static void handle_unref_locked(struct engine_handle *h) {
+    if (--h->refs > 0) return;
+    pthread_mutex_destroy(&h->notify_mu);
+    for (int i = 0; i < h->q_len; i++) free(h->q[(h->q_head + i) % h->q_cap].text);
+    free(h->q);
+    free((void *)h->req.prompt);
+    free((void *)h->req.sp.logit_bias_ids);
+    free((void *)h->req.sp.logit_bias_vals);
+    free((void *)h->req.sp.stop_ids);
+    for (int i = 0; i < h->req.sp.n_stop; i++) free(h->req.sp.stop[i]);
+    free((void *)h->req.sp.stop);
+    free(h);
+}
+
+/* Engine thread: an event of h's request (ownership of ev->text moves to the queue). */
+static void on_event(void *ud, const struct engine_event *ev) {
+    struct engine_handle *h = ud;
+    struct engine *e = h->e;
+    pthread_mutex_lock(&e->mu);
+    if (h->q_len == h->q_cap) {
+        int nc = h->q_cap ? h->q_cap * 2 : 16;
+        struct engine_event *nq = malloc(sizeof *nq * nc);
+        if (nq) {
+            for (int i = 0; i < h->q_len; i++) nq[i] = h->q[(h->q_head + i) % h->q_cap];
+            free(h->q);
+            h->q = nq;
+            h->q_head = 0;
+            h->q_cap = nc;
+        }
+    }
+    if (h->q_len < h->q_cap) {
+        struct engine_event *slot = &h->q[(h->q_head + h->q_len) % h->q_cap];
+        *slot = *ev;
+        /* the core's copy of the stop strings dies with its request: point at ours */
+        slot->stop_reason_str = ev->stop_index >= 0 ? h->req.sp.stop[ev->stop_index] : NULL;
+        h->q_len++;
+    } else {
+        free(ev->text);
+    }
+    if (ev->type == ENGINE_EVENT_FINISH && ++h->n_finished == h->req.sp.n) {
+        h->done = true;
+        h->cr = NULL; /* the core frees its request after this event */
+        e->n_active--;
+    }
+    h->refs++; /* h stays alive while we notify */
+    pthread_mutex_unlock(&e->mu);
+    pthread_mutex_lock(&h->notify_mu);
+    if (!h->released && h->notify) h->notify(h->ud);
+    pthread_mutex_unlock(&h->notify_mu);
+    pthread_mutex_lock(&e->mu);
+    handle_unref_locked(h);
+    pthread_mutex_unlock(&e->mu);
+}
+
+static void live_remove(struct engine *e, struct engine_handle *h) {
+    for (struct engine_handle **p = &e->live; *p; p = &(*p)->next)
+        if (*p == h) {
+            *p = h->next;
+            return;
+        }
+}
+
+/* Engine thread: admits new requests, applies cancels, drops finished handles. */
+static void process_inbox(struct engine *e) {
+    pthread_mutex_lock(&e->mu);
+    struct engine_handle *in = e->inbox;
+    e->inbox = NULL;
+    pthread_mutex_unlock(&e->mu);
+    while (in) { /* reverse to FCFS order */
+        struct engine_handle *n = in->next, *rev = NULL;
+        (void)n;
+        while (in) {
+            struct engine_handle *nx = in->next;
+            in->next = rev;
+            rev = in;
+            in = nx;
+        }
+        in = rev;
+        break;
+    }
+    for (struct engine_handle *h = in, *nx; h; h = nx) {
+        nx = h->next;
+        char err[256];
+        int rc = core_add(e->core, &h->req, on_event, h, &h->cr, err, sizeof err);
+        h->added = true;
+        h->next = e->live;
+        e->live = h;
+        if (rc != ENGINE_OK) { /* rare: limits changed since submit; report and end */
+            struct engine_event ev = {.type = ENGINE_EVENT_ERROR};
+            snprintf(ev.message, sizeof ev.message, "%s", err);
+            on_event(h, &ev);
+            for (int i = 0; i < h->req.sp.n; i++) {
+                struct engine_event f = {.type = ENGINE_EVENT_FINISH, .choice = i, .finish = ENGINE_FINISH_ABORT};
+                on_event(h, &f);
+            }
+        }
+    }
+    /* cancels and releases */
+    for (struct engine_handle *h = e->live, *nx; h; h = nx) {
+        nx = h->next;
+        pthread_mutex_lock(&e->mu);
+        bool cancel = h->cancel && !h->done, done = h->done;
+        pthread_mutex_unlock(&e->mu);
+        if (cancel && h->cr) core_abort(e->core, h->cr); /* emits the FINISH events: done now */
+        pthread_mutex_lock(&e->mu);
+        done = h->done;
+        if (done) {
+            live_remove(e, h);
+            handle_unref_locked(h);
+        }
+        pthread_mutex_unlock(&e->mu);
+    }
+}
+
+static void update_stats(struct engine *e) {
+    struct engine_stats st;
+    core_stats(e->core, &st);
+    pthread_mutex_lock(&e->mu);
+    e->stats = st;
+    e->n_waiting_est = st.num_waiting;
+    for (struct engine_handle *h = e->inbox; h; h = h->next) e->n_waiting_est++;
+    pthread_mutex_unlock(&e->mu);
+}
+
+static void on_idle(uv_idle_t *idle) {
+    struct engine *e = idle->data;
+    process_inbox(e);
+    if (core_has_work(e->core)) core_step(e->core);
+    process_inbox(e); /* drop what just finished */
+    update_stats(e);
+    if (!core_has_work(e->core)) uv_idle_stop(&e->idle);
+}
+
+static void on_wake(uv_async_t *a) {
+    struct engine *e = a->data;
+    pthread_mutex_lock(&e->mu);
+    bool stopping = e->stopping;
+    pthread_mutex_unlock(&e->mu);
+    if (stopping) {
+        uv_idle_stop(&e->idle);
+        uv_close((uv_handle_t *)&e->idle, NULL);
+        uv_close((uv_handle_t *)&e->wake, NULL);
+        return;
+    }
+    process_inbox(e);
+    update_stats(e);
+    if (core_has_work(e->core)) uv_idle_start(&e->idle, on_idle);
+}
+
+static void engine_thread(void *arg) {
+    struct engine *e = arg;
+    uv_run(&e->loop, UV_RUN_DEFAULT);
+}
+
+int engine_create(struct engine **out, const struct engine_config *cfg, char *err, size_t errlen) {
+    *out = NULL;
+    struct engine *e = calloc(1, sizeof *e);
+    if (!e) return util_err(err, errlen, "out of memory");
+    if (core_create(&e->core, cfg, err, errlen) != 0) {
+        free(e);
+        return -1;
+    }
+    /* chat template: the user's file, else the model's (absent is fine: chat requests then fail) */
+    char terr[512] = "";
+    int trc = chat_template_load(core_model_dir(e->core), cfg->chat_template_file, &e->tmpl, terr, sizeof terr);
+    if (trc != 0 && trc != CHAT_TEMPLATE_ERR_NONE) {
+        util_err(err, errlen, "%s", terr);
+        core_free(e->core);
+        free(e);
+        return -1;
+    }
+    pthread_mutex_init(&e->mu, NULL);
+    uv_loop_init(&e->loop);
+    uv_async_init(&e->loop, &e->wake, on_wake);
+    uv_idle_init(&e->loop, &e->idle);
+    e->wake.data = e->idle.data = e;
+    update_stats(e);
+    if (uv_thread_create(&e->thread, engine_thread, e) != 0) {
+        uv_close((uv_handle_t *)&e->wake, NULL);
+        uv_close((uv_handle_t *)&e->idle, NULL);
+        uv_run(&e->loop, UV_RUN_DEFAULT);
+        uv_loop_close(&e->loop);
+        core_free(e->core);
+        chat_template_free(e->tmpl);
+        free(e);
+        return util_err(err, errlen, "cannot start the engine thread");
+    }
+    *out = e;
+    return 0;
+}
+
+void engine_destroy(struct engine *e) {
+    if (!e) return;
+    pthread_mutex_lock(&e->mu);
+    e->stopping = true;
+    pthread_mutex_unlock(&e->mu);
+    uv_async_send(&e->wake);
+    uv_thread_join(&e->thread);
+    uv_loop_close(&e->loop);
+    /* whatever still runs is aborted (FINISH events); then the engine's references go */
+    process_inbox(e);
+    core_free(e->core);
+    e->core = NULL;
+    pthread_mutex_lock(&e->mu);
+    for (struct engine_handle *h = e->live, *nx; h; h = nx) {
+        nx = h->next;
+        handle_unref_locked(h);
+    }
+    pthread_mutex_unlock(&e->mu);
+    chat_template_free(e->tmpl);
+    pthread_mutex_destroy(&e->mu);
+    free(e);
+}
+
+static void *dup_mem(const void *p, size_t n) {
+    void *d = malloc(n ? n : 1);
+    if (d && n) memcpy(d, p, n);
+    return d;
+}
+
+int engine_submit(struct engine *e, const struct engine_request *req, void (*notify)(void *ud), void *ud,
+                  struct engine_handle **out, char *err, size_t errlen) {
+    *out = NULL;
+    int rc = core_validate(e->core, req, err, errlen);
+    if (rc != ENGINE_OK) return rc;
+    struct engine_handle *h = calloc(1, sizeof *h);
+    if (!h) return util_err(err, errlen, "out of memory"), ENGINE_ERR_OOM;
+    const struct engine_sampling *sp = &req->sp;
+    h->e = e;
+    h->notify = notify;
+    h->ud = ud;
+    h->refs = 2;
+    pthread_mutex_init(&h->notify_mu, NULL);
+    h->req = *req;
+    h->req.prompt = dup_mem(req->prompt, sizeof(int32_t) * req->n_prompt);
+    h->req.sp.logit_bias_ids = dup_mem(sp->logit_bias_ids, sizeof(int32_t) * sp->n_logit_bias);
+    h->req.sp.logit_bias_vals = dup_mem(sp->logit_bias_vals, sizeof(float) * sp->n_logit_bias);
+    h->req.sp.stop_ids = dup_mem(sp->stop_ids, sizeof(int32_t) * sp->n_stop_ids);
+    char **stop = calloc((size_t)sp->n_stop + 1, sizeof *stop);
+    bool ok = h->req.prompt && h->req.sp.logit_bias_ids && h->req.sp.logit_bias_vals && h->req.sp.stop_ids && stop;
+    for (int i = 0; ok && i < sp->n_stop; i++) ok = (stop[i] = strdup(sp->stop[i])) != NULL;
+    h->req.sp.stop = stop;
+    pthread_mutex_lock(&e->mu);
+    if (!ok) rc = ENGINE_ERR_OOM, util_err(err, errlen, "out of memory");
+    else if (e->draining || e->stopping) rc = ENGINE_ERR_DRAINING, util_err(err, errlen, "the server is shutting down");
+    else if (e->n_waiting_est >= (core_max_queue(e->core)))
+        rc = ENGINE_ERR_QUEUE_FULL, util_err(err, errlen, "too many requests waiting (%d); retry later", e->n_waiting_est);
+    if (rc != ENGINE_OK) {
+        h->refs = 1;
+        handle_unref_locked(h);
+        pthread_mutex_unlock(&e->mu);
+        return rc;
+    }
+    h->next = e->inbox;
+    e->inbox = h;
+    e->n_active++;
+    e->n_waiting_est++;
+    pthread_mutex_unlock(&e->mu);
+    uv_async_send(&e->wake);
+    *out = h;
+    return ENGINE_OK;
+}
+
+int engine_poll(struct engine_handle *h, struct engine_event *ev) {
+    struct engine *e = h->e;
+    pthread_mutex_lock(&e->mu);
+    int rc;
+    if (h->q_len) {
+        *ev = h->q[h->q_head];
+        h->q_head = (h->q_head + 1) % h->q_cap;
+        h->q_len--;
+        rc = 1;
+    } else {
+        rc = h->done ? -1 : 0;
+    }
+    pthread_mutex_unlock(&e->mu);
+    return rc;
+}
+
+void engine_cancel(struct engine_handle *h) {
+    struct engine *e = h->e;
+    pthread_mutex_lock(&e->mu);
+    h->cancel = true;
+    pthread_mutex_unlock(&e->mu);
+    uv_async_send(&e->wake);
+}
+
+void engine_release(struct engine_handle *h) {
+    if (!h) return;
+    struct engine *e = h->e;
+    pthread_mutex_lock(&h->notify_mu); /* waits for a notify in progress; none after this */
+    h->released = true;
+    pthread_mutex_unlock(&h->notify_mu);
+    pthread_mutex_lock(&e->mu);
+    h->cancel = true;
+    handle_unref_locked(h);
+    pthread_mutex_unlock(&e->mu);
+    uv_async_send(&e->wake);
+}
+
+void engine_drain(struct engine *e) {
+    pthread_mutex_lock(&e->mu);
+    e->draining = true;
+    pthread_mutex_unlock(&e->mu);
+}
+
+int engine_num_active(struct engine *e) {
+    pthread_mutex_lock(&e->mu);
+    int n = e->n_active;
+    pthread_mutex_unlock(&e->mu);
+    return n;
+}
+
+void engine_get_stats(struct engine *e, struct engine_stats *st) {
+    pthread_mutex_lock(&e->mu);
+    *st = e->stats;
+    pthread_mutex_unlock(&e->mu);
+}
+
+const struct tokenizer *engine_tokenizer(const struct engine *e) { return core_tokenizer(e->core); }
+const struct chat_template *engine_chat_template(const struct engine *e) { return e->tmpl; }
+int engine_vocab_size(const struct engine *e) { return core_model(e->core)->cfg.vocab_size; }
+int engine_max_model_len(const struct engine *e) { return core_max_model_len(e->core); }
+const char *engine_model_dir(const struct engine *e) { return core_model_dir(e->core); }
+
+const char *engine_strerror(int status) {
+    switch (status) {
+    case ENGINE_OK: return "ok";
+    case ENGINE_ERR_INVALID: return "invalid request";
+    case ENGINE_ERR_TOO_LONG: return "context length exceeded";
+    case ENGINE_ERR_QUEUE_FULL: return "queue full";
+    case ENGINE_ERR_DRAINING: return "shutting down";
+    case ENGINE_ERR_OOM: return "out of memory";
+    }
+    return "unknown error";
+}

@@ -1,0 +1,98 @@
+/* bench_gpu: speed of the engine on one model and backend: load time, the memory plan (logged
+ * by the engine), decode ms/token at several batch sizes, prefill tokens/s at several lengths.
+ *
+ *   build/bench_gpu MODEL_DIR [cuda|cpu] [--decode 1,8,64,256] [--prefill 2048,32768]
+ *
+ * Decode: B requests with 128-token prompts are prefilled, then the time of decode steps
+ * (every running sequence emits one token per step) is measured over 64 steps. Prefill: one
+ * request of L tokens with max_tokens 1, token budget L (one step, or chunks of 8192). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/engine_core.h"
+#include "engine/util.h"
+
+static void on_event(void *ud, const struct engine_event *ev) { free(ev->text); }
+
+static int parse_list(const char *s, int *out, int max) {
+    int n = 0;
+    while (*s && n < max) {
+        out[n++] = atoi(s);
+        const char *c = strchr(s, ',');
+        if (!c) break;
+        s = c + 1;
+    }
+    return n;
+}
+
+static struct engine_sampling greedy(int n) {
+    return (struct engine_sampling){.n = 1, .max_tokens = n, .top_p = 1, .repetition_penalty = 1, .ignore_eos = true,
+                                    .skip_special_tokens = true, .logprobs = -1};
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        fprintf(stderr, "usage: %s MODEL_DIR [cuda|cpu] [--decode 1,8,64,256] [--prefill 2048,32768]\n", argv[0]);
+        return 2;
+    }
+    const char *dev = argc > 2 && argv[2][0] != '-' ? argv[2] : "cuda";
+    int dec[16] = {1, 8, 64, 256}, n_dec = 4, pre[16] = {2048, 32768}, n_pre = 2;
+    for (int i = 2; i < argc - 1; i++) {
+        if (!strcmp(argv[i], "--decode")) n_dec = parse_list(argv[i + 1], dec, 16);
+        if (!strcmp(argv[i], "--prefill")) n_pre = parse_list(argv[i + 1], pre, 16);
+    }
+    int max_b = 1;
+    for (int i = 0; i < n_dec; i++) max_b = dec[i] > max_b ? dec[i] : max_b;
+    struct engine_config cfg = {.model_dir = argv[1], .device = dev, .max_num_seqs = max_b,
+                                .max_num_batched_tokens = 8192, .max_model_len = 65536};
+    struct core *c;
+    char err[512];
+    double t0 = util_now();
+    if (core_create(&c, &cfg, err, sizeof err)) {
+        fprintf(stderr, "bench_gpu: %s\n", err);
+        return 1;
+    }
+    printf("load: %.2f s (%s, %s)\n", util_now() - t0, argv[1], dev);
+    int V = core_model(c)->cfg.vocab_size;
+    static int32_t prompt[65536];
+    for (int i = 0; i < 65536; i++) prompt[i] = 1000 + (i * 7919) % (V - 2000);
+
+    for (int k = 0; k < n_dec; k++) {
+        int B = dec[k], steps = 64;
+        for (int i = 0; i < B; i++) {
+            struct engine_request r = {prompt + i, 128, greedy(steps + 2)};
+            if (core_add(c, &r, on_event, NULL, NULL, err, sizeof err)) {
+                fprintf(stderr, "bench_gpu: %s\n", err);
+                return 1;
+            }
+        }
+        /* prefill (and the first token) until every sequence decodes one token per step */
+        while (core_step(c) != B) {
+        }
+        double t1 = util_now();
+        for (int s = 0; s < steps; s++) core_step(c);
+        double dt = util_now() - t1;
+        printf("decode batch %4d: %7.2f ms/step, %9.1f tokens/s\n", B, dt / steps * 1e3, B * steps / dt);
+        while (core_has_work(c)) core_step(c);
+    }
+    for (int k = 0; k < n_pre; k++) {
+        int L = pre[k];
+        if (L > core_max_model_len(c) - 1) continue;
+        struct engine_request r = {prompt, L, greedy(1)};
+        /* warm-up on a short prompt, then the measured one */
+        struct engine_request w = {prompt, 64, greedy(1)};
+        core_add(c, &w, on_event, NULL, NULL, err, sizeof err);
+        while (core_has_work(c)) core_step(c);
+        double t1 = util_now();
+        if (core_add(c, &r, on_event, NULL, NULL, err, sizeof err)) {
+            fprintf(stderr, "bench_gpu: %s\n", err);
+            continue;
+        }
+        while (core_has_work(c)) core_step(c);
+        double dt = util_now() - t1;
+        printf("prefill %6d tokens: %8.1f ms, %9.1f tokens/s\n", L, dt * 1e3, L / dt);
+    }
+    core_free(c);
+    return 0;
+}

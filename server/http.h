@@ -1,0 +1,59 @@
+/* http: the HTTP front end on libmicrohttpd. Routes, API-key check, body limits, OpenAI
+ * endpoints (non-streamed and Server-Sent Events), /health, /metrics, and the drain.
+ *
+ * Threads: libmicrohttpd's internal polling thread(s) run every request callback. A
+ * generation is driven by the engine: its notify callback (engine thread) resumes the
+ * suspended connection, so nothing busy-polls. http_tick runs on the caller's thread (the
+ * serve loop) a few times a second: keep-alive comments on idle streams, cancelling requests
+ * whose client went away or whose time ran out.
+ *
+ * Engine contract relied on: after engine_release(h) returns, the engine never calls h's
+ * notify again and no call of it is still running. */
+#ifndef DUO_HTTP_H
+#define DUO_HTTP_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+struct engine;
+
+struct http_config {
+    const char *host;          // address to bind ("127.0.0.1", "0.0.0.0", "::")
+    int port;                  // 0 = any free port (see http_port)
+    const char *api_key;       // NULL or "": no authentication
+    const char *model_name;    // served model id
+    const char *model_root;    // shown as "root" in /v1/models
+    size_t max_request_bytes;  // larger bodies get 413
+    int max_connections;       // libmicrohttpd connection limit
+    int threads;               // libmicrohttpd polling threads
+    int conn_timeout_s;        // idle connection timeout (not applied while a request waits on the engine)
+    double request_timeout_s;  // a request running longer is cancelled (0 = never)
+    double keepalive_s;        // SSE comment after this long without output
+    int max_n;                 // largest n
+};
+
+enum http_state {
+    HTTP_STATE_LOADING,  // /health 503, API 503
+    HTTP_STATE_READY,
+    HTTP_STATE_DRAINING, // /health 503, new API requests 503, running ones finish
+};
+
+struct http_server;
+
+/* Starts listening (state LOADING). cfg's strings must outlive the server. */
+int http_start(struct http_server **out, const struct http_config *cfg, char *err, size_t errlen);
+/* The engine is loaded: requests are served from now on (state READY). e is borrowed. */
+void http_set_engine(struct http_server *s, struct engine *e);
+void http_set_state(struct http_server *s, enum http_state st);
+int http_port(const struct http_server *s);
+/* Requests being generated or streamed (their response not yet fully sent). */
+int http_num_active(struct http_server *s);
+/* Periodic work; call every 100-500 ms from one thread. */
+void http_tick(struct http_server *s);
+/* Cancels every active request (their choices finish with "abort"). */
+void http_cancel_all(struct http_server *s);
+/* Stops listening, closes every connection and frees s; NULL is a no-op. Call once no request
+ * is active (or after http_cancel_all and a short wait), before engine_destroy. */
+void http_stop(struct http_server *s);
+
+#endif

@@ -1,0 +1,169 @@
+/* openai: the OpenAI API's JSON. Parses and validates request bodies of /v1/completions,
+ * /v1/chat/completions, /tokenize and /detokenize into struct openai_request (whose `sp` is
+ * the engine_sampling the engine gets), and builds responses, stream chunks and the error
+ * body. Client mistakes become OpenAI error bodies here and nowhere else: every other server
+ * module reports them through struct openai_error and openai_error_json().
+ *
+ * Pure functions on caller memory, no engine or tokenizer calls, so any thread may call them
+ * and the unit tests and the fuzzer drive them directly. Token ids are turned into token
+ * strings (for logprobs) through a caller-supplied function. */
+#ifndef DUO_OPENAI_H
+#define DUO_OPENAI_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cjson/cJSON.h>
+
+#include "engine/engine.h"
+
+enum openai_kind {
+    OPENAI_COMPLETION,
+    OPENAI_CHAT,
+    OPENAI_TOKENIZE,
+    OPENAI_DETOKENIZE,
+};
+
+/* An error for the client: HTTP status plus OpenAI's {"error":{message,type,param,code}}. */
+struct openai_error {
+    int status;        // HTTP status (400, 401, 404, 405, 413, 429, 503, 500)
+    const char *type;  // "invalid_request_error", "authentication_error", ... (static string)
+    const char *code;  // static string or NULL (JSON null)
+    char param[64];    // offending field, "" for JSON null
+    char message[512];
+};
+
+/* Fills err and returns -1, so callers can `return openai_fail(...)`. param and code may be
+ * NULL. The type follows from the status. */
+int openai_fail(struct openai_error *err, int status, const char *code, const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+/* The JSON body of err (malloc'd, NUL-terminated; NULL only when out of memory). */
+char *openai_error_json(const struct openai_error *err);
+
+/* What the server allows; borrowed by the parser. */
+struct openai_limits {
+    const char *model_name; // served model id; a request naming another model gets 404
+    int vocab_size;         // token ids must lie in [0, vocab_size)
+    int max_model_len;      // prompt + max_tokens must fit
+    int max_n;              // n in 1..max_n
+};
+
+#define OPENAI_MAX_PROMPTS 64      // prompts in one completion request
+#define OPENAI_MAX_STOP 64         // stop strings
+#define OPENAI_MAX_STOP_BYTES 1024 // bytes of one stop string
+#define OPENAI_MAX_STOP_IDS 1024
+#define OPENAI_MAX_LOGIT_BIAS 4096
+
+struct openai_prompt {
+    char *text;   // the prompt as given when a string (UTF-8), else NULL
+    int32_t *ids; // token ids: given, or filled in by tokenization; NULL before
+    int n_ids;
+};
+
+/* A parsed, validated request. All pointers are owned and freed by openai_request_free. */
+struct openai_request {
+    enum openai_kind kind;
+    char *model;                   // as given, or NULL
+    struct openai_prompt *prompts; // completions: 1..OPENAI_MAX_PROMPTS; tokenize: 1
+    int n_prompts;
+    cJSON *messages;               // chat (and tokenize with messages): normalised copy
+    cJSON *template_kwargs;        // chat_template_kwargs object or NULL
+    bool add_generation_prompt;    // chat: default true
+    bool add_special_tokens;       // tokenizing strings: completions true, chat false
+    bool return_token_strs;        // tokenize
+    struct engine_sampling sp;     // its arrays point into the fields below
+    int32_t *logit_bias_ids;
+    float *logit_bias_vals;
+    int32_t *stop_ids;
+    char **stop;
+    bool max_tokens_given;         // false: completions use 16, chat the rest of the context
+    bool stream, include_usage, echo, return_tokens_as_token_ids;
+    int logprobs;                  // -1: none; else top logprobs per token (0..20)
+    char *user;
+};
+
+/* Parses body[0..len) (need not be NUL-terminated) for the endpoint `kind` and checks every
+ * field's type and range. String prompts are kept as text (tokenize later); id prompts are
+ * checked against lim->vocab_size. Returns 0, or -1 with err filled (out is then empty). */
+int openai_parse_request(const char *body, size_t len, enum openai_kind kind, const struct openai_limits *lim,
+                         struct openai_request *out, struct openai_error *err);
+void openai_request_free(struct openai_request *r);
+
+/* After every prompt has ids: rejects empty prompts and ids outside the vocabulary, sets the
+ * default max_tokens (chat: what is left of the context), and checks prompt + max_tokens
+ * against lim->max_model_len (400, code context_length_exceeded). */
+int openai_check_prompts(struct openai_request *r, const struct openai_limits *lim, struct openai_error *err);
+
+/* Token id -> token string for logprobs ("token_id:N" is handled here, not by the callback).
+ * Writes at most cap bytes including the NUL into buf and returns buf. */
+typedef const char *(*openai_piece_fn)(void *ud, int32_t id, char *buf, size_t cap);
+
+/* Output of one choice, accumulated from engine events (non-streamed responses). */
+struct openai_choice {
+    char *text; // NUL-terminated
+    size_t len, cap;
+    int n_tok, cap_tok;            // generated tokens with logprobs (only when logprobs >= 0)
+    int32_t *tok_ids;
+    float *tok_lps;
+    size_t *tok_offsets;           // byte offset of each token's text in `text`
+    int *tok_n_top;
+    int32_t *top_ids;              // [cap_tok][ENGINE_MAX_LOGPROBS]
+    float *top_lps;
+    enum engine_finish finish;
+    char *stop_reason_str;         // owned copy
+    int32_t stop_reason_id;        // -1 none
+    int completion_tokens;
+    bool done;
+};
+
+void openai_choice_init(struct openai_choice *c);
+void openai_choice_free(struct openai_choice *c);
+/* Appends text; 0 or -1 when out of memory. */
+int openai_choice_append(struct openai_choice *c, const char *s, size_t n);
+/* Records a TOKEN event (its text and, when keep_logprobs, its logprobs); 0 or -1 (memory). */
+int openai_choice_add_event(struct openai_choice *c, const struct engine_event *ev, bool keep_logprobs);
+
+/* What every response of one request shares. */
+struct openai_resp_ctx {
+    enum openai_kind kind;       // OPENAI_COMPLETION or OPENAI_CHAT
+    const char *id;              // "cmpl-..." / "chatcmpl-..."
+    const char *model;
+    long long created;           // unix seconds
+    int logprobs;                // -1 none, else top logprobs per token
+    bool tokens_as_ids;          // return_tokens_as_token_ids
+    openai_piece_fn piece;
+    void *piece_ud;
+};
+
+struct openai_usage {
+    int prompt_tokens, completion_tokens;
+};
+
+const char *openai_finish_reason(enum engine_finish f); // "stop", "length", "abort" or NULL
+
+/* A whole non-streamed response (malloc'd JSON). choices[i] has index i. */
+char *openai_response_json(const struct openai_resp_ctx *ctx, const struct openai_choice *choices, int n_choices,
+                           const struct openai_usage *usage);
+
+/* One streamed chunk for choice `index`: text delta (may be NULL), the event's logprobs when
+ * ev is a TOKEN event and ctx->logprobs >= 0 (text_offset is the delta's offset in the
+ * choice's text), finish (NONE: not finished) with its stop reason. Returns the malloc'd
+ * SSE frame "data: {...}\n\n". */
+char *openai_chunk_sse(const struct openai_resp_ctx *ctx, int index, const char *text, const struct engine_event *ev,
+                       size_t text_offset, enum engine_finish finish, const char *stop_str, int32_t stop_id);
+/* Chat only: the first chunk of a choice, delta {"role":"assistant","content":""}. */
+char *openai_chunk_role_sse(const struct openai_resp_ctx *ctx, int index);
+/* The include_usage chunk: empty choices and the usage. */
+char *openai_chunk_usage_sse(const struct openai_resp_ctx *ctx, const struct openai_usage *usage);
+/* An error inside an open stream: "data: {"error":{...}}\n\n". */
+char *openai_error_sse(const struct openai_error *err);
+
+/* GET /v1/models. */
+char *openai_models_json(const char *model_name, const char *root, long long created, int max_model_len);
+/* POST /tokenize response; token_strs NULL gives JSON null. */
+char *openai_tokenize_json(const int32_t *ids, int n, int max_model_len, char *const *token_strs);
+/* POST /detokenize response. */
+char *openai_detokenize_json(const char *text);
+
+#endif

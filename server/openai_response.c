@@ -1,0 +1,351 @@
+/* openai_response: choice accumulation and the JSON of responses, stream chunks, models and
+ * tokenize/detokenize, in OpenAI's (and for the extensions vLLM's) shapes. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "server/openai.h"
+
+/* ---- choice accumulation ---- */
+
+void openai_choice_init(struct openai_choice *c) {
+    memset(c, 0, sizeof *c);
+    c->stop_reason_id = -1;
+}
+
+void openai_choice_free(struct openai_choice *c) {
+    if (!c) return;
+    free(c->text);
+    free(c->tok_ids);
+    free(c->tok_lps);
+    free(c->tok_offsets);
+    free(c->tok_n_top);
+    free(c->top_ids);
+    free(c->top_lps);
+    free(c->stop_reason_str);
+    openai_choice_init(c);
+}
+
+int openai_choice_append(struct openai_choice *c, const char *s, size_t n) {
+    if (c->len + n + 1 > c->cap) {
+        size_t cap = c->cap ? c->cap : 64;
+        while (cap < c->len + n + 1) cap *= 2;
+        char *t = realloc(c->text, cap);
+        if (!t) return -1;
+        c->text = t;
+        c->cap = cap;
+    }
+    if (n) memcpy(c->text + c->len, s, n);
+    c->len += n;
+    c->text[c->len] = 0;
+    return 0;
+}
+
+static int grow_tokens(struct openai_choice *c) {
+    int cap = c->cap_tok ? c->cap_tok * 2 : 32;
+    int32_t *ids = realloc(c->tok_ids, sizeof *ids * (size_t)cap);
+    if (ids) c->tok_ids = ids;
+    float *lps = realloc(c->tok_lps, sizeof *lps * (size_t)cap);
+    if (lps) c->tok_lps = lps;
+    size_t *offs = realloc(c->tok_offsets, sizeof *offs * (size_t)cap);
+    if (offs) c->tok_offsets = offs;
+    int *nt = realloc(c->tok_n_top, sizeof *nt * (size_t)cap);
+    if (nt) c->tok_n_top = nt;
+    int32_t *ti = realloc(c->top_ids, sizeof *ti * (size_t)cap * ENGINE_MAX_LOGPROBS);
+    if (ti) c->top_ids = ti;
+    float *tl = realloc(c->top_lps, sizeof *tl * (size_t)cap * ENGINE_MAX_LOGPROBS);
+    if (tl) c->top_lps = tl;
+    if (!ids || !lps || !offs || !nt || !ti || !tl) return -1;
+    c->cap_tok = cap;
+    return 0;
+}
+
+int openai_choice_add_event(struct openai_choice *c, const struct engine_event *ev, bool keep_logprobs) {
+    size_t offset = c->len;
+    if (ev->text && openai_choice_append(c, ev->text, strlen(ev->text))) return -1;
+    if (ev->type != ENGINE_EVENT_TOKEN) return 0;
+    c->completion_tokens++;
+    if (!keep_logprobs) return 0;
+    if (c->n_tok == c->cap_tok && grow_tokens(c)) return -1;
+    int i = c->n_tok++;
+    int n_top = ev->n_top < 0 ? 0 : ev->n_top > ENGINE_MAX_LOGPROBS ? ENGINE_MAX_LOGPROBS : ev->n_top;
+    c->tok_ids[i] = ev->token;
+    c->tok_lps[i] = ev->logprob;
+    c->tok_offsets[i] = offset;
+    c->tok_n_top[i] = n_top;
+    memcpy(c->top_ids + (size_t)i * ENGINE_MAX_LOGPROBS, ev->top_ids, sizeof(int32_t) * (size_t)n_top);
+    memcpy(c->top_lps + (size_t)i * ENGINE_MAX_LOGPROBS, ev->top_lps, sizeof(float) * (size_t)n_top);
+    return 0;
+}
+
+/* ---- helpers ---- */
+
+const char *openai_finish_reason(enum engine_finish f) {
+    switch (f) {
+    case ENGINE_FINISH_STOP: return "stop";
+    case ENGINE_FINISH_LENGTH: return "length";
+    case ENGINE_FINISH_ABORT: return "abort";
+    default: return NULL;
+    }
+}
+
+/* JSON cannot hold -inf; vLLM clamps the same way. */
+static double clamp_lp(float lp) {
+    return isnan(lp) ? -9999.0 : lp < -9999.0f ? -9999.0 : (double)lp;
+}
+
+static const char *piece(const struct openai_resp_ctx *ctx, int32_t id, char *buf, size_t cap) {
+    if (ctx->tokens_as_ids || !ctx->piece) {
+        snprintf(buf, cap, "token_id:%d", (int)id);
+        return buf;
+    }
+    const char *s = ctx->piece(ctx->piece_ud, id, buf, cap);
+    return s ? s : "";
+}
+
+/* Code points in s[0..n) (UTF-8; continuation bytes are not counted). */
+static size_t count_chars(const char *s, size_t n) {
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) k += ((unsigned char)s[i] & 0xC0) != 0x80;
+    return k;
+}
+
+static cJSON *bytes_array(const char *s) {
+    cJSON *a = cJSON_CreateArray();
+    for (const unsigned char *p = (const unsigned char *)s; a && *p; p++) cJSON_AddItemToArray(a, cJSON_CreateNumber(*p));
+    return a;
+}
+
+static void add_common(cJSON *root, const struct openai_resp_ctx *ctx, bool chunk) {
+    cJSON_AddStringToObject(root, "id", ctx->id);
+    const char *object = ctx->kind == OPENAI_CHAT ? (chunk ? "chat.completion.chunk" : "chat.completion") : "text_completion";
+    cJSON_AddStringToObject(root, "object", object);
+    cJSON_AddNumberToObject(root, "created", (double)ctx->created);
+    cJSON_AddStringToObject(root, "model", ctx->model);
+}
+
+static void add_usage(cJSON *root, const struct openai_usage *u) {
+    cJSON *usage = cJSON_AddObjectToObject(root, "usage");
+    cJSON_AddNumberToObject(usage, "prompt_tokens", u->prompt_tokens);
+    cJSON_AddNumberToObject(usage, "completion_tokens", u->completion_tokens);
+    cJSON_AddNumberToObject(usage, "total_tokens", (double)u->prompt_tokens + u->completion_tokens);
+}
+
+static void add_stop_reason(cJSON *choice, enum engine_finish finish, const char *stop_str, int32_t stop_id) {
+    if (finish == ENGINE_FINISH_STOP && stop_str) cJSON_AddStringToObject(choice, "stop_reason", stop_str);
+    else if (finish == ENGINE_FINISH_STOP && stop_id >= 0) cJSON_AddNumberToObject(choice, "stop_reason", stop_id);
+    else cJSON_AddNullToObject(choice, "stop_reason");
+}
+
+static void add_finish(cJSON *choice, enum engine_finish finish) {
+    const char *fr = openai_finish_reason(finish);
+    if (fr) cJSON_AddStringToObject(choice, "finish_reason", fr);
+    else cJSON_AddNullToObject(choice, "finish_reason");
+}
+
+/* One position of legacy (completions) logprobs, appended to the four parallel arrays. */
+static void legacy_lp_add(const struct openai_resp_ctx *ctx, cJSON *tokens, cJSON *token_lps, cJSON *top, cJSON *offsets,
+                          int32_t id, float lp, int n_top, const int32_t *top_ids, const float *top_lps, size_t offset) {
+    char buf[256];
+    cJSON_AddItemToArray(tokens, cJSON_CreateString(piece(ctx, id, buf, sizeof buf)));
+    cJSON_AddItemToArray(token_lps, cJSON_CreateNumber(clamp_lp(lp)));
+    cJSON *d = cJSON_CreateObject();
+    int k_max = n_top < ctx->logprobs ? n_top : ctx->logprobs;
+    for (int k = 0; d && k < k_max; k++) {
+        const char *s = piece(ctx, top_ids[k], buf, sizeof buf);
+        if (!cJSON_GetObjectItemCaseSensitive(d, s)) cJSON_AddNumberToObject(d, s, clamp_lp(top_lps[k]));
+    }
+    const char *s = piece(ctx, id, buf, sizeof buf); // the sampled token is always listed
+    if (d && !cJSON_GetObjectItemCaseSensitive(d, s)) cJSON_AddNumberToObject(d, s, clamp_lp(lp));
+    cJSON_AddItemToArray(top, d);
+    cJSON_AddItemToArray(offsets, cJSON_CreateNumber((double)offset));
+}
+
+static cJSON *chat_lp_entry(const struct openai_resp_ctx *ctx, int32_t id, float lp) {
+    char buf[256];
+    const char *s = piece(ctx, id, buf, sizeof buf);
+    cJSON *e = cJSON_CreateObject();
+    cJSON_AddStringToObject(e, "token", s);
+    cJSON_AddNumberToObject(e, "logprob", clamp_lp(lp));
+    cJSON_AddItemToObject(e, "bytes", bytes_array(s));
+    return e;
+}
+
+static cJSON *chat_lp_add(const struct openai_resp_ctx *ctx, cJSON *content, int32_t id, float lp, int n_top,
+                          const int32_t *top_ids, const float *top_lps) {
+    cJSON *e = chat_lp_entry(ctx, id, lp);
+    cJSON *tops = cJSON_AddArrayToObject(e, "top_logprobs");
+    int k_max = n_top < ctx->logprobs ? n_top : ctx->logprobs;
+    for (int k = 0; k < k_max; k++) cJSON_AddItemToArray(tops, chat_lp_entry(ctx, top_ids[k], top_lps[k]));
+    cJSON_AddItemToArray(content, e);
+    return e;
+}
+
+static char *print_and_free(cJSON *root) {
+    char *s = root ? cJSON_PrintUnformatted(root) : NULL;
+    cJSON_Delete(root);
+    return s;
+}
+
+static char *sse_frame(cJSON *root) {
+    char *j = print_and_free(root);
+    if (!j) return NULL;
+    size_t n = strlen(j) + 9;
+    char *s = malloc(n);
+    if (s) snprintf(s, n, "data: %s\n\n", j);
+    free(j);
+    return s;
+}
+
+/* ---- responses ---- */
+
+char *openai_response_json(const struct openai_resp_ctx *ctx, const struct openai_choice *choices, int n_choices,
+                           const struct openai_usage *usage) {
+    cJSON *root = cJSON_CreateObject();
+    if (!root) return NULL;
+    add_common(root, ctx, false);
+    cJSON *arr = cJSON_AddArrayToObject(root, "choices");
+    for (int i = 0; i < n_choices; i++) {
+        const struct openai_choice *c = &choices[i];
+        cJSON *ch = cJSON_CreateObject();
+        cJSON_AddItemToArray(arr, ch);
+        cJSON_AddNumberToObject(ch, "index", i);
+        const char *text = c->text ? c->text : "";
+        if (ctx->kind == OPENAI_CHAT) {
+            cJSON *msg = cJSON_AddObjectToObject(ch, "message");
+            cJSON_AddStringToObject(msg, "role", "assistant");
+            cJSON_AddStringToObject(msg, "content", text);
+        } else {
+            cJSON_AddStringToObject(ch, "text", text);
+        }
+        if (ctx->logprobs < 0) {
+            cJSON_AddNullToObject(ch, "logprobs");
+        } else if (ctx->kind == OPENAI_CHAT) {
+            cJSON *lp = cJSON_AddObjectToObject(ch, "logprobs");
+            cJSON *content = cJSON_AddArrayToObject(lp, "content");
+            for (int t = 0; t < c->n_tok; t++)
+                chat_lp_add(ctx, content, c->tok_ids[t], c->tok_lps[t], c->tok_n_top[t],
+                            c->top_ids + (size_t)t * ENGINE_MAX_LOGPROBS, c->top_lps + (size_t)t * ENGINE_MAX_LOGPROBS);
+        } else {
+            cJSON *lp = cJSON_AddObjectToObject(ch, "logprobs");
+            cJSON *tokens = cJSON_AddArrayToObject(lp, "tokens");
+            cJSON *token_lps = cJSON_AddArrayToObject(lp, "token_logprobs");
+            cJSON *top = cJSON_AddArrayToObject(lp, "top_logprobs");
+            cJSON *offsets = cJSON_AddArrayToObject(lp, "text_offset");
+            size_t chars = 0, at = 0;
+            for (int t = 0; t < c->n_tok; t++) {
+                size_t off = c->tok_offsets[t] <= c->len ? c->tok_offsets[t] : c->len;
+                if (off >= at) chars += count_chars(text + at, off - at), at = off;
+                legacy_lp_add(ctx, tokens, token_lps, top, offsets, c->tok_ids[t], c->tok_lps[t], c->tok_n_top[t],
+                              c->top_ids + (size_t)t * ENGINE_MAX_LOGPROBS, c->top_lps + (size_t)t * ENGINE_MAX_LOGPROBS,
+                              chars);
+            }
+        }
+        add_finish(ch, c->finish);
+        add_stop_reason(ch, c->finish, c->stop_reason_str, c->stop_reason_id);
+    }
+    if (usage) add_usage(root, usage);
+    return print_and_free(root);
+}
+
+char *openai_chunk_sse(const struct openai_resp_ctx *ctx, int index, const char *text, const struct engine_event *ev,
+                       size_t text_offset, enum engine_finish finish, const char *stop_str, int32_t stop_id) {
+    cJSON *root = cJSON_CreateObject();
+    if (!root) return NULL;
+    add_common(root, ctx, true);
+    cJSON *arr = cJSON_AddArrayToObject(root, "choices");
+    cJSON *ch = cJSON_CreateObject();
+    cJSON_AddItemToArray(arr, ch);
+    cJSON_AddNumberToObject(ch, "index", index);
+    bool with_lp = ctx->logprobs >= 0 && ev && ev->type == ENGINE_EVENT_TOKEN;
+    if (ctx->kind == OPENAI_CHAT) {
+        cJSON *delta = cJSON_AddObjectToObject(ch, "delta");
+        if (text && (text[0] || finish == ENGINE_FINISH_NONE)) cJSON_AddStringToObject(delta, "content", text);
+        if (!with_lp) {
+            cJSON_AddNullToObject(ch, "logprobs");
+        } else {
+            cJSON *lp = cJSON_AddObjectToObject(ch, "logprobs");
+            cJSON *content = cJSON_AddArrayToObject(lp, "content");
+            chat_lp_add(ctx, content, ev->token, ev->logprob, ev->n_top, ev->top_ids, ev->top_lps);
+        }
+    } else {
+        cJSON_AddStringToObject(ch, "text", text ? text : "");
+        if (!with_lp) {
+            cJSON_AddNullToObject(ch, "logprobs");
+        } else {
+            cJSON *lp = cJSON_AddObjectToObject(ch, "logprobs");
+            legacy_lp_add(ctx, cJSON_AddArrayToObject(lp, "tokens"), cJSON_AddArrayToObject(lp, "token_logprobs"),
+                          cJSON_AddArrayToObject(lp, "top_logprobs"), cJSON_AddArrayToObject(lp, "text_offset"),
+                          ev->token, ev->logprob, ev->n_top, ev->top_ids, ev->top_lps, text_offset);
+        }
+    }
+    add_finish(ch, finish);
+    if (finish != ENGINE_FINISH_NONE) add_stop_reason(ch, finish, stop_str, stop_id);
+    return sse_frame(root);
+}
+
+char *openai_chunk_role_sse(const struct openai_resp_ctx *ctx, int index) {
+    cJSON *root = cJSON_CreateObject();
+    if (!root) return NULL;
+    add_common(root, ctx, true);
+    cJSON *arr = cJSON_AddArrayToObject(root, "choices");
+    cJSON *ch = cJSON_CreateObject();
+    cJSON_AddItemToArray(arr, ch);
+    cJSON_AddNumberToObject(ch, "index", index);
+    cJSON *delta = cJSON_AddObjectToObject(ch, "delta");
+    cJSON_AddStringToObject(delta, "role", "assistant");
+    cJSON_AddStringToObject(delta, "content", "");
+    cJSON_AddNullToObject(ch, "logprobs");
+    cJSON_AddNullToObject(ch, "finish_reason");
+    return sse_frame(root);
+}
+
+char *openai_chunk_usage_sse(const struct openai_resp_ctx *ctx, const struct openai_usage *usage) {
+    cJSON *root = cJSON_CreateObject();
+    if (!root) return NULL;
+    add_common(root, ctx, true);
+    cJSON_AddArrayToObject(root, "choices");
+    add_usage(root, usage);
+    return sse_frame(root);
+}
+
+char *openai_models_json(const char *model_name, const char *root_dir, long long created, int max_model_len) {
+    cJSON *root = cJSON_CreateObject();
+    if (!root) return NULL;
+    cJSON_AddStringToObject(root, "object", "list");
+    cJSON *data = cJSON_AddArrayToObject(root, "data");
+    cJSON *m = cJSON_CreateObject();
+    cJSON_AddItemToArray(data, m);
+    cJSON_AddStringToObject(m, "id", model_name);
+    cJSON_AddStringToObject(m, "object", "model");
+    cJSON_AddNumberToObject(m, "created", (double)created);
+    cJSON_AddStringToObject(m, "owned_by", "duoserve");
+    cJSON_AddStringToObject(m, "root", root_dir ? root_dir : model_name);
+    cJSON_AddNullToObject(m, "parent");
+    cJSON_AddNumberToObject(m, "max_model_len", max_model_len);
+    return print_and_free(root);
+}
+
+char *openai_tokenize_json(const int32_t *ids, int n, int max_model_len, char *const *token_strs) {
+    cJSON *root = cJSON_CreateObject();
+    if (!root) return NULL;
+    cJSON_AddNumberToObject(root, "count", n);
+    cJSON_AddNumberToObject(root, "max_model_len", max_model_len);
+    cJSON *t = cJSON_AddArrayToObject(root, "tokens");
+    for (int i = 0; i < n; i++) cJSON_AddItemToArray(t, cJSON_CreateNumber(ids[i]));
+    if (token_strs) {
+        cJSON *s = cJSON_AddArrayToObject(root, "token_strs");
+        for (int i = 0; i < n; i++) cJSON_AddItemToArray(s, cJSON_CreateString(token_strs[i] ? token_strs[i] : ""));
+    } else {
+        cJSON_AddNullToObject(root, "token_strs");
+    }
+    return print_and_free(root);
+}
+
+char *openai_detokenize_json(const char *text) {
+    cJSON *root = cJSON_CreateObject();
+    if (!root) return NULL;
+    cJSON_AddStringToObject(root, "prompt", text ? text : "");
+    return print_and_free(root);
+}

@@ -1,0 +1,15 @@
+/* serve: the `duoserve serve` subcommand. Parses flags (and --config FILE, a JSON object
+ * with the same keys), starts the HTTP server (answering 503 while the model loads), creates
+ * the engine, serves until SIGTERM/SIGINT, then drains: new requests get 503, running ones
+ * finish (up to --shutdown-timeout, then they are cancelled), and it returns 0.
+ * Main thread only; blocks SIGTERM/SIGINT in every thread it starts (the main thread takes
+ * them with sigtimedwait). */
+#ifndef DUO_SERVE_H
+#define DUO_SERVE_H
+
+/* argv holds the options after "serve" (argv[0] is the first option). Returns the process
+ * exit status: 0 after a clean drain, 1 runtime error (model failed to load, port in use),
+ * 2 usage error. */
+int serve_main(int argc, char **argv);
+
+#endif

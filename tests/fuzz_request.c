@@ -1,0 +1,77 @@
+/* libFuzzer harness for request parsing and validation (server/openai.c): every input is
+ * parsed as each endpoint's body; accepted requests go through the prompt checks and their
+ * fields are read back into a response. Any crash, leak or undefined behaviour is a bug.
+ *
+ * build: clang -std=c17 -g -O1 -D_GNU_SOURCE -I. -fsanitize=fuzzer,address,undefined \
+ *          -fno-sanitize-recover=undefined -o build/fuzz_request tests/fuzz_request.c \
+ *          server/openai.c server/openai_response.c engine/utf8.c -lcjson -lutf8proc -lm
+ * run:   build/fuzz_request -max_total_time=600 -max_len=65536 -dict=tests/fuzz_request.dict \
+ *          tests/fuzz_corpus/  (new inputs go to the first folder: copy the corpus first) */
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "server/openai.h"
+
+static const char *piece(void *ud, int32_t id, char *buf, size_t cap) {
+    (void)ud;
+    snprintf(buf, cap, "t%d", (int)id);
+    return buf;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    static const struct openai_limits lim = {.model_name = "m", .vocab_size = 512, .max_model_len = 128, .max_n = 8};
+    static const enum openai_kind kinds[] = {OPENAI_COMPLETION, OPENAI_CHAT, OPENAI_TOKENIZE, OPENAI_DETOKENIZE};
+    for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
+        struct openai_request r;
+        struct openai_error err;
+        if (openai_parse_request((const char *)data, size, kinds[k], &lim, &r, &err) != 0) {
+            if (err.status < 400 || err.status > 599 || !err.message[0]) abort();
+            char *j = openai_error_json(&err);
+            if (!j) abort();
+            free(j);
+            continue;
+        }
+        // Stand in for the chat template: the messages' JSON text is the prompt.
+        if (r.messages && !r.prompts) {
+            r.prompts = calloc(1, sizeof *r.prompts);
+            r.n_prompts = 1;
+            r.prompts[0].text = cJSON_PrintUnformatted(r.messages);
+        }
+        // Stand in for tokenization: string prompts become their bytes mod the vocabulary.
+        for (int i = 0; i < r.n_prompts; i++) {
+            struct openai_prompt *p = &r.prompts[i];
+            if (p->ids || !p->text) continue;
+            size_t n = strlen(p->text);
+            p->ids = malloc(sizeof *p->ids * (n + 1));
+            for (size_t b = 0; b < n; b++) p->ids[b] = (unsigned char)p->text[b] % lim.vocab_size;
+            p->n_ids = (int)n;
+        }
+        if ((kinds[k] == OPENAI_COMPLETION || kinds[k] == OPENAI_CHAT) && openai_check_prompts(&r, &lim, &err) == 0) {
+            if (r.n_prompts < 1 || r.prompts[0].n_ids < 1) abort();
+            if (r.sp.n < 1 || r.sp.max_tokens < 1 || r.sp.logprobs > ENGINE_MAX_LOGPROBS) abort();
+            if (r.sp.n_stop && !r.sp.stop) abort();
+            struct openai_resp_ctx ctx = {.kind = kinds[k], .id = "x", .model = "m", .logprobs = r.logprobs,
+                                          .tokens_as_ids = r.return_tokens_as_token_ids, .piece = piece};
+            struct openai_choice c;
+            openai_choice_init(&c);
+            struct engine_event ev = {.type = ENGINE_EVENT_TOKEN, .token = r.prompts[0].ids[0], .text = r.stop ? r.stop[0] : "a",
+                                      .logprob = -1.0f, .n_top = r.logprobs > 0 ? r.logprobs : 0};
+            for (int t = 0; t < ev.n_top; t++) ev.top_ids[t] = t, ev.top_lps[t] = -(float)t;
+            openai_choice_add_event(&c, &ev, r.logprobs >= 0);
+            c.finish = ENGINE_FINISH_STOP;
+            struct openai_usage u = {r.prompts[0].n_ids, 1};
+            char *j = openai_response_json(&ctx, &c, 1, &u);
+            char *s = openai_chunk_sse(&ctx, 0, ev.text, &ev, 0, ENGINE_FINISH_NONE, NULL, -1);
+            if (!j || !s) abort();
+            free(j);
+            free(s);
+            openai_choice_free(&c);
+        }
+        openai_request_free(&r);
+    }
+    return 0;
+}
