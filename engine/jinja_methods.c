@@ -5,6 +5,7 @@
 #include "engine/jinja_impl.h"
 
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -369,6 +370,16 @@ static struct jv str_format(struct jinja_ctx *c, struct jv fmt, const struct jin
     return jinja_buf_value(&b);
 }
 
+/* Appends s padded with spaces to width code points. */
+static void b_put_padded(struct jinja_ctx *c, struct jinja_buf *b, struct jv s, long width,
+                         bool left) {
+    long n = (long)jinja_utf8_count(s.s.p, s.s.n);
+    if (width > (long)c->lim.max_output) jinja_fail(c, JINJA_ERR_LIMIT, "format width too large");
+    if (left) jinja_buf_put(c, b, s.s.p, s.s.n);
+    for (long i = n; i < width; i++) jinja_buf_put(c, b, " ", 1);
+    if (!left) jinja_buf_put(c, b, s.s.p, s.s.n);
+}
+
 /* Appends snprintf's result, refusing what did not fit (a huge field width). */
 static void put_formatted(struct jinja_ctx *c, struct jinja_buf *b, const char *tmp, size_t cap,
                           int n) {
@@ -423,14 +434,22 @@ struct jv jinja_percent_format(struct jinja_ctx *c, struct jv fmt, struct jv arg
                 jinja_write_repr(c, &t, v);
             else
                 jinja_write_str(c, &t, v);
-            if (k == 1) {
-                jinja_buf_put(c, &b, t.p, t.n);
-                break;
-            }
-            spec[k++] = 's';
+            // %[-][width][.prec]s, counted in code points as Python does
             spec[k] = 0;
-            char *s = (char *)jinja_cstr(c, jinja_buf_value(&t));
-            put_formatted(c, &b, tmp, sizeof tmp, snprintf(tmp, sizeof tmp, spec, s));
+            bool left = strchr(spec, '-') != NULL;
+            const char *dot = strchr(spec, '.');
+            const char *w = spec + 1;
+            while (*w == '-' || *w == '+' || *w == ' ' || *w == '#' || *w == '0') w++;
+            long width = atol(w), prec = dot ? atol(dot + 1) : -1;
+            struct jv str = jinja_buf_value(&t);
+            if (prec >= 0) {
+                size_t off = 0;
+                uint32_t cp;
+                for (long q = 0; q < prec && off < str.s.n; q++)
+                    off += jinja_utf8_decode(str.s.p + off, str.s.n - off, &cp);
+                str.s.n = off;
+            }
+            b_put_padded(c, &b, str, width, left);
             break;
         }
         case 'd':
@@ -441,6 +460,8 @@ struct jv jinja_percent_format(struct jinja_ctx *c, struct jv fmt, struct jv arg
             if (!jinja_is_number(v))
                 jinja_fail(c, JINJA_ERR_RENDER, "%%%c format: a number is required, not %s", conv,
                            jinja_type_name(v));
+            if (v.t == JT_FLOAT && !(fabs(v.f) < 9.2e18))
+                jinja_fail(c, JINJA_ERR_RENDER, "%%%c format: number out of range", conv);
             int64_t x = v.t == JT_FLOAT ? (int64_t)v.f : v.t == JT_BOOL ? v.b : v.i;
             memcpy(spec + k, "ll", 2);
             k += 2;
