@@ -776,6 +776,8 @@ int http_start(struct http_server **out, const struct http_config *cfg, char *er
         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)cfg->conn_timeout_s,
         MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(64 * 1024),
         MHD_OPTION_THREAD_POOL_SIZE, (unsigned)(cfg->threads > 0 ? cfg->threads : 1),
+        /* chat templates render recursively on these threads: a generous stack, whatever the ulimit */
+        MHD_OPTION_THREAD_STACK_SIZE, (size_t)(8u << 20),
         MHD_OPTION_LISTENING_ADDRESS_REUSE, 1u,
         MHD_OPTION_END);
     freeaddrinfo(ai);

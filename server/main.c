@@ -12,6 +12,7 @@
 
 #include "engine/engine_core.h"
 #include "engine/tokenizer.h"
+#include "server/cli_text.h"
 #include "server/serve.h"
 
 #define DUO_VERSION "0.1.0"
@@ -25,6 +26,9 @@ static void usage(FILE *f) {
             "commands:\n"
             "  serve      start the HTTP server (OpenAI API)\n"
             "  generate   run one prompt to completion and print the result\n"
+            "  tokenize -m DIR        text on stdin -> token ids (no special tokens added)\n"
+            "  detokenize -m DIR      token ids on stdin -> text (special tokens kept)\n"
+            "  chat-template -m DIR   {\"messages\":[...],\"add_generation_prompt\":bool} on stdin -> prompt\n"
             "\n"
             "generate options:\n"
             "  -m, --model DIR         Hugging Face model directory (default: built-in demo model)\n"
@@ -351,6 +355,9 @@ int main(int argc, char **argv) {
     }
     if (!strcmp(argv[1], "generate")) return cmd_generate(argc - 2, argv + 2);
     if (!strcmp(argv[1], "serve")) return serve_main(argc - 2, argv + 2);
+    if (!strcmp(argv[1], "tokenize")) return cli_tokenize(argc - 2, argv + 2);
+    if (!strcmp(argv[1], "detokenize")) return cli_detokenize(argc - 2, argv + 2);
+    if (!strcmp(argv[1], "chat-template")) return cli_chat_template(argc - 2, argv + 2);
     fprintf(stderr, "duoserve: unknown command \"%s\" (see duoserve --help)\n", argv[1]);
     return 2;
 }
