@@ -47,20 +47,21 @@ ifeq ($(CUDA),1)
   endif
 endif
 
-.PHONY: all test debug setup run clean fuzz bench
-all: $(BUILD)/duoserve $(CUDA_ALL) $(CUDA_TEST)
-
-$(BUILD)/libduoserve.a: $(LIB_OBJ)
-	@mkdir -p $(@D)
-	ar rcs $@ $^
-
-$(BUILD)/duoserve: $(BUILD)/server/main.o $(BUILD)/libduoserve.a
-	$(CC) $(DUO_CFLAGS) $(CFLAGS) -o $@ $^ $(LDFLAGS) $(LDLIBS)
-
 # Objects are rebuilt when the flags change (CUDA=0 <-> CUDA=1 share the build folder).
 FLAGS_STAMP := $(BUILD)/.flags
 $(shell mkdir -p $(BUILD) && echo '$(CC) $(DUO_CFLAGS) $(CFLAGS) $(LDLIBS)' | cmp -s - $(FLAGS_STAMP) || \
         echo '$(CC) $(DUO_CFLAGS) $(CFLAGS) $(LDLIBS)' > $(FLAGS_STAMP))
+
+.PHONY: all test debug setup run clean fuzz bench
+all: $(BUILD)/duoserve $(CUDA_ALL) $(CUDA_TEST)
+
+$(BUILD)/libduoserve.a: $(LIB_OBJ) $(FLAGS_STAMP)
+	@mkdir -p $(@D)
+	@rm -f $@
+	ar rcs $@ $(filter %.o,$^)
+
+$(BUILD)/duoserve: $(BUILD)/server/main.o $(BUILD)/libduoserve.a
+	$(CC) $(DUO_CFLAGS) $(CFLAGS) -o $@ $^ $(LDFLAGS) $(LDLIBS)
 
 $(BUILD)/%.o: %.c $(FLAGS_STAMP)
 	@mkdir -p $(@D)
@@ -102,7 +103,7 @@ fuzz: $(BUILD)/fuzz_request
 	      -print_final_stats=1 $(BUILD)/fuzz_corpus
 
 debug:
-	$(MAKE) BUILD=build-debug CUDA=0 CFLAGS="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer" \
+	$(MAKE) BUILD=build-debug CUDA=0 CFLAGS="-O1 -g -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer" \
 	        LDFLAGS="-fsanitize=address,undefined" test
 
 setup:

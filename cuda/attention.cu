@@ -37,7 +37,7 @@ struct key_range {
 
 template <int PER>
 __global__ void attn_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *q, const __nv_bfloat16 *kb,
-                            const __nv_bfloat16 *vb, struct cuda_attn_args a) {
+                            const __nv_bfloat16 *vb, int rs, struct cuda_attn_args a) {
     // lane owns dims lane, lane + 32, ... (PER of them, the last ones masked when hd < 32 * PER)
     const int HD = a.head_dim;
     int t = blockIdx.x, h = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -54,7 +54,7 @@ __global__ void attn_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *q, const __
         kr = {0, sink_end, rec_start, max(rec_start, pos + 1)};
     }
     float qv[PER], acc[PER];
-    const __nv_bfloat16 *qrow = q + ((size_t)t * a.n_heads + h) * HD;
+    const __nv_bfloat16 *qrow = q + (size_t)t * rs + (size_t)h * HD;
     for (int i = 0; i < PER; i++) {
         int d = i * 32 + lane;
         qv[i] = d < HD ? __bfloat162float(qrow[d]) * a.scale : 0.0f;
@@ -69,7 +69,7 @@ __global__ void attn_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *q, const __
             kp = full_row(a.k_full, a, s, j, kvh);
             vp = full_row(a.v_full, a, s, j, kvh);
         } else if (j >= pos0) {
-            size_t off = ((size_t)(row0 + j - pos0) * a.n_kv_heads + kvh) * HD;
+            size_t off = (size_t)(row0 + j - pos0) * rs + (size_t)kvh * HD;
             kp = kb + off;
             vp = vb + off;
         } else {
@@ -115,11 +115,11 @@ __global__ void attn_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *q, const __
 }
 
 // Retrieval heads: this step's K/V rows into their blocks (before attention reads them).
-__global__ void append_full_kernel(const __nv_bfloat16 *kb, const __nv_bfloat16 *vb, struct cuda_attn_args a) {
+__global__ void append_full_kernel(const __nv_bfloat16 *kb, const __nv_bfloat16 *vb, int rs, struct cuda_attn_args a) {
     int t = blockIdx.x, s = a.tok_seq[t], pos = a.pos[t];
     for (int x = threadIdx.x; x < a.n_full * a.head_dim; x += blockDim.x) {
         int h = x / a.head_dim, d = x % a.head_dim;
-        size_t src = ((size_t)t * a.n_kv_heads + h) * a.head_dim + d;
+        size_t src = (size_t)t * rs + (size_t)h * a.head_dim + d;
         size_t dst = full_row(a.k_full, a, s, pos, h) - a.k_full + d;
         a.k_full[dst] = kb[src];
         a.v_full[dst] = vb[src];
@@ -128,32 +128,33 @@ __global__ void append_full_kernel(const __nv_bfloat16 *kb, const __nv_bfloat16 
 
 // Streaming heads: sink rows and the recent ring, after attention. Of a chunk longer than the
 // ring only its last `recent` positions are written, so no two threads share a row.
-__global__ void append_stream_kernel(const __nv_bfloat16 *kb, const __nv_bfloat16 *vb, struct cuda_attn_args a) {
+__global__ void append_stream_kernel(const __nv_bfloat16 *kb, const __nv_bfloat16 *vb, int rs, struct cuda_attn_args a) {
     int t = blockIdx.x, s = a.tok_seq[t], pos = a.pos[t];
     int last = a.pos[a.seq_start[s + 1] - 1];
     if (pos >= a.sink && last - pos >= a.recent) return;
     for (int x = threadIdx.x; x < a.n_stream * a.head_dim; x += blockDim.x) {
         int h = x / a.head_dim, d = x % a.head_dim;
-        size_t src = ((size_t)t * a.n_kv_heads + a.n_full + h) * a.head_dim + d;
+        size_t src = (size_t)t * rs + (size_t)(a.n_full + h) * a.head_dim + d;
         size_t dst = stream_off(a, a.stream_slot[s], pos, h) + d;
         a.k_stream[dst] = kb[src];
         a.v_stream[dst] = vb[src];
     }
 }
 
-extern "C" int cuda_attention(void *out, const void *q, const void *k, const void *v, const struct cuda_attn_args *a,
-                              int n_tokens, cudaStream_t st) {
-    const __nv_bfloat16 *kb = (const __nv_bfloat16 *)k, *vb = (const __nv_bfloat16 *)v;
-    if (a->n_full) append_full_kernel<<<n_tokens, 128, 0, st>>>(kb, vb, *a);
+extern "C" int cuda_attention(void *out, const void *qkv, int rs, const struct cuda_attn_args *a, int n_tokens,
+                              cudaStream_t st) {
+    const __nv_bfloat16 *q = (const __nv_bfloat16 *)qkv;
+    const __nv_bfloat16 *kb = q + (size_t)a->n_heads * a->head_dim, *vb = kb + (size_t)a->n_kv_heads * a->head_dim;
+    if (a->n_full) append_full_kernel<<<n_tokens, 128, 0, st>>>(kb, vb, rs, *a);
     dim3 grid(n_tokens, a->n_heads);
     __nv_bfloat16 *o = (__nv_bfloat16 *)out;
-    const __nv_bfloat16 *qb = (const __nv_bfloat16 *)q;
-    if (a->head_dim <= 32) attn_kernel<1><<<grid, 32 * ATTN_WARPS, 0, st>>>(o, qb, kb, vb, *a);
-    else if (a->head_dim <= 64) attn_kernel<2><<<grid, 32 * ATTN_WARPS, 0, st>>>(o, qb, kb, vb, *a);
-    else if (a->head_dim <= 128) attn_kernel<4><<<grid, 32 * ATTN_WARPS, 0, st>>>(o, qb, kb, vb, *a);
-    else if (a->head_dim <= CUDA_ATTN_MAX_HEAD_DIM) attn_kernel<8><<<grid, 32 * ATTN_WARPS, 0, st>>>(o, qb, kb, vb, *a);
+    const __nv_bfloat16 *qb = q;
+    if (a->head_dim <= 32) attn_kernel<1><<<grid, 32 * ATTN_WARPS, 0, st>>>(o, qb, kb, vb, rs, *a);
+    else if (a->head_dim <= 64) attn_kernel<2><<<grid, 32 * ATTN_WARPS, 0, st>>>(o, qb, kb, vb, rs, *a);
+    else if (a->head_dim <= 128) attn_kernel<4><<<grid, 32 * ATTN_WARPS, 0, st>>>(o, qb, kb, vb, rs, *a);
+    else if (a->head_dim <= CUDA_ATTN_MAX_HEAD_DIM) attn_kernel<8><<<grid, 32 * ATTN_WARPS, 0, st>>>(o, qb, kb, vb, rs, *a);
     else return -3; // the engine refuses such models at load
-    if (a->n_stream) append_stream_kernel<<<n_tokens, 128, 0, st>>>(kb, vb, *a);
+    if (a->n_stream) append_stream_kernel<<<n_tokens, 128, 0, st>>>(kb, vb, rs, *a);
     CUDA_CHECK(cudaGetLastError());
     return 0;
 }

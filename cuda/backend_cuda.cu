@@ -20,13 +20,17 @@ extern "C" {
 extern "C" {
 int cuda_embed(void *out, const void *table, const int32_t *tokens, int n, int dim, cudaStream_t s);
 int cuda_rmsnorm(void *out, const void *x, const void *w, int n, int dim, float eps, cudaStream_t s);
-int cuda_rope(void *x, const int32_t *pos, const float *inv_freq, int n, int n_heads, int hd, cudaStream_t s);
-int cuda_silu_mul(void *out, const void *gate, const void *up, size_t n, cudaStream_t s);
+int cuda_rope(void *x, const int32_t *pos, const float *inv_freq, int n, int n_heads, int hd, int row_stride,
+              cudaStream_t s);
+int cuda_silu_mul(void *out, const void *gu, int rows, int F, cudaStream_t s);
+int cuda_add_rmsnorm(void *out, void *x, const void *y, const void *w, int n, int dim, float eps, cudaStream_t s);
 int cuda_add(void *x, const void *y, size_t n, cudaStream_t s);
 int cuda_add_bias(void *x, const void *bias, int n, int dim, cudaStream_t s);
 int cuda_get_rows(void *out, const void *x, const int32_t *rows, int n, int dim, cudaStream_t s);
 int cuda_f32_to_bf16(void *dst, const float *src, size_t n, cudaStream_t s);
 int cuda_bf16_to_f32(float *dst, const void *src, size_t n, cudaStream_t s);
+int cuda_gemv_bf16(void *out, const void *x, const void *w, const void *bias, int n, int n_out, int n_in, cudaStream_t s);
+int cuda_gemv_f32out(float *out, const void *x, const void *w, int n, int n_out, int n_in, cudaStream_t s);
 }
 
 struct cuda_ctx {
@@ -223,29 +227,36 @@ static void gemm(struct backend *b, void *out, cudaDataType_t out_type, const vo
 
 static void cu_matmul(struct backend *b, void *out, const void *x, const void *w, const void *bias, int n, int n_out,
                       int n_in) {
+    /* decode-sized batches: a weight-streaming kernel (bias fused) */
+    int rc = cuda_gemv_bf16(out, x, w, bias, n, n_out, n_in, CTX(b)->stream);
+    if (rc == 0) return;
+    if (rc != -3) CKI(b, rc);
     gemm(b, out, CUDA_R_16BF, x, w, n, n_out, n_in);
     if (bias) CKI(b, cuda_add_bias(out, bias, n, n_out, CTX(b)->stream));
 }
 
-static void cu_rope(struct backend *b, void *q, void *k, int n_heads, int n_kv_heads, int head_dim, const void *inv_freq) {
+static void cu_rope(struct backend *b, void *qk, int n_heads, int head_dim, int row_stride, const void *inv_freq) {
     struct cuda_ctx *c = CTX(b);
-    CKI(b, cuda_rope(q, c->pos, (const float *)inv_freq, c->n_tokens, n_heads, head_dim, c->stream));
-    CKI(b, cuda_rope(k, c->pos, (const float *)inv_freq, c->n_tokens, n_kv_heads, head_dim, c->stream));
+    CKI(b, cuda_rope(qk, c->pos, (const float *)inv_freq, c->n_tokens, n_heads, head_dim, row_stride, c->stream));
 }
 
-static void cu_attention(struct backend *b, void *out, const void *q, const void *k, const void *v,
-                         const struct attn_layer *L) {
+static void cu_attention(struct backend *b, void *out, const void *qkv, int row_stride, const struct attn_layer *L) {
     struct cuda_ctx *c = CTX(b);
     struct cuda_attn_args a = {L->n_heads, L->n_kv_heads, L->head_dim, L->n_full, L->n_stream, L->block_size,
                                L->sink, L->recent, L->sliding_window, L->scale,
                                (__nv_bfloat16 *)L->k_full, (__nv_bfloat16 *)L->v_full,
                                (__nv_bfloat16 *)L->k_stream, (__nv_bfloat16 *)L->v_stream,
                                c->pos, c->tok_seq, c->seq_start, c->indptr, c->blocks, c->slots};
-    CKI(b, cuda_attention(out, q, k, v, &a, c->n_tokens, c->stream));
+    CKI(b, cuda_attention(out, qkv, row_stride, &a, c->n_tokens, c->stream));
 }
 
-static void cu_silu_mul(struct backend *b, void *out, const void *gate, const void *up, size_t n) {
-    CKI(b, cuda_silu_mul(out, gate, up, n, CTX(b)->stream));
+static void cu_silu_mul(struct backend *b, void *out, const void *gu, int n, int F) {
+    CKI(b, cuda_silu_mul(out, gu, n, F, CTX(b)->stream));
+}
+
+static void cu_add_rmsnorm(struct backend *b, void *out, void *x, const void *y, const void *w, int n, int dim,
+                           float eps) {
+    CKI(b, cuda_add_rmsnorm(out, x, y, w, n, dim, eps, CTX(b)->stream));
 }
 
 static void cu_add(struct backend *b, void *x, const void *y, size_t n) { CKI(b, cuda_add(x, y, n, CTX(b)->stream)); }
@@ -267,7 +278,9 @@ static int cu_logits(struct backend *b, float *host_logits, const void *x, const
         }
         c->logits_cap = need;
     }
-    gemm(b, c->d_logits, CUDA_R_32F, x, w, n, vocab, dim);
+    int rc = cuda_gemv_f32out(c->d_logits, x, w, n, vocab, dim, c->stream);
+    if (rc == -3) gemm(b, c->d_logits, CUDA_R_32F, x, w, n, vocab, dim);
+    else CKI(b, rc);
     CK(b, cudaMemcpyAsync(host_logits, c->d_logits, need * sizeof(float), cudaMemcpyDeviceToHost, c->stream));
     return c->err;
 }
@@ -313,6 +326,7 @@ static struct backend_ops make_ops(void) {
     o.attention = cu_attention;
     o.silu_mul = cu_silu_mul;
     o.add = cu_add;
+    o.add_rmsnorm = cu_add_rmsnorm;
     o.get_rows = cu_get_rows;
     o.logits = cu_logits;
     o.sync = cu_sync;

@@ -19,8 +19,8 @@ struct cuda_attn_args {
 #ifdef __cplusplus
 extern "C" {
 #endif
-int cuda_attention(void *out, const void *q, const void *k, const void *v, const struct cuda_attn_args *a,
-                   int n_tokens, cudaStream_t st);
+int cuda_attention(void *out, const void *qkv, int row_stride, const struct cuda_attn_args *a, int n_tokens,
+                   cudaStream_t st);
 #ifdef __cplusplus
 }
 #endif

@@ -36,26 +36,57 @@ __global__ void rmsnorm_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *x, const
         orow[i] = __float2bfloat16(__bfloat162float(w[i]) * (__bfloat162float(xr[i]) * inv));
 }
 
-// One block per token; thread i rotates pair (i, i + hd/2) of every head.
-__global__ void rope_kernel(__nv_bfloat16 *x, const int32_t *pos, const float *inv_freq, int n_heads, int hd) {
+// One block per token; thread i rotates pair (i, i + hd/2) of every head of the row.
+__global__ void rope_kernel(__nv_bfloat16 *x, const int32_t *pos, const float *inv_freq, int n_heads, int hd,
+                            int row_stride) {
     int t = blockIdx.x, half = hd / 2;
     for (int j = threadIdx.x; j < n_heads * half; j += blockDim.x) {
         int h = j / half, i = j % half;
         float s, c;
         sincosf((float)pos[t] * inv_freq[i], &s, &c);
-        __nv_bfloat16 *v = x + ((size_t)t * n_heads + h) * hd;
+        __nv_bfloat16 *v = x + (size_t)t * row_stride + (size_t)h * hd;
         float a = __bfloat162float(v[i]), b = __bfloat162float(v[i + half]);
         v[i] = __float2bfloat16(a * c - b * s);
         v[i + half] = __float2bfloat16(b * c + a * s);
     }
 }
 
-__global__ void silu_mul_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *gate, const __nv_bfloat16 *up, size_t n) {
+// out[t][i] = silu(gu[t][i]) * gu[t][F + i]
+__global__ void silu_mul_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *gu, int F, size_t n) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) {
-        float g = __bfloat162float(gate[i]);
-        out[i] = __float2bfloat16(g / (1.0f + __expf(-g)) * __bfloat162float(up[i]));
+        size_t t = i / F, c = i % F;
+        float g = __bfloat162float(gu[t * 2 * F + c]);
+        out[i] = __float2bfloat16(g / (1.0f + __expf(-g)) * __bfloat162float(gu[t * 2 * F + F + c]));
     }
+}
+
+// x += y, then out = rmsnorm(x) * w; one block per row.
+__global__ void add_rmsnorm_kernel(__nv_bfloat16 *out, __nv_bfloat16 *x, const __nv_bfloat16 *y,
+                                   const __nv_bfloat16 *w, int dim, float eps) {
+    __shared__ float partial[32];
+    __nv_bfloat16 *xr = x + (size_t)blockIdx.x * dim;
+    const __nv_bfloat16 *yr = y + (size_t)blockIdx.x * dim;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+        __nv_bfloat16 s = __float2bfloat16(__bfloat162float(xr[i]) + __bfloat162float(yr[i]));
+        xr[i] = s;
+        float v = __bfloat162float(s);
+        ss += v * v;
+    }
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = ss;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        ss = threadIdx.x < (blockDim.x + 31) / 32 ? partial[threadIdx.x] : 0.0f;
+        for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+        if (threadIdx.x == 0) partial[0] = ss;
+    }
+    __syncthreads();
+    float inv = rsqrtf(partial[0] / dim + eps);
+    __nv_bfloat16 *orow = out + (size_t)blockIdx.x * dim;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x)
+        orow[i] = __float2bfloat16(__bfloat162float(w[i]) * (__bfloat162float(xr[i]) * inv));
 }
 
 __global__ void add_kernel(__nv_bfloat16 *x, const __nv_bfloat16 *y, size_t n) {
@@ -129,17 +160,26 @@ int cuda_rmsnorm(void *out, const void *x, const void *w, int n, int dim, float 
     return 0;
 }
 
-int cuda_rope(void *x, const int32_t *pos, const float *inv_freq, int n, int n_heads, int hd, cudaStream_t s) {
+int cuda_rope(void *x, const int32_t *pos, const float *inv_freq, int n, int n_heads, int hd, int row_stride,
+              cudaStream_t s) {
     if (n == 0) return 0;
-    rope_kernel<<<n, 128, 0, s>>>((__nv_bfloat16 *)x, pos, inv_freq, n_heads, hd);
+    rope_kernel<<<n, 256, 0, s>>>((__nv_bfloat16 *)x, pos, inv_freq, n_heads, hd, row_stride);
     CUDA_CHECK(cudaGetLastError());
     return 0;
 }
 
-int cuda_silu_mul(void *out, const void *gate, const void *up, size_t n, cudaStream_t s) {
+int cuda_silu_mul(void *out, const void *gu, int rows, int F, cudaStream_t s) {
+    size_t n = (size_t)rows * F;
     if (n == 0) return 0;
-    silu_mul_kernel<<<cuda_blocks(n, 256), 256, 0, s>>>((__nv_bfloat16 *)out, (const __nv_bfloat16 *)gate,
-                                                      (const __nv_bfloat16 *)up, n);
+    silu_mul_kernel<<<cuda_blocks(n, 256), 256, 0, s>>>((__nv_bfloat16 *)out, (const __nv_bfloat16 *)gu, F, n);
+    CUDA_CHECK(cudaGetLastError());
+    return 0;
+}
+
+int cuda_add_rmsnorm(void *out, void *x, const void *y, const void *w, int n, int dim, float eps, cudaStream_t s) {
+    if (n == 0) return 0;
+    add_rmsnorm_kernel<<<n, 256, 0, s>>>((__nv_bfloat16 *)out, (__nv_bfloat16 *)x, (const __nv_bfloat16 *)y,
+                                         (const __nv_bfloat16 *)w, dim, eps);
     CUDA_CHECK(cudaGetLastError());
     return 0;
 }

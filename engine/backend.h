@@ -75,18 +75,19 @@ struct backend_ops {
     /* out[n][n_out] = x[n][n_in] @ w[n_out][n_in]^T (+ bias[n_out]) */
     void (*matmul)(struct backend *b, void *out, const void *x, const void *w, const void *bias, int n, int n_out,
                    int n_in);
-    /* rotates q[T][n_heads*hd] and k[T][n_kv*hd] in place at the batch positions, HF rotate_half
-     * layout; inv_freq[hd/2] is f32 */
-    void (*rope)(struct backend *b, void *q, void *k, int n_heads, int n_kv_heads, int head_dim,
-                 const void *inv_freq);
-    /* out = attention of q over the layer's cache and this batch's k/v (masks above); the
-     * batch's k/v are appended to the pools */
-    void (*attention)(struct backend *b, void *out, const void *q, const void *k, const void *v,
-                      const struct attn_layer *layer);
-    /* out[i] = silu(gate[i]) * up[i] */
-    void (*silu_mul)(struct backend *b, void *out, const void *gate, const void *up, size_t n);
+    /* rotates the first n_heads heads (q then k) of each row qk[T][row_stride] in place at the
+     * batch positions, HF rotate_half layout; inv_freq[hd/2] is f32 */
+    void (*rope)(struct backend *b, void *qk, int n_heads, int head_dim, int row_stride, const void *inv_freq);
+    /* out[T][n_heads*hd] = attention of q over the layer's cache and this batch's k/v (masks
+     * above); rows of qkv[T][row_stride] hold q (n_heads*hd), k then v (n_kv*hd each); the batch's
+     * k/v are appended to the pools */
+    void (*attention)(struct backend *b, void *out, const void *qkv, int row_stride, const struct attn_layer *layer);
+    /* out[t][i] = silu(gu[t][i]) * gu[t][F + i] for n rows (gate | up stacked per row) */
+    void (*silu_mul)(struct backend *b, void *out, const void *gu, int n, int F);
     /* x[i] += y[i] */
     void (*add)(struct backend *b, void *x, const void *y, size_t n);
+    /* x += y, then out = rmsnorm(x) * w, for n rows of dim */
+    void (*add_rmsnorm)(struct backend *b, void *out, void *x, const void *y, const void *w, int n, int dim, float eps);
     /* out[i][dim] = x[logit_rows[i]][dim] */
     void (*get_rows)(struct backend *b, void *out, const void *x, int dim);
     /* host_logits[n][vocab] (f32, host memory) = x[n][dim] @ w[vocab][dim]^T */

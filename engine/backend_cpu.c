@@ -130,13 +130,10 @@ static void rope_rows(float *x, int n_heads, int hd, int pos, const float *inv_f
     }
 }
 
-static void cpu_rope(struct backend *b, void *q, void *k, int n_heads, int n_kv_heads, int head_dim,
-                     const void *inv_freq) {
+static void cpu_rope(struct backend *b, void *qk, int n_heads, int head_dim, int row_stride, const void *inv_freq) {
     const struct fwd_batch *bt = &((struct cpu_ctx *)b->ctx)->batch;
-    for (int t = 0; t < bt->n_tokens; t++) {
-        rope_rows((float *)q + (size_t)t * n_heads * head_dim, n_heads, head_dim, bt->pos[t], inv_freq);
-        rope_rows((float *)k + (size_t)t * n_kv_heads * head_dim, n_kv_heads, head_dim, bt->pos[t], inv_freq);
-    }
+    for (int t = 0; t < bt->n_tokens; t++)
+        rope_rows((float *)qk + (size_t)t * row_stride, n_heads, head_dim, bt->pos[t], inv_freq);
 }
 
 /* Full-pool row of (sequence s, position p, retrieval head h). */
@@ -192,7 +189,8 @@ static int visible_stream(const struct attn_layer *L, int i, int j) { return j <
 struct key_ctx {
     const struct fwd_batch *bt;
     const struct attn_layer *L;
-    const float *k, *v; // batch k/v [T][n_kv][hd]
+    const float *k, *v; // batch k/v rows, row_stride apart
+    int row_stride;
     int s, kvh;         // sequence, KV head (reordered index)
     int row0, pos0;     // first batch row of the sequence and its position
 };
@@ -205,22 +203,21 @@ static const float *key_full(const void *ctx_, int j, int want_v) {
 static const float *key_stream(const void *ctx_, int j, int want_v) {
     const struct key_ctx *c = ctx_;
     if (j >= c->pos0) /* in this chunk: the ring may already be too small to hold it */
-        return (want_v ? c->v : c->k) + ((size_t)(c->row0 + j - c->pos0) * c->L->n_kv_heads + c->kvh) * c->L->head_dim;
+        return (want_v ? c->v : c->k) + (size_t)(c->row0 + j - c->pos0) * c->row_stride + (size_t)c->kvh * c->L->head_dim;
     return stream_row(want_v ? c->L->v_stream : c->L->k_stream, c->L, c->bt->stream_slot[c->s], j, c->kvh - c->L->n_full);
 }
 
-static void cpu_attention(struct backend *b, void *out_, const void *q_, const void *k_, const void *v_,
-                          const struct attn_layer *L) {
+static void cpu_attention(struct backend *b, void *out_, const void *qkv, int rs, const struct attn_layer *L) {
     struct cpu_ctx *c = b->ctx;
     const struct fwd_batch *bt = &c->batch;
-    int hd = L->head_dim, nkv = L->n_kv_heads, group = L->n_heads / L->n_kv_heads;
-    const float *kin = k_, *vin = v_;
+    int hd = L->head_dim, group = L->n_heads / L->n_kv_heads;
+    const float *q_ = qkv, *kin = q_ + (size_t)L->n_heads * hd, *vin = kin + (size_t)L->n_kv_heads * hd;
 
     /* 1. retrieval heads: append this step's keys and values to the full pool */
     for (int s = 0; s < bt->n_seqs; s++)
         for (int t = bt->seq_start[s]; t < bt->seq_start[s + 1]; t++)
             for (int h = 0; h < L->n_full; h++) {
-                size_t src = ((size_t)t * nkv + h) * hd;
+                size_t src = (size_t)t * rs + (size_t)h * hd;
                 memcpy(full_row(L->k_full, bt, L, s, bt->pos[t], h), kin + src, hd * sizeof(float));
                 memcpy(full_row(L->v_full, bt, L, s, bt->pos[t], h), vin + src, hd * sizeof(float));
             }
@@ -239,8 +236,8 @@ static void cpu_attention(struct backend *b, void *out_, const void *q_, const v
             }
             for (int h = 0; h < L->n_heads; h++) {
                 int kvh = h / group;
-                struct key_ctx kc = {bt, L, kin, vin, s, kvh, row0, pos0};
-                const float *q = (const float *)q_ + ((size_t)t * L->n_heads + h) * hd;
+                struct key_ctx kc = {bt, L, kin, vin, rs, s, kvh, row0, pos0};
+                const float *q = q_ + (size_t)t * rs + (size_t)h * hd;
                 float *o = (float *)out_ + ((size_t)t * L->n_heads + h) * hd;
                 if (kvh < L->n_full) {
                     int first = L->sliding_window > 0 && pos - L->sliding_window + 1 > 0 ? pos - L->sliding_window + 1 : 0;
@@ -256,22 +253,30 @@ static void cpu_attention(struct backend *b, void *out_, const void *q_, const v
     for (int s = 0; L->n_stream && s < bt->n_seqs; s++)
         for (int t = bt->seq_start[s]; t < bt->seq_start[s + 1]; t++)
             for (int h = 0; h < L->n_stream; h++) {
-                size_t src = ((size_t)t * nkv + L->n_full + h) * hd;
+                size_t src = (size_t)t * rs + (size_t)(L->n_full + h) * hd;
                 memcpy(stream_row(L->k_stream, L, bt->stream_slot[s], bt->pos[t], h), kin + src, hd * sizeof(float));
                 memcpy(stream_row(L->v_stream, L, bt->stream_slot[s], bt->pos[t], h), vin + src, hd * sizeof(float));
             }
 }
 
-static void cpu_silu_mul(struct backend *b, void *out, const void *gate, const void *up, size_t n) {
-    const float *g = gate, *u = up;
-    float *o = out;
-    for (size_t i = 0; i < n; i++) o[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+static void cpu_silu_mul(struct backend *b, void *out, const void *gu, int n, int F) {
+    for (int t = 0; t < n; t++) {
+        const float *g = (const float *)gu + (size_t)t * 2 * F, *u = g + F;
+        float *o = (float *)out + (size_t)t * F;
+        for (int i = 0; i < F; i++) o[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    }
 }
 
 static void cpu_add(struct backend *b, void *x, const void *y, size_t n) {
     float *a = x;
     const float *c = y;
     for (size_t i = 0; i < n; i++) a[i] += c[i];
+}
+
+static void cpu_add_rmsnorm(struct backend *b, void *out, void *x, const void *y, const void *w, int n, int dim,
+                            float eps) {
+    cpu_add(b, x, y, (size_t)n * dim);
+    cpu_rmsnorm(b, out, x, w, n, dim, eps);
 }
 
 static void cpu_get_rows(struct backend *b, void *out, const void *x, int dim) {
@@ -312,6 +317,7 @@ static const struct backend_ops cpu_ops = {
     .attention = cpu_attention,
     .silu_mul = cpu_silu_mul,
     .add = cpu_add,
+    .add_rmsnorm = cpu_add_rmsnorm,
     .get_rows = cpu_get_rows,
     .logits = cpu_logits,
     .sync = cpu_sync,

@@ -462,9 +462,11 @@ int core_add(struct core *c, const struct engine_request *req, core_emit_fn emit
     bool ok = r->prompt && r->seqs && r->sp.logit_bias_ids && r->sp.logit_bias_vals && r->sp.stop_ids && r->sp.stop;
     if (ok) {
         memcpy(r->prompt, req->prompt, sizeof(int32_t) * req->n_prompt);
-        memcpy((void *)r->sp.logit_bias_ids, sp->logit_bias_ids, sizeof(int32_t) * sp->n_logit_bias);
-        memcpy((void *)r->sp.logit_bias_vals, sp->logit_bias_vals, sizeof(float) * sp->n_logit_bias);
-        memcpy((void *)r->sp.stop_ids, sp->stop_ids, sizeof(int32_t) * sp->n_stop_ids);
+        if (sp->n_logit_bias) {
+            memcpy((void *)r->sp.logit_bias_ids, sp->logit_bias_ids, sizeof(int32_t) * sp->n_logit_bias);
+            memcpy((void *)r->sp.logit_bias_vals, sp->logit_bias_vals, sizeof(float) * sp->n_logit_bias);
+        }
+        if (sp->n_stop_ids) memcpy((void *)r->sp.stop_ids, sp->stop_ids, sizeof(int32_t) * sp->n_stop_ids);
         for (int i = 0; ok && i < sp->n_stop; i++) {
             ok = (((char **)r->sp.stop)[i] = strdup(sp->stop[i])) != NULL;
             size_t l = strlen(sp->stop[i]);

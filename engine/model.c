@@ -55,12 +55,14 @@ struct head_perm {
     int axis;
 };
 
-static int upload_permuted(struct loader *ld, const struct st_tensor *t, const struct head_perm *hp, void **dst) {
-    if (!hp || !hp->perm) return ld->b->ops->weight_upload(ld->b, t, dst);
+/* Returns t with its head groups permuted (a malloc'd copy in *owned), or t itself. */
+static const void *permuted_data(const struct st_tensor *t, const struct head_perm *hp, unsigned char **owned) {
+    *owned = NULL;
+    if (!hp || !hp->perm) return t->data;
     size_t es = st_dtype_size(t->dtype);
     int64_t rows = t->shape[0], cols = t->n_dims > 1 ? t->shape[1] : 1;
     unsigned char *buf = malloc(t->nbytes ? t->nbytes : 1);
-    if (!buf) return BACKEND_ERR_OOM;
+    if (!buf) return NULL;
     const unsigned char *src = t->data;
     if (hp->axis == 0) {
         size_t gbytes = (size_t)(rows / hp->n) * (size_t)cols * es;
@@ -71,22 +73,64 @@ static int upload_permuted(struct loader *ld, const struct st_tensor *t, const s
             for (int i = 0; i < hp->n; i++)
                 memcpy(buf + r * rbytes + i * gbytes, src + r * rbytes + (size_t)hp->perm[i] * gbytes, gbytes);
     }
+    *owned = buf;
+    return buf;
+}
+
+/* Several checkpoint tensors stacked by rows into one weight (q|k|v, gate|up), so one GEMM
+ * computes them all. Held as f32 on the host until uploaded (exact for bf16/f16 sources). */
+struct stack {
+    float *data;
+    int64_t rows, cols, filled;
+};
+
+static int stack_init(struct stack *sk, int64_t rows, int64_t cols) {
+    sk->data = malloc(sizeof(float) * (size_t)(rows * (cols ? cols : 1)));
+    sk->rows = rows;
+    sk->cols = cols;
+    sk->filled = 0;
+    return sk->data ? 0 : -1;
+}
+
+static int stack_upload(struct loader *ld, struct stack *sk, void **dst) {
+    struct st_tensor t = {.name = "stacked", .dtype = ST_DTYPE_F32, .n_dims = sk->cols ? 2 : 1,
+                          .shape = {sk->rows, sk->cols}, .data = sk->data,
+                          .nbytes = sizeof(float) * (size_t)(sk->rows * (sk->cols ? sk->cols : 1))};
+    int rc = ld->b->ops->weight_upload(ld->b, &t, dst);
+    free(sk->data);
+    sk->data = NULL;
+    return rc == BACKEND_OK ? 0 : util_err(ld->err, ld->errlen, "out of %s memory loading weights", ld->b->name);
+}
+
+static int upload_permuted(struct loader *ld, const struct st_tensor *t, const struct head_perm *hp, void **dst,
+                           struct stack *sk) {
+    unsigned char *owned;
+    const void *data = permuted_data(t, hp, &owned);
+    if (!data) return BACKEND_ERR_OOM;
     struct st_tensor tmp = *t;
-    tmp.data = buf;
-    int rc = ld->b->ops->weight_upload(ld->b, &tmp, dst);
-    free(buf);
+    tmp.data = data;
+    int rc = BACKEND_OK;
+    if (sk) {
+        int64_t n = st_tensor_numel(t);
+        st_tensor_to_f32(&tmp, 0, n, sk->data + sk->filled * (sk->cols ? sk->cols : 1));
+        sk->filled += t->shape[0];
+    } else {
+        rc = ld->b->ops->weight_upload(ld->b, &tmp, dst);
+    }
+    free(owned);
     return rc;
 }
 
 static int load_tensor_p(struct loader *ld, void **dst, const char *name, int n_dims, int64_t d0, int64_t d1,
-                         const struct head_perm *hp);
+                         const struct head_perm *hp, struct stack *sk);
 
 static int load_tensor(struct loader *ld, void **dst, const char *name, int n_dims, int64_t d0, int64_t d1) {
-    return load_tensor_p(ld, dst, name, n_dims, d0, d1, NULL);
+    return load_tensor_p(ld, dst, name, n_dims, d0, d1, NULL, NULL);
 }
 
+/* Loads one tensor into *dst, or appends it to sk when sk is not NULL. */
 static int load_tensor_p(struct loader *ld, void **dst, const char *name, int n_dims, int64_t d0, int64_t d1,
-                         const struct head_perm *hp) {
+                         const struct head_perm *hp, struct stack *sk) {
     const struct st_tensor *t = safetensors_find(ld->st, name);
     if (!t) return util_err(ld->err, ld->errlen, "%s: tensor \"%s\" is missing", ld->dir, name);
     ld->used[t - ld->st->tensors] = 1;
@@ -103,7 +147,7 @@ static int load_tensor_p(struct loader *ld, void **dst, const char *name, int n_
         return util_err(ld->err, ld->errlen, "%s: tensor \"%s\" has shape [%s], config.json implies [%s]", t->file,
                         name, got, exp);
     }
-    if (upload_permuted(ld, t, hp, dst) != BACKEND_OK)
+    if (upload_permuted(ld, t, hp, dst, sk) != BACKEND_OK)
         return util_err(ld->err, ld->errlen, "%s: out of %s memory loading \"%s\"", t->file, ld->b->name, name);
     return 0;
 }
@@ -136,29 +180,41 @@ static int load_weights(struct model *m, struct loader *ld) {
         m->n_stream[l] = c->n_kv_heads - nf;
         struct head_perm rows = {nf < c->n_kv_heads ? perm : NULL, c->n_kv_heads, 0};
         struct head_perm cols = {rows.perm, c->n_kv_heads, 1};
-#define LT(dst, suffix, nd, a, b, hp)                                               \
+        struct stack qkv = {0}, qkvb = {0}, gu = {0};
+        int rc = 0;
+#define LT(dst, suffix, nd, a, b, hp, sk)                                           \
     do {                                                                            \
         snprintf(n, sizeof n, "model.layers.%d.%s", l, suffix);                     \
-        if (load_tensor_p(ld, dst, n, nd, a, b, hp)) {                              \
-            free(perm);                                                             \
-            return -1;                                                              \
-        }                                                                           \
+        if (!rc) rc = load_tensor_p(ld, dst, n, nd, a, b, hp, sk);                  \
     } while (0)
-        LT(&w->attn_norm, "input_layernorm.weight", 1, D, 0, NULL);
-        LT(&w->ffn_norm, "post_attention_layernorm.weight", 1, D, 0, NULL);
-        LT(&w->wq, "self_attn.q_proj.weight", 2, QD, D, &rows);
-        LT(&w->wk, "self_attn.k_proj.weight", 2, KD, D, &rows);
-        LT(&w->wv, "self_attn.v_proj.weight", 2, KD, D, &rows);
-        LT(&w->wo, "self_attn.o_proj.weight", 2, D, QD, &cols);
+        LT(&w->attn_norm, "input_layernorm.weight", 1, D, 0, NULL, NULL);
+        LT(&w->ffn_norm, "post_attention_layernorm.weight", 1, D, 0, NULL, NULL);
+        if (!rc && (stack_init(&qkv, QD + 2 * KD, D) || stack_init(&gu, 2 * F, D) ||
+                    (c->qkv_bias && stack_init(&qkvb, QD + 2 * KD, 0))))
+            rc = util_err(ld->err, ld->errlen, "out of memory");
+        LT(NULL, "self_attn.q_proj.weight", 2, QD, D, &rows, &qkv);
+        LT(NULL, "self_attn.k_proj.weight", 2, KD, D, &rows, &qkv);
+        LT(NULL, "self_attn.v_proj.weight", 2, KD, D, &rows, &qkv);
+        LT(&w->wo, "self_attn.o_proj.weight", 2, D, QD, &cols, NULL);
         if (c->qkv_bias) {
-            LT(&w->bq, "self_attn.q_proj.bias", 1, QD, 0, &rows);
-            LT(&w->bk, "self_attn.k_proj.bias", 1, KD, 0, &rows);
-            LT(&w->bv, "self_attn.v_proj.bias", 1, KD, 0, &rows);
+            LT(NULL, "self_attn.q_proj.bias", 1, QD, 0, &rows, &qkvb);
+            LT(NULL, "self_attn.k_proj.bias", 1, KD, 0, &rows, &qkvb);
+            LT(NULL, "self_attn.v_proj.bias", 1, KD, 0, &rows, &qkvb);
         }
-        if (c->o_bias) LT(&w->bo, "self_attn.o_proj.bias", 1, D, 0, NULL);
-        LT(&w->w_gate, "mlp.gate_proj.weight", 2, F, D, NULL);
-        LT(&w->w_up, "mlp.up_proj.weight", 2, F, D, NULL);
-        LT(&w->w_down, "mlp.down_proj.weight", 2, D, F, NULL);
+        if (c->o_bias) LT(&w->bo, "self_attn.o_proj.bias", 1, D, 0, NULL, NULL);
+        LT(NULL, "mlp.gate_proj.weight", 2, F, D, NULL, &gu);
+        LT(NULL, "mlp.up_proj.weight", 2, F, D, NULL, &gu);
+        LT(&w->w_down, "mlp.down_proj.weight", 2, D, F, NULL, NULL);
+        if (!rc) rc = stack_upload(ld, &qkv, &w->wqkv);
+        if (!rc && c->qkv_bias) rc = stack_upload(ld, &qkvb, &w->bqkv);
+        if (!rc) rc = stack_upload(ld, &gu, &w->w_gateup);
+        free(qkv.data);
+        free(qkvb.data);
+        free(gu.data);
+        if (rc) {
+            free(perm);
+            return -1;
+        }
 #undef LT
     }
     free(perm);
@@ -180,9 +236,9 @@ static int alloc_acts(struct model *m) {
     struct {
         void **p;
         size_t n;
-    } bufs[] = {{&m->x, T * c->dim}, {&m->h, T * c->dim},  {&m->q, T * qd},
-                {&m->k, T * kd},     {&m->v, T * kd},      {&m->att, T * qd},
-                {&m->o, T * c->dim}, {&m->gate, T * c->hidden_dim}, {&m->up, T * c->hidden_dim}};
+    } bufs[] = {{&m->x, T * c->dim},   {&m->h, T * c->dim},   {&m->qkv, T * (qd + 2 * kd)},
+                {&m->att, T * qd},     {&m->o, T * c->dim},   {&m->gu, T * 2 * c->hidden_dim},
+                {&m->act, T * c->hidden_dim}};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
         enum backend_status st;
         *bufs[i].p = m->b->ops->alloc(m->b, bufs[i].n * es, &st);
@@ -240,15 +296,14 @@ void model_free(struct model *m) {
     if (m->layers) {
         for (int l = 0; l < m->cfg.n_layers; l++) {
             struct layer_weights *w = &m->layers[l];
-            void *ps[] = {w->attn_norm, w->wq, w->wk, w->wv, w->wo, w->bq, w->bk, w->bv, w->bo,
-                          w->ffn_norm, w->w_gate, w->w_up, w->w_down};
+            void *ps[] = {w->attn_norm, w->wqkv, w->bqkv, w->wo, w->bo, w->ffn_norm, w->w_gateup, w->w_down};
             for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) fr(b, ps[i]);
         }
     }
     if (m->lm_head != m->tok_embed) fr(b, m->lm_head);
     fr(b, m->tok_embed);
     fr(b, m->final_norm);
-    void *acts[] = {m->x, m->h, m->q, m->k, m->v, m->att, m->o, m->gate, m->up, m->inv_freq};
+    void *acts[] = {m->x, m->h, m->qkv, m->att, m->o, m->gu, m->act, m->inv_freq};
     for (size_t i = 0; i < sizeof acts / sizeof acts[0]; i++) fr(b, acts[i]);
     free(m->layers);
     free(m->n_full);
@@ -266,7 +321,9 @@ int model_forward(struct model *m, struct kv_cache *kv, const struct fwd_batch *
     int rc = op->begin_step(b, batch);
     if (rc) return rc;
 
+    int QKV = (H + 2 * KV) * hd;
     op->embed(b, m->x, m->tok_embed, D);
+    op->rmsnorm(b, m->h, m->x, m->layers[0].attn_norm, T, D, c->norm_eps);
     for (int l = 0; l < c->n_layers; l++) {
         const struct layer_weights *w = &m->layers[l];
         struct attn_layer L = {.n_heads = H, .n_kv_heads = KV, .head_dim = hd, .n_full = m->n_full[l],
@@ -274,27 +331,22 @@ int model_forward(struct model *m, struct kv_cache *kv, const struct fwd_batch *
                                .recent = kv->recent, .sliding_window = c->sliding_window,
                                .scale = 1.0f / sqrtf((float)hd), .k_full = kv->k_full[l], .v_full = kv->v_full[l],
                                .k_stream = kv->k_stream[l], .v_stream = kv->v_stream[l]};
-        // attention block: x += o(attn(rope(q), rope(k), v)) of rmsnorm(x)
-        op->rmsnorm(b, m->h, m->x, w->attn_norm, T, D, c->norm_eps);
-        op->matmul(b, m->q, m->h, w->wq, w->bq, T, H * hd, D);
-        op->matmul(b, m->k, m->h, w->wk, w->bk, T, KV * hd, D);
-        op->matmul(b, m->v, m->h, w->wv, w->bv, T, KV * hd, D);
-        op->rope(b, m->q, m->k, H, KV, hd, m->inv_freq);
-        op->attention(b, m->att, m->q, m->k, m->v, &L);
+        // attention block (h = rmsnorm(x) on entry): x += o(attn(rope(q), rope(k), v)), h = rmsnorm(x)
+        op->matmul(b, m->qkv, m->h, w->wqkv, w->bqkv, T, QKV, D);
+        op->rope(b, m->qkv, H + KV, hd, QKV, m->inv_freq);
+        op->attention(b, m->att, m->qkv, QKV, &L);
         op->matmul(b, m->o, m->att, w->wo, w->bo, T, D, H * hd);
-        op->add(b, m->x, m->o, (size_t)T * D);
-        // MLP block: x += down(silu(gate(h)) * up(h)), h = rmsnorm(x)
-        op->rmsnorm(b, m->h, m->x, w->ffn_norm, T, D, c->norm_eps);
-        op->matmul(b, m->gate, m->h, w->w_gate, NULL, T, F, D);
-        op->matmul(b, m->up, m->h, w->w_up, NULL, T, F, D);
-        op->silu_mul(b, m->gate, m->gate, m->up, (size_t)T * F);
-        op->matmul(b, m->o, m->gate, w->w_down, NULL, T, D, F);
-        op->add(b, m->x, m->o, (size_t)T * D);
+        op->add_rmsnorm(b, m->h, m->x, m->o, w->ffn_norm, T, D, c->norm_eps);
+        // MLP block: x += down(silu(gate(h)) * up(h)), then h = rmsnorm(x) for the next layer
+        op->matmul(b, m->gu, m->h, w->w_gateup, NULL, T, 2 * F, D);
+        op->silu_mul(b, m->act, m->gu, T, F);
+        op->matmul(b, m->o, m->act, w->w_down, NULL, T, D, F);
+        const void *next_norm = l + 1 < c->n_layers ? m->layers[l + 1].attn_norm : m->final_norm;
+        op->add_rmsnorm(b, m->h, m->x, m->o, next_norm, T, D, c->norm_eps);
     }
     if (batch->n_logits == 0) return op->sync(b);
-    // final norm and LM head, only for the rows that sample
-    op->get_rows(b, m->h, m->x, D);
-    op->rmsnorm(b, m->h, m->h, m->final_norm, batch->n_logits, D, c->norm_eps);
-    rc = op->logits(b, logits, m->h, m->lm_head, batch->n_logits, c->vocab_size, D);
+    // LM head, only for the rows that sample (h already holds the final norm)
+    op->get_rows(b, m->o, m->h, D);
+    rc = op->logits(b, logits, m->o, m->lm_head, batch->n_logits, c->vocab_size, D);
     return rc ? rc : op->sync(b);
 }

@@ -10,12 +10,13 @@
 #include "engine/safetensors.h"
 
 struct layer_weights {
-    void *attn_norm;          // (dim)
-    void *wq, *wk, *wv, *wo;  // (n_heads*hd, dim), (n_kv*hd, dim) x2, (dim, n_heads*hd)
-    void *bq, *bk, *bv, *bo;  // biases or NULL
-    void *ffn_norm;           // (dim)
-    void *w_gate, *w_up;      // (hidden_dim, dim)
-    void *w_down;             // (dim, hidden_dim)
+    void *attn_norm;  // (dim)
+    void *wqkv;       // (n_heads*hd + 2*n_kv*hd, dim): q, k, v projections stacked by rows
+    void *bqkv;       // (n_heads*hd + 2*n_kv*hd) or NULL
+    void *wo, *bo;    // (dim, n_heads*hd), bias (dim) or NULL
+    void *ffn_norm;   // (dim)
+    void *w_gateup;   // (2*hidden_dim, dim): gate then up
+    void *w_down;     // (dim, hidden_dim)
 };
 
 struct model {
@@ -29,7 +30,10 @@ struct model {
     void *inv_freq;               // (head_dim/2) f32 RoPE frequencies
     int max_tokens;               // activation buffers hold this many tokens per step
     // activations, backend memory, [max_tokens][...]
-    void *x, *h, *q, *k, *v, *att, *o, *gate, *up;
+    void *x, *h;     // residual stream, normalised (dim)
+    void *qkv;       // (n_heads*hd + 2*n_kv*hd): q | k | v of each token
+    void *att, *o;   // attention output (n_heads*hd), projection output (dim)
+    void *gu, *act;  // gate | up (2*hidden_dim), silu(gate) * up (hidden_dim)
 };
 
 /* Loads DIR into backend b with activation buffers for max_tokens tokens per step. On error

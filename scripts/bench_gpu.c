@@ -55,6 +55,44 @@ int main(int argc, char **argv) {
     }
     printf("load: %.2f s (%s, %s)\n", util_now() - t0, argv[1], dev);
     int V = core_model(c)->cfg.vocab_size;
+    if (getenv("BENCH_PROFILE")) { /* per-op times at batch 1 on this model's shapes */
+        const struct model *m = core_model(c);
+        struct backend *b = m->b;
+        const struct backend_ops *op = b->ops;
+        int D = m->cfg.dim, F = m->cfg.hidden_dim, QKV = (m->cfg.n_heads + 2 * m->cfg.n_kv_heads) * m->cfg.head_dim;
+        int32_t tok = 5, pos = 100, ss[2] = {0, 1}, ip[2] = {0, 0}, row = 0;
+        struct fwd_batch bt = {1, 1, &tok, &pos, ss, ip, NULL, NULL, 1, &row};
+        op->begin_step(b, &bt);
+        op->sync(b);
+        const struct layer_weights *w = &m->layers[0];
+        static float host[1 << 18];
+        struct {
+            const char *name;
+            int kind;
+        } ops[] = {{"add_rmsnorm 4096", 0}, {"matmul qkv 6144x4096", 1}, {"matmul gate|up 28672x4096", 2},
+                   {"matmul down 4096x14336", 3}, {"silu_mul 14336", 4}, {"add 4096", 5}, {"rope", 6},
+                   {"logits 128256x4096", 7}, {"begin_step+sync", 8}};
+        for (size_t k = 0; k < sizeof ops / sizeof ops[0]; k++) {
+            int reps = 200;
+            op->sync(b);
+            double t1 = util_now();
+            for (int r = 0; r < reps; r++) {
+                switch (ops[k].kind) {
+                case 0: op->add_rmsnorm(b, m->h, m->x, m->o, w->attn_norm, 1, D, 1e-5f); break;
+                case 1: op->matmul(b, m->qkv, m->h, w->wqkv, NULL, 1, QKV, D); break;
+                case 2: op->matmul(b, m->gu, m->h, w->w_gateup, NULL, 1, 2 * F, D); break;
+                case 3: op->matmul(b, m->o, m->act, w->w_down, NULL, 1, D, F); break;
+                case 4: op->silu_mul(b, m->act, m->gu, 1, F); break;
+                case 5: op->add(b, m->x, m->o, D); break;
+                case 6: op->rope(b, m->qkv, m->cfg.n_heads + m->cfg.n_kv_heads, m->cfg.head_dim, QKV, m->inv_freq); break;
+                case 7: op->logits(b, host, m->h, m->lm_head, 1, V, D); break;
+                case 8: op->begin_step(b, &bt); op->sync(b); break;
+                }
+            }
+            op->sync(b);
+            printf("profile %-28s %8.1f us\n", ops[k].name, (util_now() - t1) / reps * 1e6);
+        }
+    }
     static int32_t prompt[65536];
     for (int i = 0; i < 65536; i++) prompt[i] = 1000 + (i * 7919) % (V - 2000);
 

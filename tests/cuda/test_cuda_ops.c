@@ -87,10 +87,17 @@ static void test_elementwise(void) {
         gpu->ops->rmsnorm(gpu, og, xg, wg, n, d, 1e-5f);
         snprintf(what, sizeof what, "rmsnorm %d x %d", n, d);
         compare(what, oc, og, (size_t)n * d, 1e-2f, 1e-2f);
-        cpu->ops->silu_mul(cpu, oc, xc, yc, (size_t)n * d);
-        gpu->ops->silu_mul(gpu, og, xg, yg, (size_t)n * d);
-        snprintf(what, sizeof what, "silu_mul %d", n * d);
-        compare(what, oc, og, (size_t)n * d, 1e-2f, 1e-2f);
+        /* x viewed as n/2 rows of gate | up (d each) */
+        cpu->ops->silu_mul(cpu, oc, xc, n / 2, d);
+        gpu->ops->silu_mul(gpu, og, xg, n / 2, d);
+        snprintf(what, sizeof what, "silu_mul %d rows x %d", n / 2, d);
+        compare(what, oc, og, (size_t)(n / 2) * d, 1e-2f, 1e-2f);
+        cpu->ops->add_rmsnorm(cpu, oc, yc, xc, wc, n, d, 1e-5f);
+        gpu->ops->add_rmsnorm(gpu, og, yg, xg, wg, n, d, 1e-5f);
+        snprintf(what, sizeof what, "add_rmsnorm %d x %d (normalised output)", n, d);
+        compare(what, oc, og, (size_t)n * d, 2e-2f, 2e-2f);
+        snprintf(what, sizeof what, "add_rmsnorm %d x %d (residual)", n, d);
+        compare(what, yc, yg, (size_t)n * d, 1e-2f, 1e-2f);
         cpu->ops->add(cpu, xc, yc, (size_t)n * d);
         gpu->ops->add(gpu, xg, yg, (size_t)n * d);
         snprintf(what, sizeof what, "add %d", n * d);
@@ -101,7 +108,7 @@ static void test_elementwise(void) {
 }
 
 static void test_embed_rows_logits(void) {
-    int V = 1000, D = 256, T = 20;
+    int V = 1000, D = 256, T = 20; /* 3 logits rows: the gemv kernel with f32 output */
     float *table = rand_bf16((size_t)V * D, 1.0f);
     void *tc, *tg, *oc, *og, *hc, *hg;
     weight2(&tc, &tg, table, V, D);
@@ -133,8 +140,9 @@ static void test_embed_rows_logits(void) {
 }
 
 static void test_matmul(void) {
-    int shapes[][3] = {{1, 4096, 4096}, {37, 1024, 4096}, {128, 2048, 512}};
-    for (int s = 0; s < 3; s++) {
+    int shapes[][3] = {{1, 4096, 4096}, {37, 1024, 4096}, {128, 2048, 512}, {3, 14336, 4096}, {8, 4096, 14336},
+                       {5, 1000, 64}, {2, 96, 100}};
+    for (int s = 0; s < 7; s++) {
         int n = shapes[s][0], no = shapes[s][1], ni = shapes[s][2];
         float *x = rand_bf16((size_t)n * ni, 1.0f), *w = rand_bf16((size_t)no * ni, 1.0f / sqrtf((float)ni));
         float *bias = rand_bf16(no, 1.0f), *z = calloc((size_t)n * no, 4);
@@ -143,10 +151,11 @@ static void test_matmul(void) {
         up2(&oc, &og, z, (size_t)n * no);
         weight2(&wc, &wg, w, no, ni);
         weight2(&bc, &bg, bias, no, 0);
-        cpu->ops->matmul(cpu, oc, xc, wc, s == 1 ? bc : NULL, n, no, ni);
-        gpu->ops->matmul(gpu, og, xg, wg, s == 1 ? bg : NULL, n, no, ni);
+        cpu->ops->matmul(cpu, oc, xc, wc, s == 1 || s == 4 ? bc : NULL, n, no, ni);
+        gpu->ops->matmul(gpu, og, xg, wg, s == 1 || s == 4 ? bg : NULL, n, no, ni);
         char what[96];
-        snprintf(what, sizeof what, "matmul %d x %d x %d%s (cuBLAS bf16, f32 accumulate)", n, no, ni, s == 1 ? " + bias" : "");
+        snprintf(what, sizeof what, "matmul %d x %d x %d%s (%s)", n, no, ni, s == 1 || s == 4 ? " + bias" : "",
+                 n <= 8 && ni % 8 == 0 ? "gemv kernel" : "cuBLAS bf16, f32 accumulate");
         compare(what, oc, og, (size_t)n * no, 2e-2f, 1e-2f);
         free2(xc, xg), free2(wc, wg), free2(bc, bg), free2(oc, og);
         free(x), free(w), free(bias), free(z);
@@ -167,10 +176,10 @@ static void test_rope(void) {
             cfgs[c].head_dim = hd;
             float inv[64];
             model_rope_inv_freq(&cfgs[c], inv);
-            float *q = rand_bf16((size_t)T * H * hd, 1.0f), *k = rand_bf16((size_t)T * KV * hd, 1.0f);
-            void *qc, *qg, *kc, *kg, *ic, *ig;
-            up2(&qc, &qg, q, (size_t)T * H * hd);
-            up2(&kc, &kg, k, (size_t)T * KV * hd);
+            int rs = (H + 2 * KV) * hd; /* q | k | v rows; rope touches q and k */
+            float *q = rand_bf16((size_t)T * rs, 1.0f);
+            void *qc, *qg, *ic, *ig;
+            up2(&qc, &qg, q, (size_t)T * rs);
             enum backend_status st;
             ic = cpu->ops->alloc(cpu, sizeof inv, &st);
             ig = gpu->ops->alloc(gpu, sizeof inv, &st);
@@ -180,13 +189,13 @@ static void test_rope(void) {
             for (int i = 0; i < T; i++) pos[i] = (int32_t)(util_rng_next(&rng) % 32768);
             struct fwd_batch bt = {T, 1, pos, pos, ss, ip, NULL, NULL, 0, NULL};
             batch_both(&bt);
-            cpu->ops->rope(cpu, qc, kc, H, KV, hd, ic);
-            gpu->ops->rope(gpu, qg, kg, H, KV, hd, ig);
+            cpu->ops->rope(cpu, qc, H + KV, hd, rs, ic);
+            gpu->ops->rope(gpu, qg, H + KV, hd, rs, ig);
             char what[96];
             snprintf(what, sizeof what, "rope %s, hd %d, positions < 32k", names[c], hd);
-            compare(what, qc, qg, (size_t)T * H * hd, 2e-2f, 1e-2f);
-            free2(qc, qg), free2(kc, kg), free2(ic, ig);
-            free(q), free(k);
+            compare(what, qc, qg, (size_t)T * rs, 2e-2f, 1e-2f);
+            free2(qc, qg), free2(ic, ig);
+            free(q);
         }
 }
 
@@ -199,16 +208,14 @@ static void attention_case(int H, int KV, int hd, int n_stream, int ctx, int T, 
     float *kf = rand_bf16(full_n + 1, 1.0f), *vf = rand_bf16(full_n + 1, 1.0f);
     float *ks = rand_bf16(slot_n + 1, 1.0f), *vs = rand_bf16(slot_n + 1, 1.0f);
     int TT = T * n_seqs;
-    float *q = rand_bf16((size_t)TT * H * hd, 1.0f), *k = rand_bf16((size_t)TT * KV * hd, 1.0f);
-    float *v = rand_bf16((size_t)TT * KV * hd, 1.0f), *z = calloc((size_t)TT * H * hd, 4);
-    void *kfc, *kfg, *vfc, *vfg, *ksc, *ksg, *vsc, *vsg, *qc, *qg, *kc, *kg, *vc, *vg, *oc, *og;
+    int rs = (H + 2 * KV) * hd;
+    float *q = rand_bf16((size_t)TT * rs, 1.0f), *z = calloc((size_t)TT * H * hd, 4);
+    void *kfc, *kfg, *vfc, *vfg, *ksc, *ksg, *vsc, *vsg, *qc, *qg, *oc, *og;
     up2(&kfc, &kfg, kf, full_n + 1);
     up2(&vfc, &vfg, vf, full_n + 1);
     up2(&ksc, &ksg, ks, slot_n + 1);
     up2(&vsc, &vsg, vs, slot_n + 1);
-    up2(&qc, &qg, q, (size_t)TT * H * hd);
-    up2(&kc, &kg, k, (size_t)TT * KV * hd);
-    up2(&vc, &vg, v, (size_t)TT * KV * hd);
+    up2(&qc, &qg, q, (size_t)TT * rs);
     up2(&oc, &og, z, (size_t)TT * H * hd);
     /* shuffled block ids */
     int32_t *ids = malloc(sizeof(int32_t) * NB);
@@ -236,8 +243,8 @@ static void attention_case(int H, int KV, int hd, int n_stream, int ctx, int T, 
     struct attn_layer Lc = L, Lg = L;
     Lc.k_full = kfc, Lc.v_full = vfc, Lc.k_stream = ksc, Lc.v_stream = vsc;
     Lg.k_full = kfg, Lg.v_full = vfg, Lg.k_stream = ksg, Lg.v_stream = vsg;
-    cpu->ops->attention(cpu, oc, qc, kc, vc, &Lc);
-    gpu->ops->attention(gpu, og, qg, kg, vg, &Lg);
+    cpu->ops->attention(cpu, oc, qc, rs, &Lc);
+    gpu->ops->attention(gpu, og, qg, rs, &Lg);
     char what[128];
     snprintf(what, sizeof what, "attention H%d/KV%d hd%d %d streaming, ctx %d, %d x %d tok%s", H, KV, hd, n_stream,
              ctx, n_seqs, T, n_stream ? " (sink/recent)" : "");
@@ -249,9 +256,8 @@ static void attention_case(int H, int KV, int hd, int n_stream, int ctx, int T, 
         snprintf(what, sizeof what, "  ... streaming slots after the step's K/V append");
         compare(what, vsc, vsg, slot_n, 0, 0);
     }
-    free2(kfc, kfg), free2(vfc, vfg), free2(ksc, ksg), free2(vsc, vsg), free2(qc, qg), free2(kc, kg), free2(vc, vg),
-        free2(oc, og);
-    free(kf), free(vf), free(ks), free(vs), free(q), free(k), free(v), free(z), free(ids), free(toks), free(pos);
+    free2(kfc, kfg), free2(vfc, vfg), free2(ksc, ksg), free2(vsc, vsg), free2(qc, qg), free2(oc, og);
+    free(kf), free(vf), free(ks), free(vs), free(q), free(z), free(ids), free(toks), free(pos);
 }
 
 int main(void) {
