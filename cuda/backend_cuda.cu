@@ -33,6 +33,12 @@ int cuda_gemv_bf16(void *out, const void *x, const void *w, const void *bias, in
 int cuda_gemv_f32out(float *out, const void *x, const void *w, int n, int n_out, int n_in, cudaStream_t s);
 }
 
+#define CUDA_MAX_GRAPHS 512 /* decode batch sizes that get a graph */
+
+struct meta_caps {
+    size_t T, S, B; /* capacities of the segments of d_meta */
+};
+
 struct cuda_ctx {
     int device;
     cudaStream_t stream;
@@ -41,15 +47,32 @@ struct cuda_ctx {
     // batch metadata: one device buffer, one pinned staging buffer
     int32_t *d_meta, *h_meta;
     size_t meta_cap;
+    struct meta_caps caps;
     const int32_t *tokens, *pos, *tok_seq, *seq_start, *indptr, *blocks, *slots, *rows;
     int n_tokens, n_seqs, n_logits;
     float *d_logits;
     size_t logits_cap;
     float *d_tmp; // f32 staging for upload/download of activations
     size_t tmp_cap;
+    float *h_logits;       // pinned staging of the logits; copied out by sync()
+    size_t h_logits_cap;
+    float *pending_dst;    // where sync() delivers them
+    size_t pending_n;
+    // CUDA graphs of decode steps, by batch size; all invalid when a buffer they use moves
+    cudaGraphExec_t graphs[CUDA_MAX_GRAPHS + 1];
+    bool graphs_off;
+    void *blas_ws;
 };
 
 #define CTX(b) ((struct cuda_ctx *)(b)->ctx)
+
+static void drop_graphs(struct cuda_ctx *c) {
+    for (int i = 0; i <= CUDA_MAX_GRAPHS; i++)
+        if (c->graphs[i]) {
+            cudaGraphExecDestroy(c->graphs[i]);
+            c->graphs[i] = NULL;
+        }
+}
 
 // Records the first failure of a void op; file:line goes to stderr.
 #define CK(b, stmt)                                                                                       \
@@ -161,49 +184,59 @@ static void cu_mem_info(struct backend *b, size_t *free_bytes, size_t *total_byt
     if (cudaMemGetInfo(free_bytes, total_bytes) != cudaSuccess) *free_bytes = *total_bytes = 0;
 }
 
-/* The batch metadata travels in one copy: tokens, pos, tok_seq [T]; seq_start, indptr [S+1];
- * slots [S]; rows [n_logits]; block ids. */
+/* The batch metadata travels in one copy into one device buffer with fixed segments (tokens,
+ * pos, tok_seq [capT]; seq_start, indptr [capS+1]; slots, rows [capS]; block ids [capB]), so
+ * kernel arguments stay the same from step to step and captured graphs stay valid. */
 static int cu_begin_step(struct backend *b, const struct fwd_batch *bt) {
     struct cuda_ctx *c = CTX(b);
-    int T = bt->n_tokens, S = bt->n_seqs, NB = bt->block_indptr ? bt->block_indptr[S] : 0;
-    size_t need = (size_t)3 * T + 2 * (S + 1) + S + bt->n_logits + NB + 8;
-    if (need > c->meta_cap) {
+    struct meta_caps &g_caps = c->caps;
+    size_t T = (size_t)bt->n_tokens, S = (size_t)bt->n_seqs, NB = bt->block_indptr ? (size_t)bt->block_indptr[S] : 0;
+    if (!c->d_meta || T > g_caps.T || S + 1 > g_caps.S || NB > g_caps.B || (size_t)bt->n_logits > g_caps.S) {
+        struct meta_caps nc = {T > 8192 ? T : 8192, S + 1 > 1024 ? 2 * (S + 1) : 1024, NB > (1u << 20) ? 2 * NB : (1u << 20)};
+        cudaStreamSynchronize(c->stream);
         cudaFree(c->d_meta);
         cudaFreeHost(c->h_meta);
         c->d_meta = c->h_meta = NULL;
-        size_t cap = need * 2;
+        size_t cap = 3 * nc.T + 4 * (nc.S + 1) + nc.B;
         if (cudaMalloc(&c->d_meta, cap * 4) != cudaSuccess || cudaMallocHost(&c->h_meta, cap * 4) != cudaSuccess) {
             c->meta_cap = 0;
             return BACKEND_ERR_OOM;
         }
         c->meta_cap = cap;
+        g_caps = nc;
+        drop_graphs(c);
     }
     // the previous step's copy must be done before the staging buffer is rewritten
     if (cudaStreamSynchronize(c->stream) != cudaSuccess) return BACKEND_ERR_DEVICE;
     int32_t *h = c->h_meta;
-    size_t o = 0;
-    auto put = [&](const int32_t *src, int n, const int32_t **dev) {
-        if (src) memcpy(h + o, src, sizeof(int32_t) * n);
-        else memset(h + o, 0, sizeof(int32_t) * n);
-        *dev = c->d_meta + o;
-        o += (size_t)n;
-    };
-    put(bt->tokens, T, &c->tokens);
-    put(bt->pos, T, &c->pos);
-    int32_t *ts = h + o;
-    c->tok_seq = c->d_meta + o;
-    for (int s = 0; s < S; s++)
-        for (int t = bt->seq_start[s]; t < bt->seq_start[s + 1]; t++) ts[t] = s;
-    o += (size_t)T;
-    put(bt->seq_start, S + 1, &c->seq_start);
-    put(bt->block_indptr, S + 1, &c->indptr);
-    put(bt->stream_slot, S, &c->slots);
-    put(bt->logit_rows, bt->n_logits, &c->rows);
-    put(bt->block_ids, NB, &c->blocks);
-    c->n_tokens = T;
-    c->n_seqs = S;
+    size_t off[8] = {0, g_caps.T, 2 * g_caps.T, 3 * g_caps.T, 3 * g_caps.T + (g_caps.S + 1),
+                     3 * g_caps.T + 2 * (g_caps.S + 1), 3 * g_caps.T + 3 * (g_caps.S + 1),
+                     3 * g_caps.T + 4 * (g_caps.S + 1)};
+    c->tokens = c->d_meta + off[0];
+    c->pos = c->d_meta + off[1];
+    c->tok_seq = c->d_meta + off[2];
+    c->seq_start = c->d_meta + off[3];
+    c->indptr = c->d_meta + off[4];
+    c->slots = c->d_meta + off[5];
+    c->rows = c->d_meta + off[6];
+    c->blocks = c->d_meta + off[7];
+    memcpy(h + off[0], bt->tokens, 4 * T);
+    memcpy(h + off[1], bt->pos, 4 * T);
+    for (size_t s = 0; s < S; s++)
+        for (int t = bt->seq_start[s]; t < bt->seq_start[s + 1]; t++) h[off[2] + (size_t)t] = (int32_t)s;
+    memcpy(h + off[3], bt->seq_start, 4 * (S + 1));
+    if (bt->block_indptr) memcpy(h + off[4], bt->block_indptr, 4 * (S + 1));
+    else memset(h + off[4], 0, 4 * (S + 1));
+    if (bt->stream_slot) memcpy(h + off[5], bt->stream_slot, 4 * S);
+    else memset(h + off[5], 0, 4 * S);
+    if (bt->n_logits) memcpy(h + off[6], bt->logit_rows, 4 * (size_t)bt->n_logits);
+    if (NB) memcpy(h + off[7], bt->block_ids, 4 * NB);
+    c->n_tokens = (int)T;
+    c->n_seqs = (int)S;
     c->n_logits = bt->n_logits;
-    if (cudaMemcpyAsync(c->d_meta, h, o * 4, cudaMemcpyHostToDevice, c->stream) != cudaSuccess) return BACKEND_ERR_DEVICE;
+    /* segments are copied whole up to what this step uses (one call) */
+    size_t used = NB ? off[7] + NB : off[7];
+    if (cudaMemcpyAsync(c->d_meta, h, used * 4, cudaMemcpyHostToDevice, c->stream) != cudaSuccess) return BACKEND_ERR_DEVICE;
     return BACKEND_OK;
 }
 
@@ -269,33 +302,89 @@ static void cu_get_rows(struct backend *b, void *out, const void *x, int dim) {
 static int cu_logits(struct backend *b, float *host_logits, const void *x, const void *w, int n, int vocab, int dim) {
     struct cuda_ctx *c = CTX(b);
     size_t need = (size_t)n * vocab;
-    if (need > c->logits_cap) {
+    if (need > c->logits_cap || need > c->h_logits_cap) { /* buffers move: graphs that use them go */
+        size_t cap = need > (size_t)256 * vocab ? need : (size_t)256 * vocab;
+        cudaStreamSynchronize(c->stream);
         cudaFree(c->d_logits);
+        cudaFreeHost(c->h_logits);
         c->d_logits = NULL;
-        if (cudaMalloc(&c->d_logits, need * sizeof(float)) != cudaSuccess) {
-            c->logits_cap = 0;
-            return BACKEND_ERR_OOM;
-        }
-        c->logits_cap = need;
+        c->h_logits = NULL;
+        c->logits_cap = c->h_logits_cap = 0;
+        if (cudaMalloc(&c->d_logits, cap * sizeof(float)) != cudaSuccess ||
+            cudaMallocHost(&c->h_logits, cap * sizeof(float)) != cudaSuccess)
+            return c->err = BACKEND_ERR_OOM;
+        c->logits_cap = c->h_logits_cap = cap;
+        drop_graphs(c);
     }
     int rc = cuda_gemv_f32out(c->d_logits, x, w, n, vocab, dim, c->stream);
     if (rc == -3) gemm(b, c->d_logits, CUDA_R_32F, x, w, n, vocab, dim);
     else CKI(b, rc);
-    CK(b, cudaMemcpyAsync(host_logits, c->d_logits, need * sizeof(float), cudaMemcpyDeviceToHost, c->stream));
+    CK(b, cudaMemcpyAsync(c->h_logits, c->d_logits, need * sizeof(float), cudaMemcpyDeviceToHost, c->stream));
+    c->pending_dst = host_logits;
+    c->pending_n = need;
     return c->err;
 }
 
 static int cu_sync(struct backend *b) {
     struct cuda_ctx *c = CTX(b);
     CK(b, cudaStreamSynchronize(c->stream));
+    if (c->pending_dst && !c->err) memcpy(c->pending_dst, c->h_logits, c->pending_n * sizeof(float));
+    c->pending_dst = NULL;
     int e = c->err;
     c->err = 0;
     return e;
 }
 
+/* Decode steps replay a graph of the whole forward pass: hundreds of small launches become
+ * one. A graph is captured the first time a batch size is seen. */
+static int cu_graph_begin(struct backend *b, int key, float *host_logits, size_t n_floats) {
+    struct cuda_ctx *c = CTX(b);
+    if (c->graphs_off || key < 1 || key > CUDA_MAX_GRAPHS || getenv("DUOSERVE_NO_CUDA_GRAPHS")) return BACKEND_GRAPH_OFF;
+    if (!c->h_logits || n_floats > c->h_logits_cap) return BACKEND_GRAPH_OFF; /* first run sizes the buffers */
+    if (c->graphs[key]) {
+        if (cudaGraphLaunch(c->graphs[key], c->stream) != cudaSuccess) {
+            cudaGetLastError();
+            drop_graphs(c);
+            c->graphs_off = true;
+            return BACKEND_GRAPH_OFF;
+        }
+        c->pending_dst = host_logits;
+        c->pending_n = n_floats;
+        return BACKEND_GRAPH_REPLAYED;
+    }
+    if (cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
+        cudaGetLastError();
+        c->graphs_off = true;
+        return BACKEND_GRAPH_OFF;
+    }
+    return BACKEND_GRAPH_CAPTURING;
+}
+
+static int cu_graph_end(struct backend *b, int key) {
+    struct cuda_ctx *c = CTX(b);
+    cudaGraph_t g = NULL;
+    cudaGraphExec_t ge = NULL;
+    cudaError_t e = cudaStreamEndCapture(c->stream, &g);
+    if (e == cudaSuccess && !c->err) e = cudaGraphInstantiate(&ge, g, 0);
+    if (g) cudaGraphDestroy(g);
+    if (e != cudaSuccess || c->err || cudaGraphLaunch(ge, c->stream) != cudaSuccess) {
+        fprintf(stderr, "duoserve: CUDA graph capture failed (%s); running without graphs\n", cudaGetErrorString(e));
+        cudaGetLastError();
+        if (ge) cudaGraphExecDestroy(ge);
+        c->err = 0;
+        c->graphs_off = true;
+        return -1;
+    }
+    c->graphs[key] = ge;
+    return 0;
+}
+
 static void cu_destroy(struct backend *b) {
     struct cuda_ctx *c = CTX(b);
     cudaStreamSynchronize(c->stream);
+    drop_graphs(c);
+    cudaFreeHost(c->h_logits);
+    cudaFree(c->blas_ws);
     cudaFree(c->d_meta);
     cudaFreeHost(c->h_meta);
     cudaFree(c->d_logits);
@@ -331,6 +420,8 @@ static struct backend_ops make_ops(void) {
     o.logits = cu_logits;
     o.sync = cu_sync;
     o.destroy = cu_destroy;
+    o.graph_begin = cu_graph_begin;
+    o.graph_end = cu_graph_end;
     return o;
 }
 
@@ -356,6 +447,9 @@ extern "C" struct backend *backend_cuda_create(int device, char *err, size_t err
         return NULL;
     }
     cublasSetStream(c->blas, c->stream);
+    /* a fixed cuBLAS workspace: GEMMs inside a graph capture must not allocate */
+    size_t ws = 32u << 20;
+    if (cudaMalloc(&c->blas_ws, ws) == cudaSuccess) cublasSetWorkspace(c->blas, c->blas_ws, ws);
     c->device = device;
     b->ops = &cuda_ops;
     b->name = "cuda";

@@ -44,6 +44,7 @@ struct attn_layer {
 };
 
 enum backend_status { BACKEND_OK = 0, BACKEND_ERR_OOM = -1, BACKEND_ERR_DEVICE = -2, BACKEND_ERR_ARG = -3 };
+enum backend_graph { BACKEND_GRAPH_OFF = 0, BACKEND_GRAPH_REPLAYED = 1, BACKEND_GRAPH_CAPTURING = 2 };
 
 struct backend;
 
@@ -92,8 +93,15 @@ struct backend_ops {
     void (*get_rows)(struct backend *b, void *out, const void *x, int dim);
     /* host_logits[n][vocab] (f32, host memory) = x[n][dim] @ w[vocab][dim]^T */
     int (*logits)(struct backend *b, float *host_logits, const void *x, const void *w, int n, int vocab, int dim);
-    /* waits for queued work; returns a backend_status */
+    /* waits for queued work (and delivers the logits); returns a backend_status */
     int (*sync)(struct backend *b);
+    /* Optional (NULL on the CPU): a decode-shaped step (every sequence one token) replays a
+     * captured graph of the whole forward pass. graph_begin, called after begin_step, returns
+     * BACKEND_GRAPH_REPLAYED (the step is queued; skip the ops), BACKEND_GRAPH_CAPTURING (run the
+     * ops, then graph_end) or BACKEND_GRAPH_OFF (run the ops). graph_end returns non-zero when
+     * the capture failed: the ops did not run and must be issued again. */
+    int (*graph_begin)(struct backend *b, int key, float *host_logits, size_t n_logit_floats);
+    int (*graph_end)(struct backend *b, int key);
     void (*destroy)(struct backend *b);
 };
 

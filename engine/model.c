@@ -311,16 +311,13 @@ void model_free(struct model *m) {
     free(m);
 }
 
-int model_forward(struct model *m, struct kv_cache *kv, const struct fwd_batch *batch, float *logits) {
+/* The ops of one forward pass (everything after begin_step). */
+static void forward_ops(struct model *m, struct kv_cache *kv, const struct fwd_batch *batch, float *logits) {
     const struct model_config *c = &m->cfg;
     const struct backend_ops *op = m->b->ops;
     struct backend *b = m->b;
     int T = batch->n_tokens;
-    if (T < 1 || T > m->max_tokens || batch->n_logits > T) return BACKEND_ERR_ARG;
     int D = c->dim, F = c->hidden_dim, H = c->n_heads, KV = c->n_kv_heads, hd = c->head_dim;
-    int rc = op->begin_step(b, batch);
-    if (rc) return rc;
-
     int QKV = (H + 2 * KV) * hd;
     op->embed(b, m->x, m->tok_embed, D);
     op->rmsnorm(b, m->h, m->x, m->layers[0].attn_norm, T, D, c->norm_eps);
@@ -344,9 +341,25 @@ int model_forward(struct model *m, struct kv_cache *kv, const struct fwd_batch *
         const void *next_norm = l + 1 < c->n_layers ? m->layers[l + 1].attn_norm : m->final_norm;
         op->add_rmsnorm(b, m->h, m->x, m->o, next_norm, T, D, c->norm_eps);
     }
-    if (batch->n_logits == 0) return op->sync(b);
+    if (batch->n_logits == 0) return;
     // LM head, only for the rows that sample (h already holds the final norm)
     op->get_rows(b, m->o, m->h, D);
-    rc = op->logits(b, logits, m->o, m->lm_head, batch->n_logits, c->vocab_size, D);
-    return rc ? rc : op->sync(b);
+    op->logits(b, logits, m->o, m->lm_head, batch->n_logits, c->vocab_size, D);
+}
+
+int model_forward(struct model *m, struct kv_cache *kv, const struct fwd_batch *batch, float *logits) {
+    const struct backend_ops *op = m->b->ops;
+    struct backend *b = m->b;
+    int T = batch->n_tokens;
+    if (T < 1 || T > m->max_tokens || batch->n_logits > T) return BACKEND_ERR_ARG;
+    int rc = op->begin_step(b, batch);
+    if (rc) return rc;
+    int g = BACKEND_GRAPH_OFF;
+    if (op->graph_begin && batch->n_seqs == T && batch->n_logits == T)
+        g = op->graph_begin(b, T, logits, (size_t)T * m->cfg.vocab_size);
+    if (g != BACKEND_GRAPH_REPLAYED) {
+        forward_ops(m, kv, batch, logits);
+        if (g == BACKEND_GRAPH_CAPTURING && op->graph_end(b, T) != 0) forward_ops(m, kv, batch, logits);
+    }
+    return op->sync(b);
 }
