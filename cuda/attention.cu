@@ -15,6 +15,7 @@
 #include "cuda/cuda_common.h"
 
 #define ATTN_WARPS 4
+#define ATTN_UNROLL 4
 
 __device__ __forceinline__ const __nv_bfloat16 *full_row(const __nv_bfloat16 *cache, const struct cuda_attn_args &a,
                                                          int s, int p, int h) {
@@ -62,30 +63,48 @@ __global__ void attn_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *q, const __
     }
     float m = -INFINITY, l = 0.0f;
     int n = kr.count();
-    for (int vi = warp; vi < n; vi += ATTN_WARPS) {
-        int j = kr.key(vi);
-        const __nv_bfloat16 *kp, *vp;
-        if (full) {
-            kp = full_row(a.k_full, a, s, j, kvh);
-            vp = full_row(a.v_full, a, s, j, kvh);
-        } else if (j >= pos0) {
-            size_t off = (size_t)(row0 + j - pos0) * rs + (size_t)kvh * HD;
-            kp = kb + off;
-            vp = vb + off;
-        } else {
-            size_t off = stream_off(a, a.stream_slot[s], j, kvh - a.n_full);
-            kp = a.k_stream + off;
-            vp = a.v_stream + off;
+    // ATTN_UNROLL keys per warp iteration: their loads and shuffle reductions are independent,
+    // so their latencies overlap (one key at a time left the SMs waiting on memory and shuffles)
+    for (int base = warp * ATTN_UNROLL; base < n; base += ATTN_WARPS * ATTN_UNROLL) {
+        float d[ATTN_UNROLL];
+        const __nv_bfloat16 *vp[ATTN_UNROLL];
+        for (int u = 0; u < ATTN_UNROLL; u++) {
+            int vi = base + u;
+            d[u] = 0.0f;
+            vp[u] = NULL;
+            if (vi >= n) continue;
+            int j = kr.key(vi);
+            const __nv_bfloat16 *kp;
+            if (full) {
+                kp = full_row(a.k_full, a, s, j, kvh);
+                vp[u] = full_row(a.v_full, a, s, j, kvh);
+            } else if (j >= pos0) {
+                size_t off = (size_t)(row0 + j - pos0) * rs + (size_t)kvh * HD;
+                kp = kb + off;
+                vp[u] = vb + off;
+            } else {
+                size_t off = stream_off(a, a.stream_slot[s], j, kvh - a.n_full);
+                kp = a.k_stream + off;
+                vp[u] = a.v_stream + off;
+            }
+            for (int i = 0; i < PER; i++)
+                if (i * 32 + lane < HD) d[u] += qv[i] * __bfloat162float(kp[i * 32 + lane]);
         }
-        float d = 0.0f;
-        for (int i = 0; i < PER; i++)
-            if (i * 32 + lane < HD) d += qv[i] * __bfloat162float(kp[i * 32 + lane]);
-        for (int o = 16; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
-        float m_new = fmaxf(m, d);
-        float corr = __expf(m - m_new), p = __expf(d - m_new);
-        l = l * corr + p;
-        for (int i = 0; i < PER; i++)
-            if (i * 32 + lane < HD) acc[i] = acc[i] * corr + p * __bfloat162float(vp[i * 32 + lane]);
+        for (int o = 16; o > 0; o >>= 1)
+            for (int u = 0; u < ATTN_UNROLL; u++) d[u] += __shfl_xor_sync(0xffffffffu, d[u], o);
+        float m_new = m;
+        for (int u = 0; u < ATTN_UNROLL; u++)
+            if (vp[u]) m_new = fmaxf(m_new, d[u]);
+        float corr = __expf(m - m_new);
+        l *= corr;
+        for (int i = 0; i < PER; i++) acc[i] *= corr;
+        for (int u = 0; u < ATTN_UNROLL; u++) {
+            if (!vp[u]) continue;
+            float p = __expf(d[u] - m_new);
+            l += p;
+            for (int i = 0; i < PER; i++)
+                if (i * 32 + lane < HD) acc[i] += p * __bfloat162float(vp[u][i * 32 + lane]);
+        }
         m = m_new;
     }
     // merge the warps' partial softmaxes

@@ -132,6 +132,7 @@ struct engine_stats {
     uint64_t prompt_tokens_total, generation_tokens_total, preemptions_total;
     uint64_t finished_stop, finished_length, finished_abort;
     int kv_capacity_tokens; // full-pool tokens
+    double forward_seconds, sample_seconds; // cumulative time in the forward pass / in sampling
 };
 void engine_get_stats(struct engine *e, struct engine_stats *st);
 

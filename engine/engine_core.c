@@ -63,6 +63,7 @@ struct core {
     int32_t eos[16];
     int n_eos;
     struct seq_list waiting, running; // running ordered by admit_order
+    int reserved;                     // seats and slots promised to forks of running parents
     uint64_t next_admit;
     // step scratch
     int32_t *b_tokens, *b_pos, *b_seq_start, *b_indptr, *b_blocks, *b_slots, *b_rows;
@@ -421,6 +422,8 @@ int core_validate(const struct core *c, const struct engine_request *req, char *
         if (sp->stop_ids[i] < 0 || sp->stop_ids[i] >= c->vocab)
             return util_err(err, errlen, "stop token id %d is outside the vocabulary", sp->stop_ids[i]),
                    ENGINE_ERR_INVALID;
+    for (int i = 0; i < sp->n_stop; i++)
+        if (!sp->stop[i] || !sp->stop[i][0]) return util_err(err, errlen, "stop strings must not be empty"), ENGINE_ERR_INVALID;
     if (sp->n_stop && !c->tok)
         return util_err(err, errlen, "stop strings need a tokenizer, and this model has none"), ENGINE_ERR_INVALID;
     int total = req->n_prompt + sp->max_tokens;
@@ -524,8 +527,12 @@ static void seq_finish(struct core *c, struct core_seq *s, enum engine_finish wh
     s->emitted = s->text_len;
     for (int i = 0; stop_str && i < r->sp.n_stop; i++)
         if (r->sp.stop[i] == stop_str) ev.stop_index = i;
-    if (s->state == SEQ_RUNNING) list_remove(&c->running, s);
-    else if (s->state == SEQ_WAITING) list_remove(&c->waiting, s);
+    if (s->state == SEQ_RUNNING) {
+        list_remove(&c->running, s);
+        c->reserved -= s->forks_pending;
+    } else if (s->state == SEQ_WAITING) {
+        list_remove(&c->waiting, s);
+    }
     s->state = SEQ_DONE;
     if (s->n_blocks) kv_cache_release(&c->kv, s->blocks, s->n_blocks);
     s->n_blocks = 0;
@@ -572,7 +579,8 @@ static bool is_eos(const struct core *c, int32_t id) {
 static bool seq_accept_token(struct core *c, struct core_seq *s, int32_t id, const float *raw) {
     struct core_request *r = s->req;
     const struct engine_sampling *sp = &r->sp;
-    struct engine_event ev = {.type = ENGINE_EVENT_TOKEN, .choice = s->choice, .token = id, .stop_reason_id = -1};
+    struct engine_event ev = {.type = ENGINE_EVENT_TOKEN, .choice = s->choice, .token = id, .stop_index = -1,
+                              .stop_reason_id = -1};
     if (sp->logprobs >= 0) {
         sampler_log_softmax(raw, c->vocab, c->lp);
         ev.logprob = c->lp[id];
@@ -668,6 +676,7 @@ static bool ensure_blocks(struct core *c, struct core_seq *s, int upto) {
 /* Recompute preemption: the sequence loses its KV and waits at the front of the queue. */
 static void preempt(struct core *c, struct core_seq *s) {
     list_remove(&c->running, s);
+    c->reserved -= s->forks_pending;
     if (s->n_blocks) kv_cache_release(&c->kv, s->blocks, s->n_blocks);
     s->n_blocks = 0;
     if (s->slot >= 0) kv_cache_release_slot(&c->kv, s->slot);
@@ -704,8 +713,8 @@ static int schedule(struct core *c, int *n_tokens) {
     while (c->waiting.n && budget > 0) {
         struct core_seq *s = c->waiting.v[0];
         int seats = 1 + s->forks_pending;
-        if (c->running.n + seats > c->cfg.max_num_seqs) break;
-        if (c->has_stream && c->kv.n_free_slots < seats) break;
+        if (c->running.n + c->reserved + seats > c->cfg.max_num_seqs) break;
+        if (c->has_stream && c->kv.n_free_slots - c->reserved < seats) break;
         int want = s->n_tokens - s->n_computed;
         if (want > budget) want = budget;
         if (!ensure_blocks(c, s, s->n_computed + want)) break;
@@ -713,6 +722,7 @@ static int schedule(struct core *c, int *n_tokens) {
         list_remove(&c->waiting, s);
         s->state = SEQ_RUNNING;
         s->admit_order = c->next_admit++;
+        c->reserved += s->forks_pending;
         list_push(&c->running, s);
         c->b_seqs[n] = s;
         c->b_want[n++] = want;
@@ -729,21 +739,22 @@ static int fork_choices(struct core *c, struct core_seq *parent) {
         int choice = r->n_choices - parent->forks_pending;
         struct core_seq *s = seq_new(c, r, choice, parent->tokens, parent->n_tokens);
         if (!s) return -1;
-        r->seqs[choice] = s;
-        if (seq_start_output(c, s) != 0 || grow((void **)&s->blocks, &s->blocks_cap, parent->n_blocks + 1, sizeof(int32_t)))
+        if (seq_start_output(c, s) != 0 || grow((void **)&s->blocks, &s->blocks_cap, parent->n_blocks + 1, sizeof(int32_t)) ||
+            (c->has_stream && kv_cache_alloc_slot(&c->kv, &s->slot) != KV_STATUS_OK)) {
+            seq_free(c, s); /* the choice stays pending on the parent, which finishes it */
             return -1;
+        }
+        r->seqs[choice] = s;
         memcpy(s->blocks, parent->blocks, sizeof(int32_t) * parent->n_blocks);
         s->n_blocks = parent->n_blocks;
         for (int i = 0; i < s->n_blocks; i++) kv_cache_ref(&c->kv, s->blocks[i]);
-        if (c->has_stream) {
-            kv_cache_alloc_slot(&c->kv, &s->slot); /* reserved at admission */
-            kv_cache_copy_slot(&c->kv, s->slot, parent->slot);
-        }
+        if (c->has_stream) kv_cache_copy_slot(&c->kv, s->slot, parent->slot); /* slot reserved at admission */
         s->n_computed = parent->n_computed;
         s->state = SEQ_RUNNING;
         s->admit_order = c->next_admit++;
         list_push(&c->running, s);
         parent->forks_pending--;
+        c->reserved--;
     }
     return 0;
 }
@@ -775,7 +786,10 @@ int core_step(struct core *c) {
     c->b_indptr[n] = n_blk;
     struct fwd_batch bt = {T, n, c->b_tokens, c->b_pos, c->b_seq_start, c->b_indptr, c->b_blocks, c->b_slots,
                            n_logits, c->b_rows};
+    double t0 = util_now();
     int rc = model_forward(c->m, &c->kv, &bt, c->logits);
+    double t1 = util_now();
+    c->stats.forward_seconds += t1 - t0;
     if (rc != 0) {
         for (int i = 0; i < n; i++) { /* fail the requests of this batch, keep serving others */
             struct core_seq *s = c->b_seqs[i];
@@ -812,6 +826,7 @@ int core_step(struct core *c) {
             if (done && last_choice) break; /* r was freed */
         }
     }
+    c->stats.sample_seconds += util_now() - t1;
     return T;
 }
 

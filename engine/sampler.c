@@ -109,7 +109,8 @@ int sampler_pick(struct sampler_seq *s, const struct engine_sampling *sp, float 
         for (int i = 0; i < V; i++)
             if (s->counts[i]) l[i] -= sp->frequency_penalty * (float)s->counts[i] + sp->presence_penalty;
     }
-    if (!(sp->temperature > 0.0f)) return sampler_argmax(l, V);
+    /* temperatures this small are greedy (vLLM's epsilon); dividing by them overflows */
+    if (!(sp->temperature >= 1e-5f)) return sampler_argmax(l, V);
 
     for (int i = 0; i < V; i++) l[i] /= sp->temperature;
     /* top-k: keep logits >= the k-th largest */
@@ -127,6 +128,7 @@ int sampler_pick(struct sampler_seq *s, const struct engine_sampling *sp, float 
         scratch[i] = isinf(l[i]) && l[i] < 0 ? 0.0f : expf(l[i] - mx);
         sum += scratch[i];
     }
+    if (!(sum > 0.0) || !isfinite(sum)) return sampler_argmax(l, V); /* every token masked, or overflow */
     for (int i = 0; i < V; i++) scratch[i] = (float)(scratch[i] / sum);
     /* min-p: drop tokens below min_p * max prob */
     if (sp->min_p > 0.0f) {

@@ -108,10 +108,15 @@ int main(int argc, char **argv) {
         /* prefill (and the first token) until every sequence decodes one token per step */
         while (core_step(c) != B) {
         }
+        struct engine_stats s0, s1;
+        core_stats(c, &s0);
         double t1 = util_now();
         for (int s = 0; s < steps; s++) core_step(c);
         double dt = util_now() - t1;
-        printf("decode batch %4d: %7.2f ms/step, %9.1f tokens/s\n", B, dt / steps * 1e3, B * steps / dt);
+        core_stats(c, &s1);
+        printf("decode batch %4d: %7.2f ms/step, %9.1f tokens/s (forward %.2f ms, sampling %.2f ms per step)\n", B,
+               dt / steps * 1e3, B * steps / dt, (s1.forward_seconds - s0.forward_seconds) / steps * 1e3,
+               (s1.sample_seconds - s0.sample_seconds) / steps * 1e3);
         while (core_has_work(c)) core_step(c);
     }
     for (int k = 0; k < n_pre; k++) {

@@ -619,6 +619,59 @@ static void test_requests_that_cannot_fit_are_rejected(void **state) {
     core_free(c);
 }
 
+/* Seats and slots promised to a parent's forks are not given to later requests: running
+ * sequences never exceed max_num_seqs (the batch arrays' size), with or without streaming slots. */
+static void test_forks_keep_their_reserved_seats(void **state) {
+    char *pat = write_pattern("0.9\t0.1\n0.2\t0.8\n");
+    for (int with_pattern = 0; with_pattern < 2; with_pattern++) {
+        struct engine_config cfg = {.model_dir = "tests/fixtures/hf/llama3", .max_num_batched_tokens = 16,
+                                    .max_num_seqs = 4, .block_size = 16, .duo_pattern = with_pattern ? pat : NULL,
+                                    .duo_sparsity = 0.5f, .sink_tokens = 4, .recent_tokens = 8, .quiet = true};
+        struct core *c;
+        char err[256];
+        assert_int_equal(core_create(&c, &cfg, err, sizeof err), 0);
+        static struct collect a, b2;
+        memset(&a, 0, sizeof a);
+        memset(&b2, 0, sizeof b2);
+        int32_t prompt[40];
+        for (int i = 0; i < 40; i++) prompt[i] = 5 + i;
+        struct engine_sampling sp = greedy(6);
+        sp.n = 4;
+        submit(c, prompt, 40, sp, &a);
+        submit(c, prompt, 10, greedy(6), &b2);
+        for (int guard = 0; core_has_work(c) && guard < 1000; guard++) {
+            assert_true(core_step(c) >= 0);
+            struct engine_stats st;
+            core_stats(c, &st);
+            assert_true(st.num_running <= 4);
+        }
+        for (int k = 0; k < 4; k++) assert_int_equal(a.n[k], 6);
+        assert_int_equal(b2.n[0], 6);
+        assert_int_equal(core_kv(c)->n_free_slots, core_kv(c)->n_slots);
+        assert_int_equal(core_kv(c)->n_free_blocks, core_kv(c)->n_blocks);
+        core_free(c);
+    }
+    unlink(pat);
+    free(pat);
+}
+
+/* A temperature too small to divide by is greedy, not the last token of the vocabulary. */
+static void test_tiny_temperature_is_greedy(void **state) {
+    struct core *c = make_core("tests/fixtures/hf/qwen2", 64, 0, NULL, 0, 4, 8);
+    int32_t prompt[5] = {1, 50, 60, 70, 80};
+    static struct collect g, t;
+    memset(&g, 0, sizeof g);
+    memset(&t, 0, sizeof t);
+    submit(c, prompt, 5, greedy(10), &g);
+    struct engine_sampling sp = greedy(10);
+    sp.temperature = 1e-39f;
+    sp.has_seed = true;
+    submit(c, prompt, 5, sp, &t);
+    run_all(c);
+    assert_memory_equal(g.ids[0], t.ids[0], sizeof(int32_t) * 10);
+    core_free(c);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_greedy_invariant_alone_batched_chunked_preempted),
@@ -632,6 +685,8 @@ int main(void) {
         cmocka_unit_test(test_stop_string_straddling_tokens),
         cmocka_unit_test(test_min_tokens_and_ignore_eos),
         cmocka_unit_test(test_requests_that_cannot_fit_are_rejected),
+        cmocka_unit_test(test_forks_keep_their_reserved_seats),
+        cmocka_unit_test(test_tiny_temperature_is_greedy),
     };
     return cmocka_run_group_tests_name("engine", tests, NULL, NULL);
 }

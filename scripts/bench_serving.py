@@ -1,0 +1,741 @@
+#!/usr/bin/env python3
+"""Serving benchmark for any OpenAI-compatible server, after vLLM's benchmark_serving.py.
+
+Python standard library only. It replays a dataset against streaming /v1/completions and
+reports request and token throughput with TTFT, TPOT and inter-token latency (ITL).
+
+Datasets (--dataset FILE):
+  * ShareGPT JSON: a list of {"id", "conversations": [{"from", "value"}, ...]}. The prompt is
+    the first human turn; the reference output length is the token count of the turn after it
+    (the first gpt answer). Files with only the human turn (ShareGPT_V3_..._prompts_only.json)
+    need --output-lens-csv or --output-len.
+  * JSONL: one {"prompt": "...", "max_tokens": N} object a line (max_tokens optional when
+    --output-lens-csv or --output-len is given).
+
+Output lengths, first that applies: --output-len N (fixed); --output-lens-csv FILE (the
+column --output-lens-column, default num_decode_tokens; row i goes with the i-th prompt of the
+dataset in file order, cycling when the CSV is shorter, so the pairing never depends on the
+seed); the dataset's own (JSONL max_tokens, ShareGPT reference answer).
+
+Filter (vLLM's): a prompt is dropped when prompt_len < 4 or output_len < 4 (the latter not for
+a fixed --output-len), prompt_len > --max-prompt-len (1024) or prompt_len + output_len >
+--max-total-len (2048). Token counts come from the server's POST /tokenize (vLLM shape) when
+--tokenizer-dir or --server-tokenize is given; otherwise they are estimated as
+ceil(characters / 4), and the run says so. The dataset is shuffled with --seed (like vLLM)
+unless --no-shuffle; the first --num-prompts that pass the filter are sent.
+
+Measurement (as vLLM's async_request_openai_completions):
+  * TTFT: from sending the request to the first SSE chunk that carries a choice (its text may
+    be empty); the usage-only chunk and keep-alive comments do not count.
+  * ITL: the gaps between successive choice-carrying chunks.
+  * latency (E2EL): from sending the request to the last choice-carrying chunk.
+  * TPOT: (latency - TTFT) / (output_tokens - 1), for requests with more than one token.
+  * output tokens: usage.completion_tokens from the final chunk (stream_options.include_usage);
+    if a server sends no usage, the number of choice-carrying chunks (flagged in the output).
+  * input tokens: usage.prompt_tokens as the server counted them; the dataset's count if absent.
+  * benchmark duration: from the first request sent to the last one finished.
+
+Bounds: each request has --request-timeout (default 600 s, total, enforced on every socket
+read); the whole run has --max-duration (default 3600 s), after which requests still in flight
+are abandoned (their connections closed) and requests not yet sent are skipped; both are
+counted in the report.
+
+Example:
+  python3 scripts/bench_serving.py --base-url http://127.0.0.1:8000 \\
+      --dataset ../shared/traces/ShareGPT_V3_filtered_1000_prompts_only.json \\
+      --output-lens-csv ../shared/traces/sharegpt_8k_filtered_stats_llama2_tokenizer.csv \\
+      --ignore-eos --num-prompts 200 --request-rate 4 --max-concurrency 32 \\
+      --result-json result.json
+"""
+
+import argparse
+import csv
+import datetime
+import http.client
+import json
+import math
+import os
+import queue
+import random
+import socket
+import sys
+import threading
+import time
+import urllib.parse
+
+HUMAN_ROLES = ("human", "user")
+GPT_ROLES = ("gpt", "assistant", "chatgpt", "bard", "model")
+
+
+# ----------------------------------------------------------------------------- HTTP helpers
+
+
+class Server:
+    def __init__(self, base_url, api_key, timeout):
+        u = urllib.parse.urlsplit(base_url if "://" in base_url else "http://" + base_url)
+        if u.scheme not in ("http", "https"):
+            raise SystemExit(f"bench_serving: --base-url scheme must be http or https, not {u.scheme!r}")
+        self.https = u.scheme == "https"
+        self.host = u.hostname or "127.0.0.1"
+        self.port = u.port or (443 if self.https else 80)
+        self.prefix = u.path.rstrip("/")
+        self.api_key = api_key
+        self.timeout = timeout
+
+    def connect(self, timeout):
+        cls = http.client.HTTPSConnection if self.https else http.client.HTTPConnection
+        return cls(self.host, self.port, timeout=timeout)
+
+    def headers(self, body=False):
+        h = {"Accept": "application/json", "User-Agent": "duoserve-bench-serving"}
+        if body:
+            h["Content-Type"] = "application/json"
+        if self.api_key:
+            h["Authorization"] = "Bearer " + self.api_key
+        return h
+
+    def json_call(self, method, path, obj=None):
+        """One non-streaming request; returns the decoded JSON or raises RuntimeError."""
+        conn = self.connect(self.timeout)
+        try:
+            body = json.dumps(obj).encode() if obj is not None else None
+            conn.request(method, self.prefix + path, body=body, headers=self.headers(body is not None))
+            resp = conn.getresponse()
+            data = resp.read()
+            if resp.status != 200:
+                raise RuntimeError(f"{method} {path}: HTTP {resp.status}: {error_message(data)}")
+            try:
+                return json.loads(data)
+            except ValueError:
+                raise RuntimeError(f"{method} {path}: response is not JSON: {data[:200]!r}")
+        except (OSError, http.client.HTTPException) as e:
+            raise RuntimeError(f"{method} {path}: {type(e).__name__}: {e}")
+        finally:
+            conn.close()
+
+
+def error_message(data):
+    """The message of an OpenAI-shaped error body, else the body itself (shortened)."""
+    if isinstance(data, bytes):
+        data = data.decode("utf-8", "replace")
+    try:
+        obj = json.loads(data)
+        if isinstance(obj, dict):
+            err = obj.get("error", obj)
+            if isinstance(err, dict) and "message" in err:
+                return str(err["message"])
+            if isinstance(err, str):
+                return err
+            if "detail" in obj:
+                return str(obj["detail"])
+    except ValueError:
+        pass
+    data = data.strip()
+    return data[:300] + ("..." if len(data) > 300 else "")
+
+
+# ----------------------------------------------------------------------------- dataset
+
+
+def load_dataset(path):
+    """-> list of dicts {prompt, ref_text or None, max_tokens or None}, in file order."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    text = raw.decode("utf-8")
+    stripped = text.lstrip()
+    items = []
+    if stripped.startswith("["):
+        data = json.loads(text)
+        for conv in data:
+            if not isinstance(conv, dict):
+                continue
+            turns = conv.get("conversations") or conv.get("conversation") or []
+            prompt = ref = None
+            for i, t in enumerate(turns):
+                if isinstance(t, dict) and t.get("from") in HUMAN_ROLES and isinstance(t.get("value"), str):
+                    prompt = t["value"]
+                    nxt = turns[i + 1] if i + 1 < len(turns) else None
+                    if isinstance(nxt, dict) and nxt.get("from") in GPT_ROLES and isinstance(nxt.get("value"), str):
+                        ref = nxt["value"]
+                    break
+            if prompt is not None:
+                items.append({"prompt": prompt, "ref_text": ref, "max_tokens": None})
+            else:
+                items.append(None)  # keeps CSV pairing by position
+        return items
+    for ln, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            obj = json.loads(line)
+        except ValueError as e:
+            raise SystemExit(f"bench_serving: {path}:{ln}: not JSON: {e}")
+        if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str):
+            raise SystemExit(f"bench_serving: {path}:{ln}: expected an object with a string 'prompt'")
+        mt = obj.get("max_tokens", obj.get("output_len"))
+        if mt is not None and (not isinstance(mt, int) or isinstance(mt, bool) or mt < 1):
+            raise SystemExit(f"bench_serving: {path}:{ln}: 'max_tokens' must be a positive integer")
+        items.append({"prompt": obj["prompt"], "ref_text": None, "max_tokens": mt})
+    return items
+
+
+def load_output_lens(path, column):
+    with open(path, newline="") as f:
+        rd = csv.DictReader(f)
+        if not rd.fieldnames or column not in rd.fieldnames:
+            raise SystemExit(f"bench_serving: {path}: no column {column!r} (columns: {rd.fieldnames})")
+        lens = []
+        for i, row in enumerate(rd, 2):
+            try:
+                lens.append(int(float(row[column])))
+            except (TypeError, ValueError):
+                raise SystemExit(f"bench_serving: {path}:{i}: {column}={row[column]!r} is not a number")
+    if not lens:
+        raise SystemExit(f"bench_serving: {path}: no rows")
+    return lens
+
+
+class TokenCounter:
+    """Token counts from the server's /tokenize, or the 4-characters-per-token estimate."""
+
+    def __init__(self, server, model, use_server, workers):
+        self.server = server
+        self.model = model
+        self.use_server = use_server
+        self.workers = workers
+
+    def estimate(self, text):
+        return max(1, math.ceil(len(text) / 4))
+
+    def count_many(self, texts):
+        if not self.use_server:
+            return [self.estimate(t) for t in texts]
+        out = [None] * len(texts)
+        errors = []
+        q = queue.Queue()
+        for i, t in enumerate(texts):
+            q.put((i, t))
+
+        def work():
+            while not errors:
+                try:
+                    i, t = q.get_nowait()
+                except queue.Empty:
+                    return
+                try:
+                    r = self.server.json_call("POST", "/tokenize", {"model": self.model, "prompt": t})
+                    if isinstance(r.get("count"), int):
+                        out[i] = r["count"]
+                    elif isinstance(r.get("tokens"), list):
+                        out[i] = len(r["tokens"])
+                    else:
+                        raise RuntimeError(f"/tokenize answer has neither 'count' nor 'tokens': {str(r)[:200]}")
+                except RuntimeError as e:
+                    errors.append(str(e))
+
+        ths = [threading.Thread(target=work, daemon=True) for _ in range(min(self.workers, len(texts)))]
+        for t in ths:
+            t.start()
+        for t in ths:
+            t.join()
+        if errors:
+            raise SystemExit(f"bench_serving: token counting through the server failed: {errors[0]}")
+        return out
+
+
+def sample_requests(args, items, out_lens_csv, counter):
+    """vLLM's ShareGPT sampling: shuffle, count tokens, filter, keep the first num_prompts."""
+    cands = []
+    for idx, it in enumerate(items):
+        if it is None:
+            continue
+        if args.output_len is not None:
+            out_src = ("fixed", args.output_len)
+        elif out_lens_csv is not None:
+            out_src = ("fixed", out_lens_csv[idx % len(out_lens_csv)])
+        elif it["max_tokens"] is not None:
+            out_src = ("fixed", it["max_tokens"])
+        elif it["ref_text"] is not None:
+            out_src = ("ref", it["ref_text"])
+        else:
+            continue  # no way to know its output length
+        cands.append((idx, it["prompt"], out_src))
+    if not cands:
+        raise SystemExit("bench_serving: no prompt in the dataset has an output length: the file has no "
+                         "reference answers or max_tokens; pass --output-lens-csv or --output-len")
+    if not args.no_shuffle:
+        random.Random(args.seed).shuffle(cands)
+
+    chosen, dropped = [], {"too_short": 0, "prompt_too_long": 0, "total_too_long": 0}
+    pos = 0
+    batch = max(16, args.num_prompts)
+    while pos < len(cands) and len(chosen) < args.num_prompts:
+        part = cands[pos:pos + batch]
+        pos += len(part)
+        texts = [p for _, p, _ in part] + [o[1] for _, _, o in part if o[0] == "ref"]
+        counts = counter.count_many(texts)
+        ref_counts = iter(counts[len(part):])
+        for (idx, prompt, o), plen in zip(part, counts):
+            olen = next(ref_counts) if o[0] == "ref" else o[1]
+            if len(chosen) >= args.num_prompts:
+                break
+            if plen < 4 or (olen < 4 and args.output_len is None):
+                dropped["too_short"] += 1
+                continue
+            if plen > args.max_prompt_len:
+                dropped["prompt_too_long"] += 1
+                continue
+            if plen + olen > args.max_total_len:
+                dropped["total_too_long"] += 1
+                continue
+            chosen.append({"index": idx, "prompt": prompt, "prompt_len": plen, "output_len": olen})
+    return chosen, dropped, len(cands)
+
+
+# ----------------------------------------------------------------------------- one request
+
+
+class Result:
+    __slots__ = ("ok", "status", "error", "ttft", "latency", "itl", "output_tokens", "prompt_tokens",
+                 "usage_seen", "chunks", "text", "start", "end", "req")
+
+    def __init__(self, req):
+        self.req = req
+        self.ok = False
+        self.status = "pending"  # ok | failed | timeout | abandoned
+        self.error = ""
+        self.ttft = 0.0
+        self.latency = 0.0
+        self.itl = []
+        self.output_tokens = 0
+        self.prompt_tokens = None
+        self.usage_seen = False
+        self.chunks = 0
+        self.text = []
+        self.start = 0.0
+        self.end = 0.0
+
+
+def run_request(server, args, model, req, run_deadline, stop):
+    res = Result(req)
+    body = {
+        "model": model,
+        "prompt": req["prompt"],
+        "max_tokens": req["output_len"],
+        "temperature": args.temperature,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    if args.ignore_eos:
+        body["ignore_eos"] = True
+    if args.extra_body:
+        body.update(args.extra_body)
+    payload = json.dumps(body).encode()
+
+    st = time.perf_counter()
+    res.start = st
+    req_deadline = st + args.request_timeout
+    deadline = min(req_deadline, run_deadline)
+
+    def remaining():
+        return deadline - time.perf_counter()
+
+    conn = None
+    try:
+        if remaining() <= 0:
+            raise socket.timeout()
+        conn = server.connect(max(0.001, remaining()))
+        conn.request("POST", server.prefix + args.endpoint, body=payload, headers=server.headers(True))
+        conn.sock.settimeout(max(0.001, remaining()))
+        resp = conn.getresponse()
+        if resp.status != 200:
+            res.status, res.error = "failed", f"HTTP {resp.status}: {error_message(resp.read())}"
+            return res
+        last = st
+        while True:
+            rem = remaining()
+            if rem <= 0 or stop.is_set():
+                raise socket.timeout()
+            conn.sock.settimeout(rem)
+            line = resp.readline()
+            if not line:
+                break  # end of stream
+            line = line.strip()
+            if not line or line.startswith(b":"):
+                continue  # blank separator or SSE comment (keep-alive)
+            if not line.startswith(b"data:"):
+                continue  # event:/id:/retry: fields are not used
+            data = line[5:].strip()
+            if data == b"[DONE]":
+                break
+            try:
+                obj = json.loads(data)
+            except ValueError:
+                res.status, res.error = "failed", f"bad SSE data: {data[:200]!r}"
+                return res
+            if not isinstance(obj, dict):
+                continue
+            if "error" in obj:
+                res.status, res.error = "failed", "error in stream: " + error_message(json.dumps(obj))
+                return res
+            choices = obj.get("choices")
+            if choices:
+                ts = time.perf_counter()
+                if res.chunks == 0:
+                    res.ttft = ts - st
+                else:
+                    res.itl.append(ts - last)
+                last = ts
+                res.chunks += 1
+                c0 = choices[0] if isinstance(choices[0], dict) else {}
+                if args.keep_text:
+                    res.text.append(c0.get("text") or "")
+            usage = obj.get("usage")
+            if isinstance(usage, dict):
+                if isinstance(usage.get("completion_tokens"), int):
+                    res.output_tokens = usage["completion_tokens"]
+                    res.usage_seen = True
+                if isinstance(usage.get("prompt_tokens"), int):
+                    res.prompt_tokens = usage["prompt_tokens"]
+        res.end = time.perf_counter()
+        if res.chunks == 0:
+            res.status, res.error = "failed", "stream ended without any completion chunk"
+            return res
+        res.latency = last - st
+        if not res.usage_seen:
+            res.output_tokens = res.chunks
+        res.ok, res.status = True, "ok"
+        return res
+    except (socket.timeout, TimeoutError):
+        if time.perf_counter() >= run_deadline or stop.is_set():
+            res.status, res.error = "abandoned", "abandoned at the end of --max-duration"
+        else:
+            res.status, res.error = "timeout", f"no complete answer within --request-timeout {args.request_timeout:g} s"
+        return res
+    except (OSError, http.client.HTTPException) as e:
+        res.status, res.error = "failed", f"{type(e).__name__}: {e}"
+        return res
+    finally:
+        if not res.end:
+            res.end = time.perf_counter()
+        if conn is not None:
+            try:
+                conn.close()
+            except OSError:
+                pass
+
+
+# ----------------------------------------------------------------------------- the run
+
+
+def percentile(xs, q):
+    """numpy.percentile's default (linear interpolation)."""
+    if not xs:
+        return 0.0
+    s = sorted(xs)
+    k = (len(s) - 1) * q / 100.0
+    lo = math.floor(k)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+def stats_ms(xs):
+    if not xs:
+        return {"mean": 0.0, "median": 0.0, "std": 0.0, "p99": 0.0}
+    n = len(xs)
+    mean = sum(xs) / n
+    std = math.sqrt(sum((x - mean) ** 2 for x in xs) / n)
+    return {"mean": mean * 1000, "median": percentile(xs, 50) * 1000, "std": std * 1000,
+            "p99": percentile(xs, 99) * 1000}
+
+
+def benchmark(server, args, model, reqs):
+    n = len(reqs)
+    conc = args.max_concurrency if args.max_concurrency else n
+    conc = max(1, min(conc, n))
+    rate = args.request_rate
+    rng = random.Random(args.seed)
+    stop = threading.Event()
+    work = queue.Queue()
+    results = []
+    lock = threading.Lock()
+    done_cv = threading.Condition(lock)
+    t0 = time.perf_counter()
+    run_deadline = t0 + args.max_duration
+    progress_every = max(1, n // 10)
+
+    def worker():
+        while True:
+            item = work.get()
+            if item is None:
+                return
+            r = run_request(server, args, model, item, run_deadline, stop)
+            with done_cv:
+                results.append(r)
+                k = len(results)
+                done_cv.notify_all()
+            if not args.quiet and (k % progress_every == 0 or k == n):
+                print(f"  {k}/{n} requests done ({time.perf_counter() - t0:.1f} s)", file=sys.stderr, flush=True)
+
+    threads = [threading.Thread(target=worker, daemon=True, name=f"bench-{i}") for i in range(conc)]
+    for t in threads:
+        t.start()
+
+    sent = 0
+    interrupted = False
+    try:
+        # Arrivals as vLLM's get_request: the first at once, then gamma(burstiness) gaps with
+        # mean 1/rate (exponential, i.e. Poisson arrivals, for burstiness 1). With
+        # --max-concurrency the arrived requests wait (FIFO) for a free slot; their TTFT
+        # is measured from when they are actually sent.
+        next_t = t0
+        for i, rq in enumerate(reqs):
+            if i > 0 and not math.isinf(rate):
+                theta = 1.0 / (rate * args.burstiness)
+                next_t += rng.gammavariate(args.burstiness, theta)
+                while True:
+                    now = time.perf_counter()
+                    if now >= next_t or now >= run_deadline:
+                        break
+                    time.sleep(min(next_t, run_deadline) - now)
+            if time.perf_counter() >= run_deadline:
+                break
+            work.put(rq)
+            sent += 1
+        for _ in threads:
+            work.put(None)
+        # Wait for the answers; the workers enforce the deadlines on every socket read, the
+        # grace here only covers a connect or a read already in progress.
+        with done_cv:
+            while len(results) < sent:
+                left = run_deadline + 2.0 - time.perf_counter()
+                if left <= 0:
+                    break
+                done_cv.wait(min(left, 1.0))
+    except KeyboardInterrupt:
+        interrupted = True
+        print("bench_serving: interrupted; reporting what finished", file=sys.stderr)
+    stop.set()
+    with lock:
+        final = list(results)
+    # benchmark duration: first request sent to last one finished (or to the cut-off)
+    end = max([r.end for r in final], default=t0)
+    if len(final) < sent or any(r.status == "abandoned" for r in final):
+        end = max(end, min(time.perf_counter(), run_deadline))
+    duration = max(end - t0, 1e-9)
+    finished_ids = {id(r.req) for r in final}
+    n_unsent = n - sent
+    n_queued_or_running = sum(1 for i, rq in enumerate(reqs[:sent]) if id(rq) not in finished_ids)
+    return final, duration, n_unsent, n_queued_or_running, interrupted
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--base-url", default="http://127.0.0.1:8000", help="server root (default %(default)s)")
+    ap.add_argument("--endpoint", default="/v1/completions", help="completions path (default %(default)s)")
+    ap.add_argument("--model", help="model id (default: the first id from GET /v1/models)")
+    ap.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"),
+                    help="sent as Authorization: Bearer KEY (default $OPENAI_API_KEY)")
+    ap.add_argument("--dataset", required=True, help="ShareGPT JSON or JSONL of {prompt, max_tokens}")
+    ap.add_argument("--num-prompts", type=int, default=1000, help="requests to send (default %(default)s)")
+    ap.add_argument("--output-lens-csv", help="CSV whose --output-lens-column gives max_tokens per prompt")
+    ap.add_argument("--output-lens-column", default="num_decode_tokens", help="(default %(default)s)")
+    ap.add_argument("--output-len", type=int, help="fixed max_tokens for every request (overrides the rest)")
+    ap.add_argument("--tokenizer-dir", metavar="DIR",
+                    help="count prompt/reference tokens exactly for the filter, through the server's POST "
+                         "/tokenize (the server's model's tokenizer; DIR is recorded as tokenizer_id)")
+    ap.add_argument("--server-tokenize", action="store_true", help="the same as --tokenizer-dir, without a DIR")
+    ap.add_argument("--max-prompt-len", type=int, default=1024, help="filter: prompt tokens (default %(default)s)")
+    ap.add_argument("--max-total-len", type=int, default=2048,
+                    help="filter: prompt + output tokens (default %(default)s; use the server's max_model_len "
+                         "when it is smaller)")
+    ap.add_argument("--seed", type=int, default=0, help="dataset shuffle and arrival times (default %(default)s)")
+    ap.add_argument("--no-shuffle", action="store_true", help="take the dataset in file order")
+    ap.add_argument("--request-rate", type=float, default=float("inf"),
+                    help="requests per second, Poisson arrivals; inf = all at once (default)")
+    ap.add_argument("--burstiness", type=float, default=1.0,
+                    help="gamma shape of the arrival gaps; 1 = Poisson (default %(default)s)")
+    ap.add_argument("--max-concurrency", type=int, default=None, help="requests in flight at most (default: no limit)")
+    ap.add_argument("--ignore-eos", action="store_true", help='send "ignore_eos": true (exact output lengths)')
+    ap.add_argument("--temperature", type=float, default=0.0, help="(default %(default)s)")
+    ap.add_argument("--extra-body", type=json.loads, default=None, help="JSON object merged into every request")
+    ap.add_argument("--request-timeout", type=float, default=600.0, help="seconds per request (default %(default)s)")
+    ap.add_argument("--max-duration", type=float, default=3600.0,
+                    help="seconds for the whole run; then outstanding requests are abandoned (default %(default)s)")
+    ap.add_argument("--result-json", metavar="FILE", help="write the numbers as JSON")
+    ap.add_argument("--save-detailed", action="store_true",
+                    help="add per-request lists (input_lens, output_lens, ttfts, itls, errors) to --result-json")
+    ap.add_argument("--quiet", action="store_true", help="no progress lines")
+    args = ap.parse_args()
+
+    if args.num_prompts < 1:
+        ap.error("--num-prompts must be >= 1")
+    if args.output_len is not None and args.output_len < 1:
+        ap.error("--output-len must be >= 1")
+    if not (args.request_rate > 0):
+        ap.error("--request-rate must be > 0 (inf for all at once)")
+    if not (args.burstiness > 0):
+        ap.error("--burstiness must be > 0")
+    if args.max_concurrency is not None and args.max_concurrency < 1:
+        ap.error("--max-concurrency must be >= 1")
+    if args.request_timeout <= 0 or args.max_duration <= 0:
+        ap.error("--request-timeout and --max-duration must be > 0")
+    if args.extra_body is not None and not isinstance(args.extra_body, dict):
+        ap.error("--extra-body must be a JSON object")
+    if not args.endpoint.startswith("/"):
+        args.endpoint = "/" + args.endpoint
+    args.keep_text = args.save_detailed
+    use_server_tok = bool(args.tokenizer_dir) or args.server_tokenize
+    if args.tokenizer_dir and not os.path.isdir(args.tokenizer_dir):
+        print(f"bench_serving: note: --tokenizer-dir {args.tokenizer_dir} is not a directory here; "
+              "counting tokens through the server's /tokenize anyway", file=sys.stderr)
+
+    server = Server(args.base_url, args.api_key, min(args.request_timeout, 60.0))
+    model = args.model
+    if not model:
+        try:
+            models = server.json_call("GET", "/v1/models")
+            model = models["data"][0]["id"]
+        except (RuntimeError, KeyError, IndexError, TypeError) as e:
+            hint = "pass --api-key" if "HTTP 401" in str(e) else "is the server up? or pass --model"
+            raise SystemExit(f"bench_serving: cannot find the model at {args.base_url}/v1/models ({e}); {hint}")
+
+    items = load_dataset(args.dataset)
+    out_lens = load_output_lens(args.output_lens_csv, args.output_lens_column) if args.output_lens_csv else None
+    counter = TokenCounter(server, model, use_server_tok, workers=16)
+    reqs, dropped, n_cands = sample_requests(args, items, out_lens, counter)
+    tok_note = ("token counts from the server's /tokenize" if use_server_tok
+                else "token counts ESTIMATED as characters/4 (pass --tokenizer-dir for exact counts)")
+    print(f"Model: {model}   server: {args.base_url}{args.endpoint}")
+    print(f"Dataset: {args.dataset}: {n_cands} usable prompts; {tok_note}")
+    print(f"Filter: prompt <= {args.max_prompt_len}, prompt + output <= {args.max_total_len}, both >= 4: "
+          f"kept {len(reqs)}, dropped {sum(dropped.values())} ({dropped['too_short']} too short, "
+          f"{dropped['prompt_too_long']} prompt too long, {dropped['total_too_long']} total too long)")
+    if not reqs:
+        raise SystemExit("bench_serving: no prompt passed the filter")
+    if len(reqs) < args.num_prompts:
+        print(f"bench_serving: warning: only {len(reqs)} of the {args.num_prompts} requested prompts "
+              "passed the filter; sending those", file=sys.stderr)
+    out_src = ("--output-len" if args.output_len is not None else
+               "--output-lens-csv" if out_lens is not None else "the dataset")
+    print(f"Output lengths from {out_src}; ignore_eos={'true' if args.ignore_eos else 'not sent'}; "
+          f"request rate {args.request_rate:g}/s (burstiness {args.burstiness:g}); "
+          f"max concurrency {args.max_concurrency or 'unlimited'}; seed {args.seed}")
+    print("TTFT is measured to the first chunk carrying a choice (as vLLM), even if its text is empty.")
+    sys.stdout.flush()
+
+    results, duration, n_unsent, n_unfinished, interrupted = benchmark(server, args, model, reqs)
+
+    ok = [r for r in results if r.ok]
+    failed = [r for r in results if r.status in ("failed", "timeout")]
+    abandoned = [r for r in results if r.status == "abandoned"]
+    n_abandoned = len(abandoned) + n_unfinished
+    in_lens = [r.prompt_tokens if r.prompt_tokens is not None else r.req["prompt_len"] for r in ok]
+    out_lens_act = [r.output_tokens for r in ok]
+    prompt_est = sum(1 for r in ok if r.prompt_tokens is None)
+    out_est = sum(1 for r in ok if not r.usage_seen)
+    ttfts = [r.ttft for r in ok]
+    tpots = [(r.latency - r.ttft) / (r.output_tokens - 1) for r in ok if r.output_tokens > 1]
+    itls = [g for r in ok for g in r.itl]
+    e2els = [r.latency for r in ok]
+    total_in, total_out = sum(in_lens), sum(out_lens_act)
+    m = {"ttft": stats_ms(ttfts), "tpot": stats_ms(tpots), "itl": stats_ms(itls), "e2el": stats_ms(e2els)}
+
+    first_error = None
+    for r in sorted(failed + abandoned, key=lambda r: r.end):
+        first_error = r.error
+        break
+
+    w = 40
+    print("{s:{c}^{n}}".format(s=" Serving Benchmark Result ", n=50, c="="))
+    print("{:<{w}} {:<10}".format("Successful requests:", len(ok), w=w))
+    if failed:
+        print("{:<{w}} {:<10}".format("Failed requests:", len(failed), w=w))
+    if n_abandoned or n_unsent:
+        print("{:<{w}} {:<10}".format("Abandoned requests (unfinished at end):", n_abandoned, w=w))
+        print("{:<{w}} {:<10}".format("Requests not sent (time ran out):", n_unsent, w=w))
+    print("{:<{w}} {:<10.2f}".format("Benchmark duration (s):", duration, w=w))
+    print("{:<{w}} {:<10}".format("Total input tokens:", total_in, w=w))
+    print("{:<{w}} {:<10}".format("Total generated tokens:", total_out, w=w))
+    print("{:<{w}} {:<10.2f}".format("Request throughput (req/s):", len(ok) / duration, w=w))
+    print("{:<{w}} {:<10.2f}".format("Output token throughput (tok/s):", total_out / duration, w=w))
+    print("{:<{w}} {:<10.2f}".format("Total Token throughput (tok/s):", (total_in + total_out) / duration, w=w))
+    for key, title, name in (("ttft", "Time to First Token", "TTFT"),
+                             ("tpot", "Time per Output Token (excl. 1st token)", "TPOT"),
+                             ("itl", "Inter-token Latency", "ITL"),
+                             ("e2el", "End-to-end Latency", "E2EL")):
+        print("{s:{c}^{n}}".format(s=title, n=50, c="-"))
+        print("{:<{w}} {:<10.2f}".format(f"Mean {name} (ms):", m[key]["mean"], w=w))
+        print("{:<{w}} {:<10.2f}".format(f"Median {name} (ms):", m[key]["median"], w=w))
+        print("{:<{w}} {:<10.2f}".format(f"P99 {name} (ms):", m[key]["p99"], w=w))
+    print("=" * 50)
+    if prompt_est:
+        print(f"note: {prompt_est} requests had no usage.prompt_tokens; their input tokens are the dataset's count")
+    if out_est:
+        print(f"note: {out_est} requests had no usage.completion_tokens; their output tokens are chunk counts")
+    if first_error:
+        print(f"First error: {first_error}")
+    if interrupted:
+        print("note: the run was interrupted (Ctrl-C)")
+
+    if args.result_json:
+        res = {
+            "date": datetime.datetime.now().strftime("%Y%m%d-%H%M%S"),
+            "backend": "openai",
+            "base_url": args.base_url,
+            "endpoint": args.endpoint,
+            "model_id": model,
+            "tokenizer_id": args.tokenizer_dir,
+            "token_counts": "server /tokenize" if use_server_tok else "estimated chars/4",
+            "dataset": args.dataset,
+            "output_lens_csv": args.output_lens_csv,
+            "num_prompts": len(reqs),
+            "num_prompts_requested": args.num_prompts,
+            "filter_dropped": dropped,
+            "max_prompt_len": args.max_prompt_len,
+            "max_total_len": args.max_total_len,
+            "request_rate": args.request_rate if not math.isinf(args.request_rate) else "inf",
+            "burstiness": args.burstiness,
+            "max_concurrency": args.max_concurrency,
+            "ignore_eos": args.ignore_eos,
+            "temperature": args.temperature,
+            "seed": args.seed,
+            "request_timeout": args.request_timeout,
+            "max_duration": args.max_duration,
+            "ttft_definition": "first chunk with a choice (text may be empty)",
+            "duration": duration,
+            "completed": len(ok),
+            "failed": len(failed),
+            "abandoned": n_abandoned,
+            "not_sent": n_unsent,
+            "first_error": first_error,
+            "interrupted": interrupted,
+            "total_input_tokens": total_in,
+            "total_output_tokens": total_out,
+            "request_throughput": len(ok) / duration,
+            "output_throughput": total_out / duration,
+            "total_token_throughput": (total_in + total_out) / duration,
+        }
+        for key in ("ttft", "tpot", "itl", "e2el"):
+            for st in ("mean", "median", "std", "p99"):
+                res[f"{st}_{key}_ms"] = m[key][st]
+        if args.save_detailed:
+            res["input_lens"] = in_lens
+            res["output_lens"] = out_lens_act
+            res["requested_output_lens"] = [r.req["output_len"] for r in ok]
+            res["ttfts"] = ttfts
+            res["itls"] = [r.itl for r in ok]
+            res["generated_texts"] = ["".join(r.text) for r in ok]
+            res["errors"] = [r.error for r in sorted(results, key=lambda r: r.start) if not r.ok]
+        tmp = args.result_json + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(res, f, indent=2)
+            f.write("\n")
+        os.replace(tmp, args.result_json)
+        print(f"Results written to {args.result_json}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
