@@ -31,6 +31,7 @@ int cuda_f32_to_bf16(void *dst, const float *src, size_t n, cudaStream_t s);
 int cuda_bf16_to_f32(float *dst, const void *src, size_t n, cudaStream_t s);
 int cuda_gemv_bf16(void *out, const void *x, const void *w, const void *bias, int n, int n_out, int n_in, cudaStream_t s);
 int cuda_gemv_f32out(float *out, const void *x, const void *w, int n, int n_out, int n_in, cudaStream_t s);
+int cuda_argmax_rows(int32_t *ids, const float *x, int n, int vocab, cudaStream_t s);
 }
 
 #define CUDA_MAX_GRAPHS 512 /* decode batch sizes that get a graph */
@@ -57,21 +58,28 @@ struct cuda_ctx {
     float *h_logits;       // pinned staging of the logits; copied out by sync()
     size_t h_logits_cap;
     float *pending_dst;    // where sync() delivers them
+    int n_logit_rows;
     size_t pending_n;
-    // CUDA graphs of decode steps, by batch size; all invalid when a buffer they use moves
-    cudaGraphExec_t graphs[CUDA_MAX_GRAPHS + 1];
+    int32_t *d_ids, *h_ids;   // argmax ids (device, pinned), [logits rows]
+    int32_t *pending_ids;     // where sync() delivers them
+    int pending_n_ids;
+    // CUDA graphs of decode steps, by batch size (and whether the logits go to the host); all
+    // invalid when a buffer they use moves
+    cudaGraphExec_t graphs[2][CUDA_MAX_GRAPHS + 1];
     bool graphs_off;
+    bool gemv;
     void *blas_ws;
 };
 
 #define CTX(b) ((struct cuda_ctx *)(b)->ctx)
 
 static void drop_graphs(struct cuda_ctx *c) {
-    for (int i = 0; i <= CUDA_MAX_GRAPHS; i++)
-        if (c->graphs[i]) {
-            cudaGraphExecDestroy(c->graphs[i]);
-            c->graphs[i] = NULL;
-        }
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i <= CUDA_MAX_GRAPHS; i++)
+            if (c->graphs[k][i]) {
+                cudaGraphExecDestroy(c->graphs[k][i]);
+                c->graphs[k][i] = NULL;
+            }
 }
 
 // Records the first failure of a void op; file:line goes to stderr.
@@ -260,10 +268,14 @@ static void gemm(struct backend *b, void *out, cudaDataType_t out_type, const vo
 
 static void cu_matmul(struct backend *b, void *out, const void *x, const void *w, const void *bias, int n, int n_out,
                       int n_in) {
-    /* decode-sized batches: a weight-streaming kernel (bias fused) */
-    int rc = cuda_gemv_bf16(out, x, w, bias, n, n_out, n_in, CTX(b)->stream);
-    if (rc == 0) return;
-    if (rc != -3) CKI(b, rc);
+    /* decode-sized batches may use a weight-streaming kernel (DUOSERVE_GEMV=1). Off by default:
+     * its rounding differs from cuBLAS's, so a sequence's tokens would depend on how many
+     * others share its step (the engine promises batch invariance). */
+    if (CTX(b)->gemv) {
+        int rc = cuda_gemv_bf16(out, x, w, bias, n, n_out, n_in, CTX(b)->stream);
+        if (rc == 0) return;
+        if (rc != -3) CKI(b, rc);
+    }
     gemm(b, out, CUDA_R_16BF, x, w, n, n_out, n_in);
     if (bias) CKI(b, cuda_add_bias(out, bias, n, n_out, CTX(b)->stream));
 }
@@ -310,26 +322,45 @@ static int cu_logits(struct backend *b, float *host_logits, const void *x, const
         c->d_logits = NULL;
         c->h_logits = NULL;
         c->logits_cap = c->h_logits_cap = 0;
+        cudaFree(c->d_ids);
+        cudaFreeHost(c->h_ids);
+        c->d_ids = c->h_ids = NULL;
+        size_t rows = cap / vocab;
         if (cudaMalloc(&c->d_logits, cap * sizeof(float)) != cudaSuccess ||
-            cudaMallocHost(&c->h_logits, cap * sizeof(float)) != cudaSuccess)
+            cudaMallocHost(&c->h_logits, cap * sizeof(float)) != cudaSuccess ||
+            cudaMalloc(&c->d_ids, rows * sizeof(int32_t)) != cudaSuccess ||
+            cudaMallocHost(&c->h_ids, rows * sizeof(int32_t)) != cudaSuccess)
             return c->err = BACKEND_ERR_OOM;
         c->logits_cap = c->h_logits_cap = cap;
         drop_graphs(c);
     }
-    int rc = cuda_gemv_f32out(c->d_logits, x, w, n, vocab, dim, c->stream);
+    int rc = c->gemv ? cuda_gemv_f32out(c->d_logits, x, w, n, vocab, dim, c->stream) : -3;
     if (rc == -3) gemm(b, c->d_logits, CUDA_R_32F, x, w, n, vocab, dim);
     else CKI(b, rc);
-    CK(b, cudaMemcpyAsync(c->h_logits, c->d_logits, need * sizeof(float), cudaMemcpyDeviceToHost, c->stream));
-    c->pending_dst = host_logits;
-    c->pending_n = need;
+    c->n_logit_rows = n;
+    if (host_logits) {
+        CK(b, cudaMemcpyAsync(c->h_logits, c->d_logits, need * sizeof(float), cudaMemcpyDeviceToHost, c->stream));
+        c->pending_dst = host_logits;
+        c->pending_n = need;
+    }
     return c->err;
+}
+
+static void cu_argmax(struct backend *b, int32_t *host_ids, int n, int vocab) {
+    struct cuda_ctx *c = CTX(b);
+    CKI(b, cuda_argmax_rows(c->d_ids, c->d_logits, n, vocab, c->stream));
+    CK(b, cudaMemcpyAsync(c->h_ids, c->d_ids, (size_t)n * sizeof(int32_t), cudaMemcpyDeviceToHost, c->stream));
+    c->pending_ids = host_ids;
+    c->pending_n_ids = n;
 }
 
 static int cu_sync(struct backend *b) {
     struct cuda_ctx *c = CTX(b);
     CK(b, cudaStreamSynchronize(c->stream));
     if (c->pending_dst && !c->err) memcpy(c->pending_dst, c->h_logits, c->pending_n * sizeof(float));
+    if (c->pending_ids && !c->err) memcpy(c->pending_ids, c->h_ids, (size_t)c->pending_n_ids * sizeof(int32_t));
     c->pending_dst = NULL;
+    c->pending_ids = NULL;
     int e = c->err;
     c->err = 0;
     return e;
@@ -337,19 +368,28 @@ static int cu_sync(struct backend *b) {
 
 /* Decode steps replay a graph of the whole forward pass: hundreds of small launches become
  * one. A graph is captured the first time a batch size is seen. */
-static int cu_graph_begin(struct backend *b, int key, float *host_logits, size_t n_floats) {
+/* key: the batch size, negative when only the argmax ids go to the host */
+static int cu_graph_begin(struct backend *b, int key, float *host_logits, size_t n_floats, int32_t *host_ids) {
     struct cuda_ctx *c = CTX(b);
-    if (c->graphs_off || key < 1 || key > CUDA_MAX_GRAPHS || getenv("DUOSERVE_NO_CUDA_GRAPHS")) return BACKEND_GRAPH_OFF;
+    int ids_only = key < 0, T = key < 0 ? -key : key;
+    if (c->graphs_off || T < 1 || T > CUDA_MAX_GRAPHS || getenv("DUOSERVE_NO_CUDA_GRAPHS")) return BACKEND_GRAPH_OFF;
     if (!c->h_logits || n_floats > c->h_logits_cap) return BACKEND_GRAPH_OFF; /* first run sizes the buffers */
-    if (c->graphs[key]) {
-        if (cudaGraphLaunch(c->graphs[key], c->stream) != cudaSuccess) {
+    cudaGraphExec_t *slot = &c->graphs[ids_only][T];
+    if (*slot) {
+        if (cudaGraphLaunch(*slot, c->stream) != cudaSuccess) {
             cudaGetLastError();
             drop_graphs(c);
             c->graphs_off = true;
             return BACKEND_GRAPH_OFF;
         }
-        c->pending_dst = host_logits;
-        c->pending_n = n_floats;
+        if (!ids_only) {
+            c->pending_dst = host_logits;
+            c->pending_n = n_floats;
+        }
+        if (host_ids) {
+            c->pending_ids = host_ids;
+            c->pending_n_ids = T;
+        }
         return BACKEND_GRAPH_REPLAYED;
     }
     if (cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
@@ -362,6 +402,7 @@ static int cu_graph_begin(struct backend *b, int key, float *host_logits, size_t
 
 static int cu_graph_end(struct backend *b, int key) {
     struct cuda_ctx *c = CTX(b);
+    int ids_only = key < 0, T = key < 0 ? -key : key;
     cudaGraph_t g = NULL;
     cudaGraphExec_t ge = NULL;
     cudaError_t e = cudaStreamEndCapture(c->stream, &g);
@@ -375,7 +416,7 @@ static int cu_graph_end(struct backend *b, int key) {
         c->graphs_off = true;
         return -1;
     }
-    c->graphs[key] = ge;
+    c->graphs[ids_only][T] = ge;
     return 0;
 }
 
@@ -384,6 +425,8 @@ static void cu_destroy(struct backend *b) {
     cudaStreamSynchronize(c->stream);
     drop_graphs(c);
     cudaFreeHost(c->h_logits);
+    cudaFree(c->d_ids);
+    cudaFreeHost(c->h_ids);
     cudaFree(c->blas_ws);
     cudaFree(c->d_meta);
     cudaFreeHost(c->h_meta);
@@ -418,6 +461,7 @@ static struct backend_ops make_ops(void) {
     o.add_rmsnorm = cu_add_rmsnorm;
     o.get_rows = cu_get_rows;
     o.logits = cu_logits;
+    o.argmax = cu_argmax;
     o.sync = cu_sync;
     o.destroy = cu_destroy;
     o.graph_begin = cu_graph_begin;
@@ -451,6 +495,7 @@ extern "C" struct backend *backend_cuda_create(int device, char *err, size_t err
     size_t ws = 32u << 20;
     if (cudaMalloc(&c->blas_ws, ws) == cudaSuccess) cublasSetWorkspace(c->blas, c->blas_ws, ws);
     c->device = device;
+    c->gemv = getenv("DUOSERVE_GEMV") && getenv("DUOSERVE_GEMV")[0] == '1';
     b->ops = &cuda_ops;
     b->name = "cuda";
     b->ctx = c;

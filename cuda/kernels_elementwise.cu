@@ -114,7 +114,45 @@ __global__ void bf16_to_f32_kernel(float *dst, const __nv_bfloat16 *src, size_t 
     if (i < n) dst[i] = __bfloat162float(src[i]);
 }
 
+// One block per row: the first index of the row's maximum (torch.argmax's tie rule).
+__global__ void argmax_kernel(int32_t *ids, const float *x, int vocab) {
+    __shared__ float sv[32];
+    __shared__ int si[32];
+    const float *row = x + (size_t)blockIdx.x * vocab;
+    float best = -INFINITY;
+    int bi = 0x7fffffff;
+    for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+        float v = row[i];
+        if (v > best || (v == best && i < bi)) best = v, bi = i;
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, best, o);
+        int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (ov > best || (ov == best && oi < bi)) best = ov, bi = oi;
+    }
+    if ((threadIdx.x & 31) == 0) sv[threadIdx.x >> 5] = best, si[threadIdx.x >> 5] = bi;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        int nw = (blockDim.x + 31) / 32;
+        best = threadIdx.x < nw ? sv[threadIdx.x] : -INFINITY;
+        bi = threadIdx.x < nw ? si[threadIdx.x] : 0x7fffffff;
+        for (int o = 16; o > 0; o >>= 1) {
+            float ov = __shfl_xor_sync(0xffffffffu, best, o);
+            int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (ov > best || (ov == best && oi < bi)) best = ov, bi = oi;
+        }
+        if (threadIdx.x == 0) ids[blockIdx.x] = bi == 0x7fffffff ? 0 : bi;
+    }
+}
+
 extern "C" {
+
+int cuda_argmax_rows(int32_t *ids, const float *x, int n, int vocab, cudaStream_t s) {
+    if (n == 0) return 0;
+    argmax_kernel<<<n, 1024, 0, s>>>(ids, x, vocab);
+    CUDA_CHECK(cudaGetLastError());
+    return 0;
+}
 
 int cuda_add_bias(void *x, const void *bias, int n, int dim, cudaStream_t s) {
     size_t total = (size_t)n * dim;

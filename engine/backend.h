@@ -6,6 +6,7 @@
 #ifndef DUO_BACKEND_H
 #define DUO_BACKEND_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -23,6 +24,8 @@ struct fwd_batch {
     const int32_t *stream_slot;  // [S] streaming-pool slot of each sequence (unused without streaming heads)
     int n_logits;
     const int32_t *logit_rows;   // [n_logits] rows of T whose logits are computed
+    int32_t *argmax_out;         // host [n_logits]: when set, the greedy id of each logits row
+    bool skip_logits;            // with argmax_out: the logits themselves are not needed on the host
 };
 
 /* Attention geometry and the KV of one layer. Its KV heads are ordered retrieval first:
@@ -91,8 +94,11 @@ struct backend_ops {
     void (*add_rmsnorm)(struct backend *b, void *out, void *x, const void *y, const void *w, int n, int dim, float eps);
     /* out[i][dim] = x[logit_rows[i]][dim] */
     void (*get_rows)(struct backend *b, void *out, const void *x, int dim);
-    /* host_logits[n][vocab] (f32, host memory) = x[n][dim] @ w[vocab][dim]^T */
+    /* host_logits[n][vocab] (f32, host memory) = x[n][dim] @ w[vocab][dim]^T; host_logits NULL:
+     * computed but not copied to the host (argmax only) */
     int (*logits)(struct backend *b, float *host_logits, const void *x, const void *w, int n, int vocab, int dim);
+    /* host_ids[i] = first index of the maximum of logits row i (torch.argmax), after logits() */
+    void (*argmax)(struct backend *b, int32_t *host_ids, int n, int vocab);
     /* waits for queued work (and delivers the logits); returns a backend_status */
     int (*sync)(struct backend *b);
     /* Optional (NULL on the CPU): a decode-shaped step (every sequence one token) replays a
@@ -100,7 +106,7 @@ struct backend_ops {
      * BACKEND_GRAPH_REPLAYED (the step is queued; skip the ops), BACKEND_GRAPH_CAPTURING (run the
      * ops, then graph_end) or BACKEND_GRAPH_OFF (run the ops). graph_end returns non-zero when
      * the capture failed: the ops did not run and must be issued again. */
-    int (*graph_begin)(struct backend *b, int key, float *host_logits, size_t n_logit_floats);
+    int (*graph_begin)(struct backend *b, int key, float *host_logits, size_t n_logit_floats, int32_t *host_ids);
     int (*graph_end)(struct backend *b, int key);
     void (*destroy)(struct backend *b);
 };

@@ -9,6 +9,9 @@
 
 struct cpu_ctx {
     struct fwd_batch batch; // borrowed for the duration of a step
+    float *logits;          // the last logits computed (the caller's buffer or own)
+    float *own_logits;
+    size_t own_cap;
     float *scores;          // attention scratch, grown as needed
     size_t scores_cap;
 };
@@ -286,8 +289,31 @@ static void cpu_get_rows(struct backend *b, void *out, const void *x, int dim) {
 }
 
 static int cpu_logits(struct backend *b, float *host_logits, const void *x, const void *w, int n, int vocab, int dim) {
+    struct cpu_ctx *c = b->ctx;
+    if (!host_logits) {
+        size_t need = (size_t)n * vocab;
+        if (need > c->own_cap) {
+            free(c->own_logits);
+            c->own_logits = malloc(need * sizeof(float));
+            c->own_cap = c->own_logits ? need : 0;
+            if (!c->own_logits) return BACKEND_ERR_OOM;
+        }
+        host_logits = c->own_logits;
+    }
     cpu_matmul(b, host_logits, x, w, NULL, n, vocab, dim);
+    c->logits = host_logits;
     return BACKEND_OK;
+}
+
+static void cpu_argmax(struct backend *b, int32_t *host_ids, int n, int vocab) {
+    const float *l = ((struct cpu_ctx *)b->ctx)->logits;
+    for (int i = 0; i < n; i++) {
+        const float *row = l + (size_t)i * vocab;
+        int best = 0;
+        for (int j = 1; j < vocab; j++)
+            if (row[j] > row[best]) best = j;
+        host_ids[i] = best;
+    }
 }
 
 static int cpu_sync(struct backend *b) { return BACKEND_OK; }
@@ -295,6 +321,7 @@ static int cpu_sync(struct backend *b) { return BACKEND_OK; }
 static void cpu_destroy(struct backend *b) {
     struct cpu_ctx *c = b->ctx;
     free(c->scores);
+    free(c->own_logits);
     free(c);
     free(b);
 }
@@ -320,6 +347,7 @@ static const struct backend_ops cpu_ops = {
     .add_rmsnorm = cpu_add_rmsnorm,
     .get_rows = cpu_get_rows,
     .logits = cpu_logits,
+    .argmax = cpu_argmax,
     .sync = cpu_sync,
     .destroy = cpu_destroy,
 };

@@ -71,6 +71,7 @@ struct core {
     struct core_seq **b_seqs;
     int *b_want;
     float *logits, *work, *scratch, *lp;
+    int32_t *greedy_ids; // [max_num_seqs] argmax of each logits row, when the step needs no more
     struct engine_stats stats;
     struct util_rng seed_rng; // seeds of requests that give none
 };
@@ -293,11 +294,12 @@ int core_create(struct core **out, const struct engine_config *cfg_in, char *err
     c->b_seqs = malloc(sizeof(*c->b_seqs) * S);
     c->b_want = malloc(sizeof(int) * S);
     c->logits = malloc(sizeof(float) * (size_t)S * V);
+    c->greedy_ids = malloc(sizeof(int32_t) * S);
     c->work = malloc(sizeof(float) * V);
     c->scratch = malloc(sizeof(float) * V);
     c->lp = malloc(sizeof(float) * V);
     if (!c->b_tokens || !c->b_pos || !c->b_seq_start || !c->b_indptr || !c->b_slots || !c->b_rows || !c->b_seqs ||
-        !c->b_want || !c->logits || !c->work || !c->scratch || !c->lp) {
+        !c->b_want || !c->logits || !c->greedy_ids || !c->work || !c->scratch || !c->lp) {
         util_err(err, errlen, "out of memory");
         goto fail;
     }
@@ -359,6 +361,7 @@ void core_free(struct core *c) {
     free(c->b_seqs);
     free(c->b_want);
     free(c->logits);
+    free(c->greedy_ids);
     free(c->work);
     free(c->scratch);
     free(c->lp);
@@ -732,6 +735,14 @@ static int schedule(struct core *c, int *n_tokens) {
     return n;
 }
 
+/* True when the next token of s is the plain argmax of its logits: greedy, no logprobs, no
+ * bias or penalties, and no min_tokens masking left. */
+static bool seq_is_plain_greedy(const struct core *c, const struct core_seq *s) {
+    const struct engine_sampling *sp = &s->req->sp;
+    return !(sp->temperature >= 1e-5f) && sp->logprobs < 0 && sp->n_logit_bias == 0 && !s->smp.counts &&
+           !s->smp.in_prompt && s->n_generated >= sp->min_tokens;
+}
+
 /* After the prompt: the other choices start as copies sharing the prompt's blocks. */
 static int fork_choices(struct core *c, struct core_seq *parent) {
     struct core_request *r = parent->req;
@@ -784,8 +795,15 @@ int core_step(struct core *c) {
     }
     c->b_seq_start[n] = row;
     c->b_indptr[n] = n_blk;
+    /* greedy-only steps need just the argmax of each row: on a GPU that avoids copying
+     * vocab-sized rows to the host and scanning them there */
+    bool argmax_only = n_logits > 0;
+    for (int i = 0; argmax_only && i < n; i++) {
+        struct core_seq *s = c->b_seqs[i];
+        if (s->n_computed + c->b_want[i] == s->n_tokens) argmax_only = seq_is_plain_greedy(c, s);
+    }
     struct fwd_batch bt = {T, n, c->b_tokens, c->b_pos, c->b_seq_start, c->b_indptr, c->b_blocks, c->b_slots,
-                           n_logits, c->b_rows};
+                           n_logits, c->b_rows, c->greedy_ids, argmax_only};
     double t0 = util_now();
     int rc = model_forward(c->m, &c->kv, &bt, c->logits);
     double t1 = util_now();
@@ -819,8 +837,13 @@ int core_step(struct core *c) {
         int n_sample = s == r->seqs[0] && first_fork < r->n_choices ? r->n_choices - first_fork + 1 : 1;
         for (int k = 0; k < n_sample; k++) {
             struct core_seq *t = k == 0 ? s : r->seqs[first_fork + k - 1];
-            memcpy(c->work, raw, sizeof(float) * c->vocab);
-            int id = sampler_pick(&t->smp, &r->sp, c->work, c->vocab, t->n_generated, c->eos, c->n_eos, c->scratch);
+            int id;
+            if (argmax_only) {
+                id = c->greedy_ids[li - 1];
+            } else {
+                memcpy(c->work, raw, sizeof(float) * c->vocab);
+                id = sampler_pick(&t->smp, &r->sp, c->work, c->vocab, t->n_generated, c->eos, c->n_eos, c->scratch);
+            }
             bool last_choice = r->n_done + 1 >= r->n_choices;
             bool done = seq_accept_token(c, t, id, raw);
             if (done && last_choice) break; /* r was freed */

@@ -69,7 +69,7 @@ int generate_run(struct model *m, const int32_t *prompt, int n_prompt, const str
         int32_t seq_start[2] = {0, n}, indptr[2] = {0, n_blocks}, row = n - 1;
         bool last = done_upto + n == n_tok;
         int32_t slot = 0;
-        struct fwd_batch bt = {n, 1, toks + done_upto, pos, seq_start, indptr, blocks, &slot, last ? 1 : 0, &row};
+        struct fwd_batch bt = {n, 1, toks + done_upto, pos, seq_start, indptr, blocks, &slot, last ? 1 : 0, &row, NULL, false};
         if (model_forward(m, &kv, &bt, logits) != 0) {
             rc = util_err(err, errlen, "forward pass failed on the %s backend", m->b->name);
             goto done;

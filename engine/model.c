@@ -344,7 +344,9 @@ static void forward_ops(struct model *m, struct kv_cache *kv, const struct fwd_b
     if (batch->n_logits == 0) return;
     // LM head, only for the rows that sample (h already holds the final norm)
     op->get_rows(b, m->o, m->h, D);
-    op->logits(b, logits, m->o, m->lm_head, batch->n_logits, c->vocab_size, D);
+    op->logits(b, batch->argmax_out && batch->skip_logits ? NULL : logits, m->o, m->lm_head, batch->n_logits,
+               c->vocab_size, D);
+    if (batch->argmax_out) op->argmax(b, batch->argmax_out, batch->n_logits, c->vocab_size);
 }
 
 int model_forward(struct model *m, struct kv_cache *kv, const struct fwd_batch *batch, float *logits) {
@@ -356,7 +358,8 @@ int model_forward(struct model *m, struct kv_cache *kv, const struct fwd_batch *
     if (rc) return rc;
     int g = BACKEND_GRAPH_OFF;
     if (op->graph_begin && batch->n_seqs == T && batch->n_logits == T)
-        g = op->graph_begin(b, T, logits, (size_t)T * m->cfg.vocab_size);
+        g = op->graph_begin(b, batch->argmax_out && batch->skip_logits ? -T : T, logits, (size_t)T * m->cfg.vocab_size,
+                            batch->argmax_out);
     if (g != BACKEND_GRAPH_REPLAYED) {
         forward_ops(m, kv, batch, logits);
         if (g == BACKEND_GRAPH_CAPTURING && op->graph_end(b, T) != 0) forward_ops(m, kv, batch, logits);

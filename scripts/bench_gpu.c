@@ -61,7 +61,7 @@ int main(int argc, char **argv) {
         const struct backend_ops *op = b->ops;
         int D = m->cfg.dim, F = m->cfg.hidden_dim, QKV = (m->cfg.n_heads + 2 * m->cfg.n_kv_heads) * m->cfg.head_dim;
         int32_t tok = 5, pos = 100, ss[2] = {0, 1}, ip[2] = {0, 0}, row = 0;
-        struct fwd_batch bt = {1, 1, &tok, &pos, ss, ip, NULL, NULL, 1, &row};
+        struct fwd_batch bt = {1, 1, &tok, &pos, ss, ip, NULL, NULL, 1, &row, NULL, false};
         op->begin_step(b, &bt);
         op->sync(b);
         const struct layer_weights *w = &m->layers[0];

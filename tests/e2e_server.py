@@ -483,7 +483,11 @@ def test_drain(binary, model):
         for t in threads:
             t.start()
         deadline = time.time() + 20
-        while time.time() < deadline and srv.metrics().get("duoserve:generation_tokens_total", 0) < 1:
+        while time.time() < deadline:  # all four admitted to the engine (one running, three queued), tokens flowing
+            mt = srv.metrics()
+            if (mt.get("duoserve:generation_tokens_total", 0) >= 1 and
+                    mt.get("duoserve:num_requests_running", 0) + mt.get("duoserve:num_requests_waiting", 0) >= 4):
+                break
             time.sleep(0.01)
         srv.proc.send_signal(signal.SIGTERM)
         st_h, st_new = None, None

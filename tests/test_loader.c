@@ -234,7 +234,7 @@ static void test_sharded_checkpoint_loads_and_bad_index_is_rejected(void **state
     int V = m1->cfg.vocab_size;
     float *l1 = malloc(sizeof(float) * V), *l2 = malloc(sizeof(float) * V);
     int32_t tok[3] = {5, 9, 77}, pos[3] = {0, 1, 2}, ss[2] = {0, 3}, ip[2] = {0, 1}, blk = 0, row = 2;
-    struct fwd_batch bt = {3, 1, tok, pos, ss, ip, &blk, NULL, 1, &row};
+    struct fwd_batch bt = {3, 1, tok, pos, ss, ip, &blk, NULL, 1, &row, NULL, false};
     struct kv_cache kv;
     assert_int_equal(test_kv_init(&kv, b, m1, 16, 1), 0);
     assert_int_equal(model_forward(m1, &kv, &bt, l1), 0);

@@ -123,7 +123,7 @@ static void check_hf_family(const char *family) {
         int32_t *blocks = malloc(sizeof *blocks * nb);
         assert_int_equal(kv_cache_alloc(&kv, nb, blocks), KV_STATUS_OK);
         int32_t ss[2] = {0, T}, ip[2] = {0, nb};
-        struct fwd_batch bt = {T, 1, toks, pos, ss, ip, blocks, NULL, ng, rows};
+        struct fwd_batch bt = {T, 1, toks, pos, ss, ip, blocks, NULL, ng, rows, NULL, false};
         float *logits = malloc(sizeof *logits * (size_t)ng * V), *lp = malloc(sizeof *lp * V);
         assert_int_equal(model_forward(m, &kv, &bt, logits), 0);
         int i = 0;
@@ -206,10 +206,10 @@ static void test_batched_forward_equals_separate_forwards(void **state) {
     int32_t blk_a[3] = {5, 0, 7}, blk_b[2] = {3, 6};
     { /* alone */
         int32_t ss[2] = {0, NA}, ip[2] = {0, 3}, row = NA - 1;
-        struct fwd_batch bt = {NA, 1, ta, pa, ss, ip, blk_a, NULL, 1, &row};
+        struct fwd_batch bt = {NA, 1, ta, pa, ss, ip, blk_a, NULL, 1, &row, NULL, false};
         assert_int_equal(model_forward(m, &kv, &bt, alone), 0);
         int32_t ss2[2] = {0, NB}, ip2[2] = {0, 2}, row2 = NB - 1;
-        struct fwd_batch bt2 = {NB, 1, tb, pb, ss2, ip2, blk_b, NULL, 1, &row2};
+        struct fwd_batch bt2 = {NB, 1, tb, pb, ss2, ip2, blk_b, NULL, 1, &row2, NULL, false};
         assert_int_equal(model_forward(m, &kv, &bt2, alone + V), 0);
     }
     { /* together, b first, in other blocks */
@@ -220,7 +220,7 @@ static void test_batched_forward_equals_separate_forwards(void **state) {
         memcpy(pos + NB, pa, sizeof pa);
         int32_t ss[3] = {0, NB, NB + NA}, ip[3] = {0, 2, 5}, blocks[5] = {1, 4, 2, 6, 3};
         int32_t rows[2] = {NA + NB - 1, NB - 1};
-        struct fwd_batch bt = {NA + NB, 2, toks, pos, ss, ip, blocks, NULL, 2, rows};
+        struct fwd_batch bt = {NA + NB, 2, toks, pos, ss, ip, blocks, NULL, 2, rows, NULL, false};
         assert_int_equal(model_forward(m, &kv, &bt, both), 0);
     }
     assert_memory_equal(alone, both, sizeof(float) * 2 * V);
@@ -244,13 +244,13 @@ static void test_decode_step_matches_full_forward(void **state) {
     int32_t blocks[3] = {4, 1, 2}, blocks2[3] = {0, 5, 3};
     float *full = malloc(sizeof(float) * V), *step = malloc(sizeof(float) * V);
     int32_t ss[2] = {0, N}, ip[2] = {0, 3}, row = N - 1;
-    struct fwd_batch bt = {N, 1, toks, pos, ss, ip, blocks, NULL, 1, &row};
+    struct fwd_batch bt = {N, 1, toks, pos, ss, ip, blocks, NULL, 1, &row, NULL, false};
     assert_int_equal(model_forward(m, &kv, &bt, full), 0);
     int32_t ss1[2] = {0, N - 1}, row1 = N - 2;
-    struct fwd_batch pre = {N - 1, 1, toks, pos, ss1, ip, blocks2, NULL, 1, &row1};
+    struct fwd_batch pre = {N - 1, 1, toks, pos, ss1, ip, blocks2, NULL, 1, &row1, NULL, false};
     assert_int_equal(model_forward(m, &kv, &pre, step), 0);
     int32_t ss2[2] = {0, 1}, row2 = 0;
-    struct fwd_batch dec = {1, 1, toks + N - 1, pos + N - 1, ss2, ip, blocks2, NULL, 1, &row2};
+    struct fwd_batch dec = {1, 1, toks + N - 1, pos + N - 1, ss2, ip, blocks2, NULL, 1, &row2, NULL, false};
     assert_int_equal(model_forward(m, &kv, &dec, step), 0);
     for (int i = 0; i < V; i++) assert_float_equal(full[i], step[i], 1e-5);
     free(full);

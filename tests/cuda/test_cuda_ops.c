@@ -117,7 +117,7 @@ static void test_embed_rows_logits(void) {
     up2(&hc, &hg, zero, (size_t)T * D);
     int32_t toks[20], pos[20], ss[2] = {0, T}, ip[2] = {0, 0}, rows[3] = {19, 0, 7};
     for (int i = 0; i < T; i++) toks[i] = (int32_t)(util_rng_next(&rng) % V), pos[i] = i;
-    struct fwd_batch bt = {T, 1, toks, pos, ss, ip, NULL, NULL, 3, rows};
+    struct fwd_batch bt = {T, 1, toks, pos, ss, ip, NULL, NULL, 3, rows, NULL, false};
     batch_both(&bt);
     cpu->ops->embed(cpu, oc, tc, D);
     gpu->ops->embed(gpu, og, tg, D);
@@ -187,7 +187,7 @@ static void test_rope(void) {
             gpu->ops->upload_f32(gpu, ig, inv, hd / 2);
             int32_t pos[16], ss[2] = {0, T}, ip[2] = {0, 0};
             for (int i = 0; i < T; i++) pos[i] = (int32_t)(util_rng_next(&rng) % 32768);
-            struct fwd_batch bt = {T, 1, pos, pos, ss, ip, NULL, NULL, 0, NULL};
+            struct fwd_batch bt = {T, 1, pos, pos, ss, ip, NULL, NULL, 0, NULL, NULL, false};
             batch_both(&bt);
             cpu->ops->rope(cpu, qc, H + KV, hd, rs, ic);
             gpu->ops->rope(gpu, qg, H + KV, hd, rs, ig);
@@ -236,7 +236,7 @@ static void attention_case(int H, int KV, int hd, int n_stream, int ctx, int T, 
     }
     ss[n_seqs] = TT;
     ip[n_seqs] = NB;
-    struct fwd_batch bt = {TT, n_seqs, toks, pos, ss, ip, ids, slots, 0, NULL};
+    struct fwd_batch bt = {TT, n_seqs, toks, pos, ss, ip, ids, slots, 0, NULL, NULL, false};
     batch_both(&bt);
     struct attn_layer L = {.n_heads = H, .n_kv_heads = KV, .head_dim = hd, .n_full = n_full, .n_stream = n_stream,
                            .block_size = bs, .sink = sink, .recent = recent, .scale = 1.0f / sqrtf((float)hd)};
