@@ -216,8 +216,19 @@ int core_create(struct core **out, const struct engine_config *cfg_in, char *err
         fprintf(stderr, "duoserve: no -m given: using the built-in demo model (random weights, its text is noise) in %s\n", dir);
     }
     c->cfg.model_dir = dir;
-    if (!strcmp(c->cfg.device, "cuda")) c->b = backend_cuda_create(0, err, errlen);
-    else c->b = backend_cpu_create();
+    char auto_note[300] = "";
+    if (!strcmp(c->cfg.device, "auto")) { /* the GPU when there is one, else the CPU */
+        char why[256];
+        c->b = backend_cuda_create(0, why, sizeof why);
+        c->cfg.device = c->b ? "cuda" : "cpu";
+        if (!c->b) snprintf(auto_note, sizeof auto_note, "running on the CPU (%s)", why);
+    }
+    if (c->b) {
+    } else if (!strcmp(c->cfg.device, "cuda")) {
+        c->b = backend_cuda_create(0, err, errlen);
+    } else {
+        c->b = backend_cpu_create();
+    }
     if (!c->b) {
         if (strcmp(c->cfg.device, "cuda")) util_err(err, errlen, "out of memory");
         goto fail;
@@ -257,6 +268,7 @@ int core_create(struct core **out, const struct engine_config *cfg_in, char *err
     rc = model_load_duo(&c->m, dir, c->b, c->max_batch, streaming, err, errlen);
     free(streaming);
     if (rc) goto fail;
+    if (auto_note[0] && !c->cfg.quiet) fprintf(stderr, "duoserve: %s\n", auto_note);
     c->vocab = c->m->cfg.vocab_size;
     c->max_model_len = c->cfg.max_model_len > 0 && c->cfg.max_model_len < c->m->cfg.max_pos ? c->cfg.max_model_len
                                                                                               : c->m->cfg.max_pos;

@@ -44,7 +44,7 @@ static void usage(FILE *f) {
             "  --json                  print one JSON object\n"
             "\n"
             "engine options (generate and serve):\n"
-            "  --device cpu|cuda       backend (default cpu)\n"
+            "  --device auto|cpu|cuda  backend (default auto: the GPU when there is one)\n"
             "  --max-num-batched-tokens N   token budget of one step (prefill chunk size)\n"
             "  --max-num-seqs N        concurrent sequences\n"
             "  --max-model-len N       prompt + output limit (default: the model's)\n"
@@ -122,7 +122,7 @@ static int parse_float(const char *s, double lo, double hi, float *out) {
 static int parse_generate(int argc, char **argv, struct gen_cli *o) {
     o->sp = (struct engine_sampling){.n = 1, .max_tokens = 16, .top_p = 1.0f, .repetition_penalty = 1.0f,
                                      .skip_special_tokens = true, .logprobs = -1};
-    o->ec = (struct engine_config){.device = "cpu", .max_num_seqs = 8};
+    o->ec = (struct engine_config){.device = "auto", .max_num_seqs = 8};
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -185,7 +185,7 @@ static int parse_generate(int argc, char **argv, struct gen_cli *o) {
             o->ec.duo_pattern = v;
         } else if (!strcmp(a, "--device")) {
             NEED_VALUE();
-            if (strcmp(v, "cpu") && strcmp(v, "cuda")) return usage_error("--device: \"%s\" is not cpu or cuda", v);
+            if (strcmp(v, "cpu") && strcmp(v, "cuda") && strcmp(v, "auto")) return usage_error("--device: \"%s\" is not auto, cpu or cuda", v);
             o->ec.device = v;
         } else if (!strcmp(a, "--ignore-eos")) {
             o->sp.ignore_eos = true;

@@ -77,7 +77,7 @@ static const struct opt opts[] = {
     {"http-timeout", NULL, OPT_INT, O(http_timeout), 1, 86400, "S", "idle HTTP connection timeout (default 60)"},
     {"sse-keepalive", NULL, OPT_DOUBLE, O(sse_keepalive), 0.05, 3600, "S", "comment line on a stream idle this long (default 15)"},
     {"log-format", NULL, OPT_STR, O(log_format), 0, 0, "text|json", "log lines as text (default) or JSON objects"},
-    {"device", NULL, OPT_STR, O(device), 0, 0, "cpu|cuda", "backend (default cpu)"},
+    {"device", NULL, OPT_STR, O(device), 0, 0, "auto|cpu|cuda", "backend (default auto: the GPU when there is one)"},
     {"max-num-batched-tokens", NULL, OPT_INT, O(max_num_batched_tokens), 1, 1 << 24, "N", "tokens per engine step (default 2048 CPU, 8192 GPU)"},
     {"block-size", NULL, OPT_INT, O(block_size), 1, 1024, "N", "KV block size in tokens (default 16)"},
     {"kv-cache-memory", NULL, OPT_BYTES, O(kv_cache_memory), 0, 1e15, "BYTES", "CPU: bytes for the KV pools (default 256MiB)"},
@@ -285,7 +285,7 @@ int serve_main(int argc, char **argv) {
     struct serve_options o = {
         .host = "127.0.0.1", .port = 8000, .max_num_seqs = 64, .max_queue = 1024, .timeout = 600,
         .shutdown_timeout = 30, .max_request_bytes = 8u << 20, .max_connections = 1024, .http_threads = 4,
-        .http_timeout = 60, .sse_keepalive = 15, .log_format = "text", .device = "cpu", .block_size = 16,
+        .http_timeout = 60, .sse_keepalive = 15, .log_format = "text", .device = "auto", .block_size = 16,
         .gpu_memory_utilization = 0.9, .duo_sparsity = 0.5, .sink_tokens = 64, .recent_tokens = 256,
     };
     // --config (else $DUOSERVE_CONFIG) first, so flags given on the command line override it.
@@ -312,9 +312,9 @@ int serve_main(int argc, char **argv) {
         cJSON_Delete(config_doc);
         return usage_error("--log-format: \"%s\" is not text or json%s", o.log_format, "");
     }
-    if (strcmp(o.device, "cpu") && strcmp(o.device, "cuda")) {
+    if (strcmp(o.device, "cpu") && strcmp(o.device, "cuda") && strcmp(o.device, "auto")) {
         cJSON_Delete(config_doc);
-        return usage_error("--device: \"%s\" is not cpu or cuda%s", o.device, "");
+        return usage_error("--device: \"%s\" is not auto, cpu or cuda%s", o.device, "");
     }
     log_set_json(!strcmp(o.log_format, "json"));
     if (!o.api_key) o.api_key = getenv("DUOSERVE_API_KEY");
