@@ -12,25 +12,31 @@ __global__ void embed_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *table, con
     for (int i = threadIdx.x; i < dim; i += blockDim.x) out[(size_t)t * dim + i] = row[i];
 }
 
+// Sum of v over the block (blockDim.x a multiple of 32, at most 1024); every thread gets it.
+__device__ float block_sum(float v) {
+    __shared__ float partial[32];
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    __syncthreads(); /* partial may still be read by a previous call */
+    if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = v;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        v = threadIdx.x < (blockDim.x + 31) / 32 ? partial[threadIdx.x] : 0.0f;
+        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+        if (threadIdx.x == 0) partial[0] = v;
+    }
+    __syncthreads();
+    return partial[0];
+}
+
 // One block per row; f32 sum of squares reduced through shared memory.
 __global__ void rmsnorm_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *x, const __nv_bfloat16 *w, int dim, float eps) {
-    __shared__ float partial[32];
     const __nv_bfloat16 *xr = x + (size_t)blockIdx.x * dim;
     float ss = 0.0f;
     for (int i = threadIdx.x; i < dim; i += blockDim.x) {
         float v = __bfloat162float(xr[i]);
         ss += v * v;
     }
-    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-    if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = ss;
-    __syncthreads();
-    if (threadIdx.x < 32) {
-        ss = threadIdx.x < (blockDim.x + 31) / 32 ? partial[threadIdx.x] : 0.0f;
-        for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-        if (threadIdx.x == 0) partial[0] = ss;
-    }
-    __syncthreads();
-    float inv = rsqrtf(partial[0] / dim + eps);
+    float inv = rsqrtf(block_sum(ss) / dim + eps);
     __nv_bfloat16 *orow = out + (size_t)blockIdx.x * dim;
     for (int i = threadIdx.x; i < dim; i += blockDim.x)
         orow[i] = __float2bfloat16(__bfloat162float(w[i]) * (__bfloat162float(xr[i]) * inv));
@@ -64,7 +70,6 @@ __global__ void silu_mul_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *gu, int
 // x += y, then out = rmsnorm(x) * w; one block per row.
 __global__ void add_rmsnorm_kernel(__nv_bfloat16 *out, __nv_bfloat16 *x, const __nv_bfloat16 *y,
                                    const __nv_bfloat16 *w, int dim, float eps) {
-    __shared__ float partial[32];
     __nv_bfloat16 *xr = x + (size_t)blockIdx.x * dim;
     const __nv_bfloat16 *yr = y + (size_t)blockIdx.x * dim;
     float ss = 0.0f;
@@ -74,16 +79,7 @@ __global__ void add_rmsnorm_kernel(__nv_bfloat16 *out, __nv_bfloat16 *x, const _
         float v = __bfloat162float(s);
         ss += v * v;
     }
-    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-    if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = ss;
-    __syncthreads();
-    if (threadIdx.x < 32) {
-        ss = threadIdx.x < (blockDim.x + 31) / 32 ? partial[threadIdx.x] : 0.0f;
-        for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-        if (threadIdx.x == 0) partial[0] = ss;
-    }
-    __syncthreads();
-    float inv = rsqrtf(partial[0] / dim + eps);
+    float inv = rsqrtf(block_sum(ss) / dim + eps);
     __nv_bfloat16 *orow = out + (size_t)blockIdx.x * dim;
     for (int i = threadIdx.x; i < dim; i += blockDim.x)
         orow[i] = __float2bfloat16(__bfloat162float(w[i]) * (__bfloat162float(xr[i]) * inv));

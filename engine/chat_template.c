@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "engine/jinja.h"
+#include "engine/util.h"
 
 struct chat_template {
     struct jinja_template *main;     // "default", or the only template
@@ -55,52 +56,6 @@ __attribute__((format(printf, 4, 5))) static int fail(int status, char *err, siz
     return status;
 }
 
-/* Whole file, NUL-terminated. Returns 0, or -1 with errno set. */
-static int read_file(const char *path, char **out, size_t *len) {
-    *out = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f) return -1;
-    size_t cap = 4096, n = 0;
-    char *buf = malloc(cap);
-    while (buf) {
-        n += fread(buf + n, 1, cap - n - 1, f);
-        if (n < cap - 1) break;
-        char *nb = cap < (SIZE_MAX >> 1) ? realloc(buf, cap * 2) : NULL;
-        if (!nb) {
-            free(buf);
-            buf = NULL;
-            break;
-        }
-        buf = nb;
-        cap *= 2;
-    }
-    int io_err = ferror(f);
-    fclose(f);
-    if (!buf) {
-        errno = ENOMEM;
-        return -1;
-    }
-    if (io_err) {
-        free(buf);
-        errno = EIO;
-        return -1;
-    }
-    buf[n] = 0;
-    *out = buf;
-    if (len) *len = n;
-    return 0;
-}
-
-static char *path_join(const char *dir, const char *name) {
-    size_t a = strlen(dir), b = strlen(name);
-    char *p = malloc(a + b + 2);
-    if (!p) return NULL;
-    memcpy(p, dir, a);
-    size_t k = a;
-    if (k && p[k - 1] != '/') p[k++] = '/';
-    memcpy(p + k, name, b + 1);
-    return p;
-}
 
 /* A special token as tokenizer_config.json writes it: "<s>", or an AddedToken object
  * {"content": "<s>", ...}, or null. */
@@ -205,13 +160,13 @@ int chat_template_load(const char *model_dir, const char *template_file, struct 
 
     // 1. tokenizer_config.json: special tokens, and the template unless another is given.
     if (model_dir) {
-        cfg_path = path_join(model_dir, "tokenizer_config.json");
-        jinja_path = path_join(model_dir, "chat_template.jinja");
+        cfg_path = util_path_join(model_dir, "tokenizer_config.json");
+        jinja_path = util_path_join(model_dir, "chat_template.jinja");
         if (!cfg_path || !jinja_path) {
             rc = fail(CHAT_TEMPLATE_ERR_NOMEM, err, errlen, "out of memory");
             goto done;
         }
-        if (read_file(cfg_path, &text, &len) == 0) {
+        if (util_read_file(cfg_path, &text, &len) == 0) {
             cfg = cJSON_ParseWithLength(text, len);
             free(text);
             text = NULL;
@@ -229,13 +184,13 @@ int chat_template_load(const char *model_dir, const char *template_file, struct 
 
     // 2. The template: the user's file, else chat_template.jinja, else the config's.
     if (template_file) {
-        if (read_file(template_file, &text, &len) != 0) {
+        if (util_read_file(template_file, &text, &len) != 0) {
             rc = fail(CHAT_TEMPLATE_ERR_IO, err, errlen, "cannot read chat template %s: %s",
                       template_file, strerror(errno));
             goto done;
         }
         rc = parse(text, len, template_file, &ct->main, err, errlen);
-    } else if (read_file(jinja_path, &text, &len) == 0) {
+    } else if (util_read_file(jinja_path, &text, &len) == 0) {
         rc = parse(text, len, jinja_path, &ct->main, err, errlen);
     } else if (errno != ENOENT) {
         rc = fail(CHAT_TEMPLATE_ERR_IO, err, errlen, "%s: %s", jinja_path, strerror(errno));
