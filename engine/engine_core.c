@@ -265,9 +265,20 @@ int core_create(struct core **out, const struct engine_config *cfg_in, char *err
     }
     c->max_batch = c->cfg.max_num_batched_tokens;
     util_rng_seed(&c->seed_rng, (uint64_t)(util_now() * 1e9) ^ (uint64_t)getpid());
+    double t_load = util_now();
     rc = model_load_duo(&c->m, dir, c->b, c->max_batch, streaming, err, errlen);
     free(streaming);
     if (rc) goto fail;
+    if (!c->cfg.quiet) {
+        const struct model_config *k = &c->m->cfg;
+        double qd = (double)k->n_heads * k->head_dim, kd = (double)k->n_kv_heads * k->head_dim;
+        double params = (double)k->vocab_size * k->dim * (k->tie_embeddings ? 1 : 2) + k->dim +
+                        (double)k->n_layers * (k->dim * (qd + 2 * kd) + qd * k->dim + 3.0 * k->dim * k->hidden_dim + 2.0 * k->dim);
+        fprintf(stderr, "duoserve: loaded %s (%s, %d layers, %.2f%s parameters, %.2f GiB on %s) in %.1f s\n", dir,
+                model_arch_name(k->arch), k->n_layers, params >= 1e9 ? params / 1e9 : params / 1e6,
+                params >= 1e9 ? "B" : "M", params * c->b->ops->act_size / 1073741824.0, c->b->name,
+                util_now() - t_load);
+    }
     if (auto_note[0] && !c->cfg.quiet) fprintf(stderr, "duoserve: %s\n", auto_note);
     c->vocab = c->m->cfg.vocab_size;
     c->max_model_len = c->cfg.max_model_len > 0 && c->cfg.max_model_len < c->m->cfg.max_pos ? c->cfg.max_model_len
