@@ -24,7 +24,6 @@ int cuda_rope(void *x, const int32_t *pos, const float *inv_freq, int n, int n_h
               cudaStream_t s);
 int cuda_silu_mul(void *out, const void *gu, int rows, int F, cudaStream_t s);
 int cuda_add_rmsnorm(void *out, void *x, const void *y, const void *w, int n, int dim, float eps, cudaStream_t s);
-int cuda_add(void *x, const void *y, size_t n, cudaStream_t s);
 int cuda_add_bias(void *x, const void *bias, int n, int dim, cudaStream_t s);
 int cuda_get_rows(void *out, const void *x, const int32_t *rows, int n, int dim, cudaStream_t s);
 int cuda_f32_to_bf16(void *dst, const float *src, size_t n, cudaStream_t s);
@@ -304,7 +303,6 @@ static void cu_add_rmsnorm(struct backend *b, void *out, void *x, const void *y,
     CKI(b, cuda_add_rmsnorm(out, x, y, w, n, dim, eps, CTX(b)->stream));
 }
 
-static void cu_add(struct backend *b, void *x, const void *y, size_t n) { CKI(b, cuda_add(x, y, n, CTX(b)->stream)); }
 
 static void cu_get_rows(struct backend *b, void *out, const void *x, int dim) {
     struct cuda_ctx *c = CTX(b);
@@ -457,7 +455,6 @@ static struct backend_ops make_ops(void) {
     o.rope = cu_rope;
     o.attention = cu_attention;
     o.silu_mul = cu_silu_mul;
-    o.add = cu_add;
     o.add_rmsnorm = cu_add_rmsnorm;
     o.get_rows = cu_get_rows;
     o.logits = cu_logits;

@@ -85,10 +85,6 @@ __global__ void add_rmsnorm_kernel(__nv_bfloat16 *out, __nv_bfloat16 *x, const _
         orow[i] = __float2bfloat16(__bfloat162float(w[i]) * (__bfloat162float(xr[i]) * inv));
 }
 
-__global__ void add_kernel(__nv_bfloat16 *x, const __nv_bfloat16 *y, size_t n) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) x[i] = __float2bfloat16(__bfloat162float(x[i]) + __bfloat162float(y[i]));
-}
 
 __global__ void add_bias_kernel(__nv_bfloat16 *x, const __nv_bfloat16 *bias, int dim, size_t n) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -218,11 +214,5 @@ int cuda_add_rmsnorm(void *out, void *x, const void *y, const void *w, int n, in
     return 0;
 }
 
-int cuda_add(void *x, const void *y, size_t n, cudaStream_t s) {
-    if (n == 0) return 0;
-    add_kernel<<<cuda_blocks(n, 256), 256, 0, s>>>((__nv_bfloat16 *)x, (const __nv_bfloat16 *)y, n);
-    CUDA_CHECK(cudaGetLastError());
-    return 0;
-}
 
 }  // extern "C"

@@ -88,8 +88,6 @@ struct backend_ops {
     void (*attention)(struct backend *b, void *out, const void *qkv, int row_stride, const struct attn_layer *layer);
     /* out[t][i] = silu(gu[t][i]) * gu[t][F + i] for n rows (gate | up stacked per row) */
     void (*silu_mul)(struct backend *b, void *out, const void *gu, int n, int F);
-    /* x[i] += y[i] */
-    void (*add)(struct backend *b, void *x, const void *y, size_t n);
     /* x += y, then out = rmsnorm(x) * w, for n rows of dim */
     void (*add_rmsnorm)(struct backend *b, void *out, void *x, const void *y, const void *w, int n, int dim, float eps);
     /* out[i][dim] = x[logit_rows[i]][dim] */

@@ -343,7 +343,6 @@ static const struct backend_ops cpu_ops = {
     .rope = cpu_rope,
     .attention = cpu_attention,
     .silu_mul = cpu_silu_mul,
-    .add = cpu_add,
     .add_rmsnorm = cpu_add_rmsnorm,
     .get_rows = cpu_get_rows,
     .logits = cpu_logits,

@@ -113,18 +113,14 @@ static void process_inbox(struct engine *e) {
     struct engine_handle *in = e->inbox;
     e->inbox = NULL;
     pthread_mutex_unlock(&e->mu);
-    while (in) { /* reverse to FCFS order */
-        struct engine_handle *n = in->next, *rev = NULL;
-        (void)n;
-        while (in) {
-            struct engine_handle *nx = in->next;
-            in->next = rev;
-            rev = in;
-            in = nx;
-        }
-        in = rev;
-        break;
+    struct engine_handle *fifo = NULL; /* the inbox is a stack: reverse it to FCFS order */
+    while (in) {
+        struct engine_handle *nx = in->next;
+        in->next = fifo;
+        fifo = in;
+        in = nx;
     }
+    in = fifo;
     for (struct engine_handle *h = in, *nx; h; h = nx) {
         nx = h->next;
         char err[256];

@@ -631,7 +631,6 @@ static bool seq_accept_token(struct core *c, struct core_seq *s, int32_t id, con
     if (c->tok && (!stop_token || sp->include_stop_str_in_output)) {
         const char *piece;
         size_t plen;
-        size_t before = s->text_len;
         if (tokenizer_stream_push(&s->detok, id, &piece, &plen) == 0) text_append(s, piece, plen);
         /* stop strings: earliest match in the text not yet sent (matches may straddle tokens) */
         if (!fin && past_min && sp->n_stop) {
@@ -650,7 +649,6 @@ static bool seq_accept_token(struct core *c, struct core_seq *s, int32_t id, con
                 s->text[s->text_len] = 0;
             }
         }
-        (void)before;
     }
     if (!fin && (s->n_generated >= sp->max_tokens || s->n_tokens >= c->max_model_len)) fin = ENGINE_FINISH_LENGTH;
     if (fin) {

@@ -130,22 +130,9 @@ bool utf8_is_word(uint32_t cp) {
 }
 
 size_t utf8_lossy(const char *in, size_t n, char *out) {
-    const unsigned char *p = (const unsigned char *)in;
-    size_t i = 0, o = 0;
-    while (i < n) {
-        bool complete, cut;
-        size_t k = utf8_scan(p + i, n - i, &complete, &cut);
-        if (complete) {
-            memcpy(out + o, p + i, k);
-            o += k;
-            i += k;
-        } else {
-            memcpy(out + o, UTF8_REPLACEMENT, 3);
-            o += 3;
-            i += k ? k : 1;
-        }
-    }
-    return o;
+    struct utf8_lossy_stream st = {{0}, 0};
+    size_t o = utf8_lossy_feed(&st, in, n, out);
+    return o + utf8_lossy_finish(&st, out + o);
 }
 
 size_t utf8_lossy_feed(struct utf8_lossy_stream *st, const char *in, size_t n, char *out) {

@@ -70,7 +70,7 @@ int main(int argc, char **argv) {
             const char *name;
             int kind;
         } ops[] = {{"add_rmsnorm 4096", 0}, {"matmul qkv 6144x4096", 1}, {"matmul gate|up 28672x4096", 2},
-                   {"matmul down 4096x14336", 3}, {"silu_mul 14336", 4}, {"add 4096", 5}, {"rope", 6},
+                   {"matmul down 4096x14336", 3}, {"silu_mul 14336", 4}, {"rope", 6},
                    {"logits 128256x4096", 7}, {"begin_step+sync", 8}};
         for (size_t k = 0; k < sizeof ops / sizeof ops[0]; k++) {
             int reps = 200;
@@ -83,7 +83,6 @@ int main(int argc, char **argv) {
                 case 2: op->matmul(b, m->gu, m->h, w->w_gateup, NULL, 1, 2 * F, D); break;
                 case 3: op->matmul(b, m->o, m->act, w->w_down, NULL, 1, D, F); break;
                 case 4: op->silu_mul(b, m->act, m->gu, 1, F); break;
-                case 5: op->add(b, m->x, m->o, D); break;
                 case 6: op->rope(b, m->qkv, m->cfg.n_heads + m->cfg.n_kv_heads, m->cfg.head_dim, QKV, m->inv_freq); break;
                 case 7: op->logits(b, host, m->h, m->lm_head, 1, V, D); break;
                 case 8: op->begin_step(b, &bt); op->sync(b); break;

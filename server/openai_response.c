@@ -249,15 +249,23 @@ char *openai_response_json(const struct openai_resp_ctx *ctx, const struct opena
     return print_and_free(root);
 }
 
-char *openai_chunk_sse(const struct openai_resp_ctx *ctx, int index, const char *text, const struct engine_event *ev,
-                       size_t text_offset, enum engine_finish finish, const char *stop_str, int32_t stop_id) {
+/* A stream chunk (id, object, created, model) holding one choice {"index": index}, in *ch. */
+static cJSON *chunk_with_choice(const struct openai_resp_ctx *ctx, int index, cJSON **ch) {
     cJSON *root = cJSON_CreateObject();
     if (!root) return NULL;
     add_common(root, ctx, true);
     cJSON *arr = cJSON_AddArrayToObject(root, "choices");
-    cJSON *ch = cJSON_CreateObject();
-    cJSON_AddItemToArray(arr, ch);
-    cJSON_AddNumberToObject(ch, "index", index);
+    *ch = cJSON_CreateObject();
+    cJSON_AddItemToArray(arr, *ch);
+    cJSON_AddNumberToObject(*ch, "index", index);
+    return root;
+}
+
+char *openai_chunk_sse(const struct openai_resp_ctx *ctx, int index, const char *text, const struct engine_event *ev,
+                       size_t text_offset, enum engine_finish finish, const char *stop_str, int32_t stop_id) {
+    cJSON *ch;
+    cJSON *root = chunk_with_choice(ctx, index, &ch);
+    if (!root) return NULL;
     bool with_lp = ctx->logprobs >= 0 && ev && ev->type == ENGINE_EVENT_TOKEN;
     if (ctx->kind == OPENAI_CHAT) {
         cJSON *delta = cJSON_AddObjectToObject(ch, "delta");
@@ -286,13 +294,9 @@ char *openai_chunk_sse(const struct openai_resp_ctx *ctx, int index, const char 
 }
 
 char *openai_chunk_role_sse(const struct openai_resp_ctx *ctx, int index) {
-    cJSON *root = cJSON_CreateObject();
+    cJSON *ch;
+    cJSON *root = chunk_with_choice(ctx, index, &ch);
     if (!root) return NULL;
-    add_common(root, ctx, true);
-    cJSON *arr = cJSON_AddArrayToObject(root, "choices");
-    cJSON *ch = cJSON_CreateObject();
-    cJSON_AddItemToArray(arr, ch);
-    cJSON_AddNumberToObject(ch, "index", index);
     cJSON *delta = cJSON_AddObjectToObject(ch, "delta");
     cJSON_AddStringToObject(delta, "role", "assistant");
     cJSON_AddStringToObject(delta, "content", "");
