@@ -1,15 +1,17 @@
 // Attention over the two KV pools on the GPU: appending K/V to the paged full pool and to the
-// streaming slots, and one kernel for prefill and decode with the same masks as the CPU
-// reference (engine/backend_cpu.c): retrieval heads are causal (and windowed when the model
-// says so), a streaming head's query at position i sees key j iff j <= i and
-// (j < sink or i - j < recent). Keys of the current chunk are read from the batch, older ones
-// from the pools, so results do not depend on chunking.
+// streaming slots, and the attention itself with the same masks as the CPU reference
+// (engine/backend_cpu.c): retrieval heads are causal (and windowed when the model says so), a
+// streaming head's query at position i sees key j iff j <= i and (j < sink or i - j < recent).
+// Keys of the current chunk are read from the batch, older ones from the pools, so results do
+// not depend on chunking.
 //
-// Layout: one thread block per (query token, query head); its 4 warps take every 4th visible
-// key, lanes split the head dimension, each warp keeps an online softmax, and the warps merge
-// at the end. Lane l owns dims l, l + 32, ... (coalesced loads). K/V rows of a GQA group are read once per query head (not yet shared).
+// flash_kernel (tensor cores, below) serves head dims up to 128 that are multiples of 8 and
+// GQA groups up to 16; attn_kernel (CUDA cores: one block per (query token, query head), 4
+// warps taking every 4th visible key, lanes splitting the head dimension, online softmax per
+// warp, merged at the end) serves the rest.
 #include <cuda_bf16.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "cuda/cuda_attention.h"
 #include "cuda/cuda_common.h"
@@ -133,6 +135,271 @@ __global__ void attn_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *q, const __
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Tensor-core attention (FlashAttention-2 style, mma.m16n8k16), for prefill and decode alike.
+// One warp owns a "unit": 16 query rows = (token, head) pairs of one sequence and one KV head,
+// heads of the GQA group fastest (G = 4: 4 tokens x 4 heads; a decode token: 4 of 16 rows), so
+// each K/V tile is read once for the whole group. Keys are walked in tiles of FA_KT absolute
+// positions (tile k = positions [k FA_KT, (k + 1) FA_KT)), in order, wherever they live: the
+// paged pool (retrieval heads), the sink rows and recent ring of the streaming slot, or this
+// step's batch rows. A row's result therefore depends only on its own visible keys, never on
+// which rows share its unit or how the prompt was chunked: tiles a row cannot see add exactly
+// nothing (p = 0, correction 1). That keeps greedy outputs identical alone, batched and chunked.
+// Invisible keys are zero-filled, never read, so stale pool rows cannot inject NaN.
+#define FA_KT 32
+
+__device__ __forceinline__ void fa_cp16(void *smem, const void *gmem, bool pred) {
+    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(pred ? 16 : 0));
+}
+__device__ __forceinline__ void fa_ldsm_x4(uint32_t *r, const void *p) {
+    unsigned s = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s));
+}
+__device__ __forceinline__ void fa_ldsm_x4_t(uint32_t *r, const void *p) {
+    unsigned s = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s));
+}
+__device__ __forceinline__ void fa_mma(float *c, const uint32_t *a, uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// Two probabilities as bf16 pairs: head (x rounded) and remainder (x - head, rounded).
+__device__ __forceinline__ void split_p(float x0, float x1, uint32_t &hi, uint32_t &lo) {
+    __nv_bfloat162 h = __floats2bfloat162_rn(x0, x1);
+    float2 hf = __bfloat1622float2(h);
+    __nv_bfloat162 l = __floats2bfloat162_rn(x0 - hf.x, x1 - hf.y);
+    hi = *reinterpret_cast<uint32_t *>(&h);
+    lo = *reinterpret_cast<uint32_t *>(&l);
+}
+
+// HDP: the head dim padded to a multiple of 16 (16, 32, 64 or 128); dims >= head_dim are zero.
+// A block of FA_WARPS warps takes FA_WARPS consecutive units of one sequence and KV head: they
+// share every K/V tile through shared memory (loaded by all threads), each warp computing its
+// own rows; a warp skips tiles none of its rows can see, which changes nothing for them.
+#define FA_WARPS 4
+template <int HDP> struct fa_smem {
+    static constexpr int LD = HDP + 8; // padded smem rows: conflict-free ldmatrix
+    static constexpr size_t BYTES = (size_t)(4 * FA_KT + 16 * FA_WARPS) * LD * 2; // K, V x 2 buffers; Q per warp
+};
+
+template <int HDP>
+__global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *q,
+                                                              const __nv_bfloat16 *kb, const __nv_bfloat16 *vb, int rs,
+                                                              struct cuda_attn_args a) {
+    constexpr int LD = fa_smem<HDP>::LD;
+    extern __shared__ __align__(16) unsigned char fa_raw[];
+    __nv_bfloat16 *sk = reinterpret_cast<__nv_bfloat16 *>(fa_raw), *sv = sk + 2 * FA_KT * LD;
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, tb = blockIdx.x, kvh = blockIdx.y;
+    __nv_bfloat16 *sq = sv + 2 * FA_KT * LD + warp * 16 * LD;
+    const int HD = a.head_dim;
+    const int G = a.n_heads / a.n_kv_heads, TPU = G >= 16 ? 1 : 16 / G; // tokens per unit (warp)
+    const int s = a.tok_seq[tb], row0 = a.seq_start[s], row_end = a.seq_start[s + 1];
+    if ((tb - row0) % (TPU * FA_WARPS)) return; // not the first token of a block's units
+    const int t0 = tb + warp * TPU, nt = max(0, min(TPU, row_end - t0)), nrows = nt * G;
+    const int pos0 = a.pos[row0], pos_last = a.pos[row_end - 1]; // this step's positions of s
+    const int pb_first = a.pos[tb], pb_last = pb_first + min(TPU * FA_WARPS, row_end - tb) - 1;
+    const int p_first = pb_first + warp * TPU, p_last = p_first + nt - 1;
+    const bool full = kvh < a.n_full;
+
+    // this warp's Q rows into smem (zero rows/dims beyond the unit)
+    for (int i = lane; i < 16 * (HDP / 8); i += 32) {
+        int r = i / (HDP / 8), c = (i % (HDP / 8)) * 8;
+        bool ok = r < nrows && c < HD;
+        const __nv_bfloat16 *src = ok ? q + (size_t)(t0 + r / G) * rs + (size_t)(kvh * G + r % G) * HD + c : q;
+        fa_cp16(sq + r * LD + c, src, ok);
+    }
+    asm volatile("cp.async.commit_group;\n" ::);
+
+    // tiles a query range [pf, pl] needs: [lo0, hi0] then [lo1, hi1] (streaming: sink, recent)
+    auto range = [&](int pf, int pl, int &lo0, int &hi0, int &lo1, int &hi1) {
+        lo1 = 1, hi1 = 0;
+        if (full) {
+            int first = a.sliding_window > 0 ? max(0, pf - a.sliding_window + 1) : 0;
+            lo0 = first / FA_KT;
+            hi0 = pl / FA_KT;
+        } else {
+            int sink_end = min(a.sink, pl + 1);
+            lo0 = 0;
+            hi0 = sink_end > 0 ? (sink_end - 1) / FA_KT : -1;
+            lo1 = max(hi0 + 1, max(0, pf - a.recent + 1) / FA_KT);
+            hi1 = pl / FA_KT;
+        }
+    };
+    int lo0, hi0, lo1, hi1, wlo0, whi0, wlo1, whi1;
+    range(pb_first, pb_last, lo0, hi0, lo1, hi1); // the block walks these
+    range(p_first, p_last, wlo0, whi0, wlo1, whi1); // this warp computes on these
+    const int n0 = hi0 - lo0 + 1, n_tiles = n0 + max(0, hi1 - lo1 + 1);
+    auto tile_at = [&](int i) { return i < n0 ? lo0 + i : lo1 + (i - n0); };
+
+    // 4 threads per key row: one pool lookup each, then every 4th 16-byte chunk of the row
+    auto load_tile = [&](int buf, int tile) {
+        for (int i = tid; i < FA_KT * 4; i += 32 * FA_WARPS) {
+            int kr = i / 4, part = i % 4, j = tile * FA_KT + kr;
+            const __nv_bfloat16 *kp = NULL, *vp = NULL;
+            if (full) {
+                if (j <= pos_last) {
+                    int blk = a.block_ids[a.block_indptr[s] + j / a.block_size];
+                    size_t off = (((size_t)blk * a.block_size + (size_t)(j % a.block_size)) * a.n_full + (size_t)kvh) * HD;
+                    kp = a.k_full + off;
+                    vp = a.v_full + off;
+                }
+            } else if (j >= pos0) {
+                if (j <= pos_last) {
+                    size_t off = (size_t)(row0 + j - pos0) * rs + (size_t)kvh * HD;
+                    kp = kb + off;
+                    vp = vb + off;
+                }
+            } else if (j < a.sink || j >= pos0 - a.recent) {
+                size_t off = stream_off(a, a.stream_slot[s], j, kvh - a.n_full);
+                kp = a.k_stream + off;
+                vp = a.v_stream + off;
+            }
+            __nv_bfloat16 *dk = sk + (buf * FA_KT + kr) * LD, *dv = sv + (buf * FA_KT + kr) * LD;
+            for (int c = part * 8; c < HDP; c += 32) {
+                if (c < HD) {
+                    fa_cp16(dk + c, kp ? kp + c : kb, kp != NULL);
+                    fa_cp16(dv + c, vp ? vp + c : vb, vp != NULL);
+                } else { // padded dims are zero
+                    *reinterpret_cast<uint4 *>(dk + c) = make_uint4(0, 0, 0, 0);
+                    *reinterpret_cast<uint4 *>(dv + c) = make_uint4(0, 0, 0, 0);
+                }
+            }
+        }
+    };
+
+    load_tile(0, tile_at(0)); // n_tiles >= 1: every query sees itself
+    asm volatile("cp.async.commit_group;\n" ::);
+
+    const int g = lane / 4, qd = lane % 4;
+    // this thread's two rows: g and g + 8; their positions (or -1 when the row is padding)
+    int ipos[2];
+    for (int h = 0; h < 2; h++) {
+        int r = g + 8 * h;
+        ipos[h] = r < nrows ? p_first + r / G : -1;
+    }
+    const float sl2 = a.scale * 1.4426950408889634f; // scores in log2 units: exp2f
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+    float o[HDP / 8][4];
+    for (int d = 0; d < HDP / 8; d++)
+        for (int e = 0; e < 4; e++) o[d][e] = 0.0f;
+    uint32_t qa[HDP / 16][4];
+
+    for (int it = 0; it < n_tiles; it++) {
+        int buf = it & 1, tile = tile_at(it);
+        if (it + 1 < n_tiles) load_tile(buf ^ 1, tile_at(it + 1));
+        asm volatile("cp.async.commit_group;\n" ::);
+        asm volatile("cp.async.wait_group 1;\n" ::);
+        __syncthreads();
+        if (it == 0)
+            for (int k = 0; k < HDP / 16; k++) fa_ldsm_x4(qa[k], sq + (lane % 16) * LD + k * 16 + (lane / 16) * 8);
+        bool mine = nrows > 0 && ((tile >= wlo0 && tile <= whi0) || (tile >= wlo1 && tile <= whi1));
+        if (mine) {
+            const __nv_bfloat16 *ck = sk + buf * FA_KT * LD, *cv = sv + buf * FA_KT * LD;
+            // S = Q K^T: 16 rows x FA_KT keys
+            float sc[FA_KT / 8][4];
+            for (int n = 0; n < FA_KT / 8; n++) {
+                for (int e = 0; e < 4; e++) sc[n][e] = 0.0f;
+                for (int k = 0; k < HDP / 16; k += 2) {
+                    uint32_t b[4]; // keys n*8 + lane%8, dims k*16 + (lane/8)*8: two k16 steps at once
+                    if (k + 1 < HDP / 16) {
+                        fa_ldsm_x4(b, ck + (n * 8 + lane % 8) * LD + k * 16 + (lane / 8) * 8);
+                        fa_mma(sc[n], qa[k], b[0], b[1]);
+                        fa_mma(sc[n], qa[k + 1], b[2], b[3]);
+                    } else {
+                        fa_ldsm_x4(b, ck + (n * 8 + lane % 8) * LD + k * 16 + ((lane / 8) % 2) * 8);
+                        fa_mma(sc[n], qa[k], b[0], b[1]);
+                    }
+                }
+            }
+            // mask, online softmax (each row's scores live in one quad of lanes)
+            float corr[2];
+            for (int h = 0; h < 2; h++) {
+                float mx = -INFINITY;
+                for (int n = 0; n < FA_KT / 8; n++)
+                    for (int e = 0; e < 2; e++) {
+                        int j = tile * FA_KT + n * 8 + 2 * qd + e, i = ipos[h];
+                        bool vis = i >= 0 && j <= i &&
+                                   (full ? (a.sliding_window <= 0 || i - j < a.sliding_window)
+                                         : (j < a.sink || i - j < a.recent));
+                        float v = vis ? sc[n][2 * h + e] * sl2 : -INFINITY;
+                        sc[n][2 * h + e] = v;
+                        mx = fmaxf(mx, v);
+                    }
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                float mn = fmaxf(m[h], mx);
+                corr[h] = mn == -INFINITY ? 1.0f : exp2f(m[h] - mn);
+                float sum = 0.0f;
+                for (int n = 0; n < FA_KT / 8; n++)
+                    for (int e = 0; e < 2; e++) {
+                        float p = mn == -INFINITY ? 0.0f : exp2f(sc[n][2 * h + e] - mn);
+                        sc[n][2 * h + e] = p;
+                        sum += p;
+                    }
+                l[h] = l[h] * corr[h] + sum;
+                m[h] = mn;
+            }
+            for (int d = 0; d < HDP / 8; d++) {
+                o[d][0] *= corr[0], o[d][1] *= corr[0];
+                o[d][2] *= corr[1], o[d][3] *= corr[1];
+            }
+            // O += P V with P straight from the score registers as the A operand, split into a
+            // bf16 head and a bf16 remainder (two MMAs): P keeps ~16 bits, close to the f32 reference
+            for (int c = 0; c < FA_KT / 16; c++) {
+                uint32_t ph[4], pl[4];
+                split_p(sc[2 * c][0], sc[2 * c][1], ph[0], pl[0]);
+                split_p(sc[2 * c][2], sc[2 * c][3], ph[1], pl[1]);
+                split_p(sc[2 * c + 1][0], sc[2 * c + 1][1], ph[2], pl[2]);
+                split_p(sc[2 * c + 1][2], sc[2 * c + 1][3], ph[3], pl[3]);
+                for (int d = 0; d < HDP / 8; d += 2) {
+                    uint32_t b[4]; // keys c*16 + lane%16, dims d*8 + (lane/16)*8, transposed
+                    fa_ldsm_x4_t(b, cv + (c * 16 + lane % 16) * LD + d * 8 + (lane / 16) * 8);
+                    fa_mma(o[d], ph, b[0], b[1]);
+                    fa_mma(o[d + 1], ph, b[2], b[3]);
+                    fa_mma(o[d], pl, b[0], b[1]);
+                    fa_mma(o[d + 1], pl, b[2], b[3]);
+                }
+            }
+        }
+        __syncthreads(); // every warp done with buf before the next iteration refills it
+    }
+    asm volatile("cp.async.wait_group 0;\n" ::);
+
+    // rows' sums across the quad, then out = O / l
+    for (int h = 0; h < 2; h++) {
+        l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+        l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+    }
+    for (int h = 0; h < 2; h++) {
+        int r = g + 8 * h;
+        if (r >= nrows) continue;
+        float inv = 1.0f / l[h];
+        __nv_bfloat16 *orow = out + ((size_t)(t0 + r / G) * a.n_heads + (size_t)(kvh * G + r % G)) * HD;
+        for (int d = 0; d < HDP / 8; d++) {
+            int col = d * 8 + 2 * qd;
+            if (col < HD)
+                *reinterpret_cast<__nv_bfloat162 *>(orow + col) =
+                    __floats2bfloat162_rn(o[d][2 * h] * inv, o[d][2 * h + 1] * inv);
+        }
+    }
+}
+
+template <int HDP> static int fa_allow_smem() {
+    CUDA_CHECK(cudaFuncSetAttribute(flash_kernel<HDP>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)fa_smem<HDP>::BYTES));
+    return 0;
+}
+
+/* Once per process, before any launch: the opt-in shared memory of the attention kernels. */
+extern "C" int cuda_attention_init(void) {
+    return fa_allow_smem<16>() | fa_allow_smem<32>() | fa_allow_smem<64>() | fa_allow_smem<128>() ? -2 : 0;
+}
+
 // Retrieval heads: this step's K/V rows into their blocks (before attention reads them).
 __global__ void append_full_kernel(const __nv_bfloat16 *kb, const __nv_bfloat16 *vb, int rs, struct cuda_attn_args a) {
     int t = blockIdx.x, s = a.tok_seq[t], pos = a.pos[t];
@@ -160,19 +427,34 @@ __global__ void append_stream_kernel(const __nv_bfloat16 *kb, const __nv_bfloat1
     }
 }
 
+static bool getenv_flag(const char *name) {
+    const char *v = getenv(name);
+    return v && v[0] == '1';
+}
+
 extern "C" int cuda_attention(void *out, const void *qkv, int rs, const struct cuda_attn_args *a, int n_tokens,
                               cudaStream_t st) {
     const __nv_bfloat16 *q = (const __nv_bfloat16 *)qkv;
     const __nv_bfloat16 *kb = q + (size_t)a->n_heads * a->head_dim, *vb = kb + (size_t)a->n_kv_heads * a->head_dim;
     if (a->n_full) append_full_kernel<<<n_tokens, 128, 0, st>>>(kb, vb, rs, *a);
-    dim3 grid(n_tokens, a->n_heads);
     __nv_bfloat16 *o = (__nv_bfloat16 *)out;
     const __nv_bfloat16 *qb = q;
-    if (a->head_dim <= 32) attn_kernel<1><<<grid, 32 * ATTN_WARPS, 0, st>>>(o, qb, kb, vb, rs, *a);
-    else if (a->head_dim <= 64) attn_kernel<2><<<grid, 32 * ATTN_WARPS, 0, st>>>(o, qb, kb, vb, rs, *a);
-    else if (a->head_dim <= 128) attn_kernel<4><<<grid, 32 * ATTN_WARPS, 0, st>>>(o, qb, kb, vb, rs, *a);
-    else if (a->head_dim <= CUDA_ATTN_MAX_HEAD_DIM) attn_kernel<8><<<grid, 32 * ATTN_WARPS, 0, st>>>(o, qb, kb, vb, rs, *a);
-    else return -3; // the engine refuses such models at load
+    int G = a->n_heads / a->n_kv_heads;
+    if (a->head_dim % 8 == 0 && a->head_dim <= 128 && G <= 16 && !getenv_flag("DUOSERVE_ATTN_SIMPLE")) {
+        dim3 fgrid(n_tokens, a->n_kv_heads);
+        const int T = 32 * FA_WARPS;
+        if (a->head_dim <= 16) flash_kernel<16><<<fgrid, T, fa_smem<16>::BYTES, st>>>(o, qb, kb, vb, rs, *a);
+        else if (a->head_dim <= 32) flash_kernel<32><<<fgrid, T, fa_smem<32>::BYTES, st>>>(o, qb, kb, vb, rs, *a);
+        else if (a->head_dim <= 64) flash_kernel<64><<<fgrid, T, fa_smem<64>::BYTES, st>>>(o, qb, kb, vb, rs, *a);
+        else flash_kernel<128><<<fgrid, T, fa_smem<128>::BYTES, st>>>(o, qb, kb, vb, rs, *a);
+    } else {
+        dim3 grid(n_tokens, a->n_heads);
+        if (a->head_dim <= 32) attn_kernel<1><<<grid, 32 * ATTN_WARPS, 0, st>>>(o, qb, kb, vb, rs, *a);
+        else if (a->head_dim <= 64) attn_kernel<2><<<grid, 32 * ATTN_WARPS, 0, st>>>(o, qb, kb, vb, rs, *a);
+        else if (a->head_dim <= 128) attn_kernel<4><<<grid, 32 * ATTN_WARPS, 0, st>>>(o, qb, kb, vb, rs, *a);
+        else if (a->head_dim <= CUDA_ATTN_MAX_HEAD_DIM) attn_kernel<8><<<grid, 32 * ATTN_WARPS, 0, st>>>(o, qb, kb, vb, rs, *a);
+        else return -3; // the engine refuses such models at load
+    }
     if (a->n_stream) append_stream_kernel<<<n_tokens, 128, 0, st>>>(kb, vb, rs, *a);
     CUDA_CHECK(cudaGetLastError());
     return 0;

@@ -8,7 +8,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <vector>
 
 extern "C" {
 #include "engine/backend.h"
@@ -28,8 +27,10 @@ int cuda_add_bias(void *x, const void *bias, int n, int dim, cudaStream_t s);
 int cuda_get_rows(void *out, const void *x, const int32_t *rows, int n, int dim, cudaStream_t s);
 int cuda_f32_to_bf16(void *dst, const float *src, size_t n, cudaStream_t s);
 int cuda_bf16_to_f32(float *dst, const void *src, size_t n, cudaStream_t s);
-int cuda_gemv_bf16(void *out, const void *x, const void *w, const void *bias, int n, int n_out, int n_in, cudaStream_t s);
-int cuda_gemv_f32out(float *out, const void *x, const void *w, int n, int n_out, int n_in, cudaStream_t s);
+int cuda_gemm_init(void);
+int cuda_attention_init(void);
+int cuda_gemm_bf16(void *y, const void *x, const void *w, const void *bias, int M, int N, int K, cudaStream_t s);
+int cuda_gemm_f32out(float *y, const void *x, const void *w, int M, int N, int K, cudaStream_t s);
 int cuda_argmax_rows(int32_t *ids, const float *x, int n, int vocab, cudaStream_t s);
 }
 
@@ -66,7 +67,9 @@ struct cuda_ctx {
     // invalid when a buffer they use moves
     cudaGraphExec_t graphs[2][CUDA_MAX_GRAPHS + 1];
     bool graphs_off;
-    bool gemv;
+    uint16_t *stage;   // weight upload staging, [2][32 Mi] bf16
+    bool stage_pinned;
+    bool cublas; // BACKEND_CUDA_CUBLAS: cuBLAS GEMMs (faster at large batches, not batch-invariant)
     void *blas_ws;
 };
 
@@ -139,24 +142,48 @@ static float *tmp_f32(struct backend *b, size_t n) {
     return c->d_tmp;
 }
 
-/* Weights: converted to bf16 on the host (round to nearest even), then copied. */
+/* Weights: copied to the device in chunks through two pinned staging buffers, so the host's
+ * copy of one chunk (bf16 sources) or its conversion to bf16 (round to nearest even) overlaps
+ * the device's copy of the previous chunk. The staging is allocated on first use and kept for
+ * the process (every later upload reuses it). Returns once the weight is on the device. */
 static int cu_weight_upload(struct backend *b, const struct st_tensor *t, void **out) {
-    int64_t n = st_tensor_numel(t);
-    std::vector<uint16_t> h((size_t)(n ? n : 1));
-    if (t->dtype == ST_DTYPE_BF16) {
-        memcpy(h.data(), t->data, (size_t)n * 2);
-    } else {
-        std::vector<float> f(4096);
-        for (int64_t i = 0; i < n; i += 4096) {
-            int64_t m = n - i < 4096 ? n - i : 4096;
-            st_tensor_to_f32(t, i, m, f.data());
-            for (int64_t k = 0; k < m; k++) h[(size_t)(i + k)] = util_f32_to_bf16(f[(size_t)k]);
+    struct cuda_ctx *c = CTX(b);
+    const size_t chunk = (size_t)32 << 20; // elements: 64 MiB a buffer
+    if (!c->stage) {
+        c->stage_pinned = cudaMallocHost((void **)&c->stage, 2 * chunk * 2) == cudaSuccess;
+        if (!c->stage_pinned) { // pageable: slower, still correct
+            cudaGetLastError();
+            c->stage = (uint16_t *)malloc(2 * chunk * 2);
+            if (!c->stage) return BACKEND_ERR_OOM;
         }
     }
+    uint16_t *stage = c->stage;
+    size_t n = (size_t)st_tensor_numel(t);
     enum backend_status st;
-    void *d = cu_alloc(b, (size_t)n * 2, &st);
+    void *d = cu_alloc(b, n * 2, &st);
     if (!d) return st;
-    if (cudaMemcpy(d, h.data(), (size_t)n * 2, cudaMemcpyHostToDevice) != cudaSuccess) {
+    cudaStream_t s = CTX(b)->stream;
+    for (size_t i = 0, k = 0; i < n; i += chunk, k ^= 1) {
+        size_t m = n - i < chunk ? n - i : chunk;
+        uint16_t *h = stage + k * chunk;
+        if (t->dtype == ST_DTYPE_BF16) {
+            memcpy(h, (const unsigned char *)t->data + 2 * i, 2 * m);
+        } else {
+            float f[4096];
+            for (size_t j = 0; j < m; j += 4096) {
+                size_t q = m - j < 4096 ? m - j : 4096;
+                st_tensor_to_f32(t, (int64_t)(i + j), (int64_t)q, f);
+                for (size_t e = 0; e < q; e++) h[j + e] = util_f32_to_bf16(f[e]);
+            }
+        }
+        /* the previous chunk's copy finishes first, so its buffer is free for the next chunk */
+        if (cudaStreamSynchronize(s) != cudaSuccess ||
+            cudaMemcpyAsync((char *)d + 2 * i, h, 2 * m, cudaMemcpyHostToDevice, s) != cudaSuccess) {
+            cudaFree(d);
+            return BACKEND_ERR_DEVICE;
+        }
+    }
+    if (cudaStreamSynchronize(s) != cudaSuccess) {
         cudaFree(d);
         return BACKEND_ERR_DEVICE;
     }
@@ -267,13 +294,9 @@ static void gemm(struct backend *b, void *out, cudaDataType_t out_type, const vo
 
 static void cu_matmul(struct backend *b, void *out, const void *x, const void *w, const void *bias, int n, int n_out,
                       int n_in) {
-    /* decode-sized batches may use a weight-streaming kernel (DUOSERVE_GEMV=1). Off by default:
-     * its rounding differs from cuBLAS's, so a sequence's tokens would depend on how many
-     * others share its step (the engine promises batch invariance). */
-    if (CTX(b)->gemv) {
-        int rc = cuda_gemv_bf16(out, x, w, bias, n, n_out, n_in, CTX(b)->stream);
-        if (rc == 0) return;
-        if (rc != -3) CKI(b, rc);
+    if (!CTX(b)->cublas) {
+        CKI(b, cuda_gemm_bf16(out, x, w, bias, n, n_out, n_in, CTX(b)->stream));
+        return;
     }
     gemm(b, out, CUDA_R_16BF, x, w, n, n_out, n_in);
     if (bias) CKI(b, cuda_add_bias(out, bias, n, n_out, CTX(b)->stream));
@@ -332,9 +355,8 @@ static int cu_logits(struct backend *b, float *host_logits, const void *x, const
         c->logits_cap = c->h_logits_cap = cap;
         drop_graphs(c);
     }
-    int rc = c->gemv ? cuda_gemv_f32out(c->d_logits, x, w, n, vocab, dim, c->stream) : -3;
-    if (rc == -3) gemm(b, c->d_logits, CUDA_R_32F, x, w, n, vocab, dim);
-    else CKI(b, rc);
+    if (c->cublas) gemm(b, c->d_logits, CUDA_R_32F, x, w, n, vocab, dim);
+    else CKI(b, cuda_gemm_f32out(c->d_logits, x, w, n, vocab, dim, c->stream));
     c->n_logit_rows = n;
     if (host_logits) {
         CK(b, cudaMemcpyAsync(c->h_logits, c->d_logits, need * sizeof(float), cudaMemcpyDeviceToHost, c->stream));
@@ -422,6 +444,8 @@ static void cu_destroy(struct backend *b) {
     struct cuda_ctx *c = CTX(b);
     cudaStreamSynchronize(c->stream);
     drop_graphs(c);
+    if (c->stage_pinned) cudaFreeHost(c->stage);
+    else free(c->stage);
     cudaFreeHost(c->h_logits);
     cudaFree(c->d_ids);
     cudaFreeHost(c->h_ids);
@@ -468,7 +492,7 @@ static struct backend_ops make_ops(void) {
 
 static const struct backend_ops cuda_ops = make_ops();
 
-extern "C" struct backend *backend_cuda_create(int device, char *err, size_t errlen) {
+extern "C" struct backend *backend_cuda_create(int device, int flags, char *err, size_t errlen) {
     int n = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess || n == 0) {
@@ -492,7 +516,16 @@ extern "C" struct backend *backend_cuda_create(int device, char *err, size_t err
     size_t ws = 32u << 20;
     if (cudaMalloc(&c->blas_ws, ws) == cudaSuccess) cublasSetWorkspace(c->blas, c->blas_ws, ws);
     c->device = device;
-    c->gemv = getenv("DUOSERVE_GEMV") && getenv("DUOSERVE_GEMV")[0] == '1';
+    c->cublas = (flags & BACKEND_CUDA_CUBLAS) != 0;
+    if (cuda_gemm_init() || cuda_attention_init()) {
+        snprintf(err, errlen, "cannot configure the GEMM and attention kernels on CUDA device %d", device);
+        cublasDestroy(c->blas);
+        cudaStreamDestroy(c->stream);
+        cudaFree(c->blas_ws);
+        free(b);
+        free(c);
+        return NULL;
+    }
     b->ops = &cuda_ops;
     b->name = "cuda";
     b->ctx = c;

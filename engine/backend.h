@@ -117,7 +117,10 @@ struct backend {
 
 struct backend *backend_cpu_create(void);
 /* NULL with a message in err when no CUDA device is usable or the build has no CUDA. */
-struct backend *backend_cuda_create(int device, char *err, size_t errlen);
+/* flags: BACKEND_CUDA_CUBLAS: GEMMs through cuBLAS (faster at large batches, but a token's
+ * rounding then depends on the batch size); default: duoserve's batch-invariant kernels. */
+#define BACKEND_CUDA_CUBLAS 1
+struct backend *backend_cuda_create(int device, int flags, char *err, size_t errlen);
 void backend_destroy(struct backend *b);
 
 #endif

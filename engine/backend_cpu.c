@@ -370,7 +370,8 @@ void backend_destroy(struct backend *b) {
 }
 
 #ifndef DUO_CUDA
-struct backend *backend_cuda_create(int device, char *err, size_t errlen) {
+struct backend *backend_cuda_create(int device, int flags, char *err, size_t errlen) {
+    (void)flags;
     if (err && errlen) snprintf(err, errlen, "this build has no CUDA support (rebuild with make CUDA=1)");
     return NULL;
 }

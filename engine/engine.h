@@ -18,6 +18,7 @@ struct chat_template;
 struct engine_config {
     const char *model_dir;      // NULL = built-in demo model
     const char *device;         // "cpu" or "cuda"
+    const char *gemm;           // CUDA GEMMs: "invariant" (default; batch-invariant) or "cublas"
     int max_num_seqs;           // concurrent running sequences (choices), default 64
     int max_num_batched_tokens; // token budget per step, default 2048 on CPU, 8192 on GPU
     int max_model_len;          // prompt + output limit, default the model's max_position_embeddings

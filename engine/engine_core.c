@@ -217,15 +217,21 @@ int core_create(struct core **out, const struct engine_config *cfg_in, char *err
     }
     c->cfg.model_dir = dir;
     char auto_note[300] = "";
+    int cuda_flags = 0;
+    if (c->cfg.gemm && !strcmp(c->cfg.gemm, "cublas")) cuda_flags |= BACKEND_CUDA_CUBLAS;
+    else if (c->cfg.gemm && strcmp(c->cfg.gemm, "invariant")) {
+        util_err(err, errlen, "gemm \"%s\" is not invariant or cublas", c->cfg.gemm);
+        goto fail;
+    }
     if (!strcmp(c->cfg.device, "auto")) { /* the GPU when there is one, else the CPU */
         char why[256];
-        c->b = backend_cuda_create(0, why, sizeof why);
+        c->b = backend_cuda_create(0, cuda_flags, why, sizeof why);
         c->cfg.device = c->b ? "cuda" : "cpu";
         if (!c->b) snprintf(auto_note, sizeof auto_note, "running on the CPU (%s)", why);
     }
     if (c->b) {
     } else if (!strcmp(c->cfg.device, "cuda")) {
-        c->b = backend_cuda_create(0, err, errlen);
+        c->b = backend_cuda_create(0, cuda_flags, err, errlen);
     } else {
         c->b = backend_cpu_create();
     }

@@ -57,68 +57,126 @@ struct head_perm {
     int axis;
 };
 
-/* Returns t with its head groups permuted (a malloc'd copy in *owned), or t itself. */
-static const void *permuted_data(const struct st_tensor *t, const struct head_perm *hp, unsigned char **owned) {
-    *owned = NULL;
-    if (!hp || !hp->perm) return t->data;
+/* Writes t's data into dst (same dtype) with its head groups permuted; hp NULL or identity:
+ * a plain copy. */
+static void permute_into(unsigned char *dst, const struct st_tensor *t, const struct head_perm *hp) {
+    const unsigned char *src = t->data;
+    if (!hp || !hp->perm) {
+        memcpy(dst, src, t->nbytes);
+        return;
+    }
     size_t es = st_dtype_size(t->dtype);
     int64_t rows = t->shape[0], cols = t->n_dims > 1 ? t->shape[1] : 1;
-    unsigned char *buf = malloc(t->nbytes ? t->nbytes : 1);
-    if (!buf) return NULL;
-    const unsigned char *src = t->data;
     if (hp->axis == 0) {
         size_t gbytes = (size_t)(rows / hp->n) * (size_t)cols * es;
-        for (int i = 0; i < hp->n; i++) memcpy(buf + i * gbytes, src + (size_t)hp->perm[i] * gbytes, gbytes);
+        for (int i = 0; i < hp->n; i++) memcpy(dst + i * gbytes, src + (size_t)hp->perm[i] * gbytes, gbytes);
     } else {
         size_t gbytes = (size_t)(cols / hp->n) * es, rbytes = (size_t)cols * es;
         for (int64_t r = 0; r < rows; r++)
             for (int i = 0; i < hp->n; i++)
-                memcpy(buf + r * rbytes + i * gbytes, src + r * rbytes + (size_t)hp->perm[i] * gbytes, gbytes);
+                memcpy(dst + r * rbytes + i * gbytes, src + r * rbytes + (size_t)hp->perm[i] * gbytes, gbytes);
     }
+}
+
+/* Returns t with its head groups permuted (a malloc'd copy in *owned), or t itself. */
+static const void *permuted_data(const struct st_tensor *t, const struct head_perm *hp, unsigned char **owned) {
+    *owned = NULL;
+    if (!hp || !hp->perm) return t->data;
+    unsigned char *buf = malloc(t->nbytes ? t->nbytes : 1);
+    if (!buf) return NULL;
+    permute_into(buf, t, hp);
     *owned = buf;
     return buf;
 }
 
-/* Several checkpoint tensors stacked by rows into one weight (q|k|v, gate|up), so one GEMM
- * computes them all. Held as f32 on the host until uploaded (exact for bf16/f16 sources). */
+/* Several checkpoint tensors of a layer stacked by rows into one weight (q|k|v, gate|up), so
+ * one GEMM computes them all. Held in the parts' dtype when they share one (rows copied as
+ * they are), else in the backend's weight dtype: bf16 when its activations are bf16 (rounded
+ * to nearest even, as its upload of f32 would), f32 otherwise (exact). The buffer is reused
+ * from layer to layer. */
 struct stack {
-    float *data;
+    unsigned char *data; // [rows][cols, or 1 for a vector] of dtype
+    size_t cap;          // bytes allocated
+    enum st_dtype dtype;
     int64_t rows, cols, filled;
 };
 
-static int stack_init(struct stack *sk, int64_t rows, int64_t cols) {
-    sk->data = malloc(sizeof(float) * (size_t)(rows * (cols ? cols : 1)));
+/* Readies sk for layer l's tensors parts[n] stacked into rows x cols (0: a vector). A missing
+ * part is reported when it is loaded. */
+static int stack_init(const struct loader *ld, struct stack *sk, int l, const char *const *parts, int n,
+                      int64_t rows, int64_t cols) {
+    enum st_dtype own = ld->b->ops->act_size == 2 ? ST_DTYPE_BF16 : ST_DTYPE_F32, dt = own;
+    for (int i = 0, seen = 0; i < n; i++) {
+        char name[160];
+        snprintf(name, sizeof name, "model.layers.%d.%s", l, parts[i]);
+        const struct st_tensor *t = safetensors_find(ld->st, name);
+        if (!t) continue;
+        if (seen++ && t->dtype != dt) {
+            dt = own;
+            break;
+        }
+        dt = t->dtype;
+    }
+    size_t bytes = (size_t)(rows * (cols ? cols : 1)) * st_dtype_size(dt);
+    if (bytes > sk->cap) {
+        free(sk->data);
+        sk->data = malloc(bytes);
+        sk->cap = sk->data ? bytes : 0;
+        if (!sk->data) return -1;
+    }
+    sk->dtype = dt;
     sk->rows = rows;
     sk->cols = cols;
     sk->filled = 0;
-    return sk->data ? 0 : -1;
+    return 0;
+}
+
+/* Appends t's rows (head groups permuted) to sk, converting through f32 when the dtypes differ. */
+static int stack_append(struct stack *sk, const struct st_tensor *t, const struct head_perm *hp) {
+    size_t es = st_dtype_size(sk->dtype);
+    unsigned char *dst = sk->data + (size_t)(sk->filled * (sk->cols ? sk->cols : 1)) * es;
+    sk->filled += t->shape[0];
+    if (t->dtype == sk->dtype) {
+        permute_into(dst, t, hp);
+        return BACKEND_OK;
+    }
+    unsigned char *owned;
+    struct st_tensor src = *t;
+    src.data = permuted_data(t, hp, &owned);
+    if (!src.data) return BACKEND_ERR_OOM;
+    int64_t n = st_tensor_numel(t);
+    if (sk->dtype == ST_DTYPE_F32) {
+        st_tensor_to_f32(&src, 0, n, (float *)dst);
+    } else {
+        uint16_t *o = (uint16_t *)dst;
+        float f[4096];
+        for (int64_t i = 0; i < n; i += 4096) {
+            int64_t m = n - i < 4096 ? n - i : 4096;
+            st_tensor_to_f32(&src, i, m, f);
+            for (int64_t k = 0; k < m; k++) o[i + k] = util_f32_to_bf16(f[k]);
+        }
+    }
+    free(owned);
+    return BACKEND_OK;
 }
 
 static int stack_upload(struct loader *ld, struct stack *sk, void **dst) {
-    struct st_tensor t = {.name = "stacked", .dtype = ST_DTYPE_F32, .n_dims = sk->cols ? 2 : 1,
-                          .shape = {sk->rows, sk->cols}, .data = sk->data,
-                          .nbytes = sizeof(float) * (size_t)(sk->rows * (sk->cols ? sk->cols : 1))};
+    size_t n = (size_t)(sk->rows * (sk->cols ? sk->cols : 1));
+    struct st_tensor t = {.name = "stacked", .dtype = sk->dtype, .n_dims = sk->cols ? 2 : 1,
+                          .shape = {sk->rows, sk->cols}, .data = sk->data, .nbytes = n * st_dtype_size(sk->dtype)};
     int rc = ld->b->ops->weight_upload(ld->b, &t, dst);
-    free(sk->data);
-    sk->data = NULL;
     return rc == BACKEND_OK ? 0 : util_err(ld->err, ld->errlen, "out of %s memory loading weights", ld->b->name);
 }
 
 static int upload_permuted(struct loader *ld, const struct st_tensor *t, const struct head_perm *hp, void **dst,
                            struct stack *sk) {
+    if (sk) return stack_append(sk, t, hp);
     unsigned char *owned;
     const void *data = permuted_data(t, hp, &owned);
     if (!data) return BACKEND_ERR_OOM;
     struct st_tensor tmp = *t;
     tmp.data = data;
-    int rc = BACKEND_OK;
-    if (sk) {
-        int64_t n = st_tensor_numel(t);
-        st_tensor_to_f32(&tmp, 0, n, sk->data + sk->filled * (sk->cols ? sk->cols : 1));
-        sk->filled += t->shape[0];
-    } else {
-        rc = ld->b->ops->weight_upload(ld->b, &tmp, dst);
-    }
+    int rc = ld->b->ops->weight_upload(ld->b, &tmp, dst);
     free(owned);
     return rc;
 }
@@ -168,9 +226,15 @@ static int load_weights(struct model *m, struct loader *ld) {
     } else if (load_tensor(ld, &m->lm_head, "lm_head.weight", 2, V, D)) {
         return -1;
     }
+    /* the parts of the stacked weights, in stacking order */
+    static const char *const qkv_w[] = {"self_attn.q_proj.weight", "self_attn.k_proj.weight",
+                                        "self_attn.v_proj.weight"};
+    static const char *const qkv_b[] = {"self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"};
+    static const char *const gu_w[] = {"mlp.gate_proj.weight", "mlp.up_proj.weight"};
+    struct stack qkv = {0}, qkvb = {0}, gu = {0};
     int *perm = malloc(sizeof(int) * (size_t)c->n_kv_heads);
-    if (!perm) return util_err(ld->err, ld->errlen, "out of memory");
-    for (int l = 0; l < c->n_layers; l++) {
+    int rc = perm ? 0 : util_err(ld->err, ld->errlen, "out of memory");
+    for (int l = 0; !rc && l < c->n_layers; l++) {
         struct layer_weights *w = &m->layers[l];
         char n[160];
         /* retrieval KV heads first, then streaming ones, each in checkpoint order */
@@ -183,8 +247,6 @@ static int load_weights(struct model *m, struct loader *ld) {
         m->n_stream[l] = c->n_kv_heads - nf;
         struct head_perm rows = {nf < c->n_kv_heads ? perm : NULL, c->n_kv_heads, 0};
         struct head_perm cols = {rows.perm, c->n_kv_heads, 1};
-        struct stack qkv = {0}, qkvb = {0}, gu = {0};
-        int rc = 0;
 #define LT(dst, suffix, nd, a, b, hp, sk)                                           \
     do {                                                                            \
         snprintf(n, sizeof n, "model.layers.%d.%s", l, suffix);                     \
@@ -192,35 +254,25 @@ static int load_weights(struct model *m, struct loader *ld) {
     } while (0)
         LT(&w->attn_norm, "input_layernorm.weight", 1, D, 0, NULL, NULL);
         LT(&w->ffn_norm, "post_attention_layernorm.weight", 1, D, 0, NULL, NULL);
-        if (!rc && (stack_init(&qkv, QD + 2 * KD, D) || stack_init(&gu, 2 * F, D) ||
-                    (c->qkv_bias && stack_init(&qkvb, QD + 2 * KD, 0))))
+        if (!rc && (stack_init(ld, &qkv, l, qkv_w, 3, QD + 2 * KD, D) || stack_init(ld, &gu, l, gu_w, 2, 2 * F, D) ||
+                    (c->qkv_bias && stack_init(ld, &qkvb, l, qkv_b, 3, QD + 2 * KD, 0))))
             rc = util_err(ld->err, ld->errlen, "out of memory");
-        LT(NULL, "self_attn.q_proj.weight", 2, QD, D, &rows, &qkv);
-        LT(NULL, "self_attn.k_proj.weight", 2, KD, D, &rows, &qkv);
-        LT(NULL, "self_attn.v_proj.weight", 2, KD, D, &rows, &qkv);
+        for (int i = 0; i < 3; i++) LT(NULL, qkv_w[i], 2, i ? KD : QD, D, &rows, &qkv);
         LT(&w->wo, "self_attn.o_proj.weight", 2, D, QD, &cols, NULL);
-        if (c->qkv_bias) {
-            LT(NULL, "self_attn.q_proj.bias", 1, QD, 0, &rows, &qkvb);
-            LT(NULL, "self_attn.k_proj.bias", 1, KD, 0, &rows, &qkvb);
-            LT(NULL, "self_attn.v_proj.bias", 1, KD, 0, &rows, &qkvb);
-        }
+        for (int i = 0; c->qkv_bias && i < 3; i++) LT(NULL, qkv_b[i], 1, i ? KD : QD, 0, &rows, &qkvb);
         if (c->o_bias) LT(&w->bo, "self_attn.o_proj.bias", 1, D, 0, NULL, NULL);
-        LT(NULL, "mlp.gate_proj.weight", 2, F, D, NULL, &gu);
-        LT(NULL, "mlp.up_proj.weight", 2, F, D, NULL, &gu);
+        for (int i = 0; i < 2; i++) LT(NULL, gu_w[i], 2, F, D, NULL, &gu);
         LT(&w->w_down, "mlp.down_proj.weight", 2, D, F, NULL, NULL);
         if (!rc) rc = stack_upload(ld, &qkv, &w->wqkv);
         if (!rc && c->qkv_bias) rc = stack_upload(ld, &qkvb, &w->bqkv);
         if (!rc) rc = stack_upload(ld, &gu, &w->w_gateup);
-        free(qkv.data);
-        free(qkvb.data);
-        free(gu.data);
-        if (rc) {
-            free(perm);
-            return -1;
-        }
 #undef LT
     }
     free(perm);
+    free(qkv.data);
+    free(qkvb.data);
+    free(gu.data);
+    if (rc) return -1;
     if (ld->progress) fprintf(stderr, "\n");
     for (int i = 0; i < ld->st->n_tensors; i++) {
         const char *name = ld->st->tensors[i].name;

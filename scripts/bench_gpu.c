@@ -1,7 +1,7 @@
 /* bench_gpu: speed of the engine on one model and backend: load time, the memory plan (logged
  * by the engine), decode ms/token at several batch sizes, prefill tokens/s at several lengths.
  *
- *   build/bench_gpu MODEL_DIR [cuda|cpu] [--decode 1,8,64,256] [--prefill 2048,32768]
+ *   build/bench_gpu MODEL_DIR [cuda|cpu] [--decode 1,8,64,256] [--prefill 2048,32768] [--gemm cublas]
  *
  * Decode: B requests with 128-token prompts are prefilled, then the time of decode steps
  * (every running sequence emits one token per step) is measured over 64 steps. Prefill: one
@@ -38,13 +38,15 @@ int main(int argc, char **argv) {
     }
     const char *dev = argc > 2 && argv[2][0] != '-' ? argv[2] : "cuda";
     int dec[16] = {1, 8, 64, 256}, n_dec = 4, pre[16] = {2048, 32768}, n_pre = 2;
+    const char *gemm = NULL;
     for (int i = 2; i < argc - 1; i++) {
         if (!strcmp(argv[i], "--decode")) n_dec = parse_list(argv[i + 1], dec, 16);
         if (!strcmp(argv[i], "--prefill")) n_pre = parse_list(argv[i + 1], pre, 16);
+        if (!strcmp(argv[i], "--gemm")) gemm = argv[i + 1];
     }
     int max_b = 1;
     for (int i = 0; i < n_dec; i++) max_b = dec[i] > max_b ? dec[i] : max_b;
-    struct engine_config cfg = {.model_dir = argv[1], .device = dev, .max_num_seqs = max_b,
+    struct engine_config cfg = {.model_dir = argv[1], .device = dev, .gemm = gemm, .max_num_seqs = max_b,
                                 .max_num_batched_tokens = 8192, .max_model_len = 65536};
     struct core *c;
     char err[512];
@@ -53,7 +55,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "bench_gpu: %s\n", err);
         return 1;
     }
-    printf("load: %.2f s (%s, %s)\n", util_now() - t0, argv[1], dev);
+    printf("load: %.2f s (%s, %s, gemm %s)\n", util_now() - t0, argv[1], dev, gemm ? gemm : "invariant");
     int V = core_model(c)->cfg.vocab_size;
     if (getenv("BENCH_PROFILE")) { /* per-op times at batch 1 on this model's shapes */
         const struct model *m = core_model(c);
@@ -65,13 +67,10 @@ int main(int argc, char **argv) {
         op->begin_step(b, &bt);
         op->sync(b);
         const struct layer_weights *w = &m->layers[0];
-        static float host[1 << 18];
         struct {
             const char *name;
             int kind;
-        } ops[] = {{"add_rmsnorm 4096", 0}, {"matmul qkv 6144x4096", 1}, {"matmul gate|up 28672x4096", 2},
-                   {"matmul down 4096x14336", 3}, {"silu_mul 14336", 4}, {"rope", 6},
-                   {"logits 128256x4096", 7}, {"begin_step+sync", 8}};
+        } ops[] = {{"add_rmsnorm 4096", 0}, {"silu_mul 14336", 4}, {"rope", 6}, {"begin_step+sync", 8}};
         for (size_t k = 0; k < sizeof ops / sizeof ops[0]; k++) {
             int reps = 200;
             op->sync(b);
@@ -79,17 +78,36 @@ int main(int argc, char **argv) {
             for (int r = 0; r < reps; r++) {
                 switch (ops[k].kind) {
                 case 0: op->add_rmsnorm(b, m->h, m->x, m->o, w->attn_norm, 1, D, 1e-5f); break;
-                case 1: op->matmul(b, m->qkv, m->h, w->wqkv, NULL, 1, QKV, D); break;
-                case 2: op->matmul(b, m->gu, m->h, w->w_gateup, NULL, 1, 2 * F, D); break;
-                case 3: op->matmul(b, m->o, m->act, w->w_down, NULL, 1, D, F); break;
                 case 4: op->silu_mul(b, m->act, m->gu, 1, F); break;
                 case 6: op->rope(b, m->qkv, m->cfg.n_heads + m->cfg.n_kv_heads, m->cfg.head_dim, QKV, m->inv_freq); break;
-                case 7: op->logits(b, host, m->h, m->lm_head, 1, V, D); break;
                 case 8: op->begin_step(b, &bt); op->sync(b); break;
                 }
             }
             op->sync(b);
             printf("profile %-28s %8.1f us\n", ops[k].name, (util_now() - t1) / reps * 1e6);
+        }
+        /* GEMMs at decode and prefill batch sizes: time and the weight bandwidth it implies */
+        int Ms[] = {1, 8, 64, 256, 2048};
+        for (int g = 0; g < 5; g++) {
+            const char *gname[] = {"qkv", "wo", "gate|up", "down", "logits"};
+            int gn[] = {QKV, D, 2 * F, D, V}, gk[] = {D, m->cfg.n_heads * m->cfg.head_dim, D, F, D};
+            const void *gw[] = {w->wqkv, w->wo, w->w_gateup, w->w_down, m->lm_head};
+            void *gout[] = {m->qkv, m->o, m->gu, m->o, NULL};
+            const void *gin[] = {m->h, m->att, m->h, m->act, m->h};
+            for (int mi = 0; mi < 5; mi++) {
+                int M = Ms[mi], reps = M >= 2048 ? 5 : 50;
+                if (M > m->max_tokens || (g == 4 && M > 256)) continue;
+                op->sync(b);
+                double t1 = util_now();
+                for (int r = 0; r < reps; r++) {
+                    if (g == 4) op->logits(b, NULL, gin[g], gw[g], M, gn[g], gk[g]);
+                    else op->matmul(b, gout[g], gin[g], gw[g], NULL, M, gn[g], gk[g]);
+                }
+                op->sync(b);
+                double us = (util_now() - t1) / reps * 1e6;
+                printf("profile gemm %-8s M %5d  N %6d K %5d %9.1f us  %6.0f GB/s  %6.1f TFLOP/s\n", gname[g], M, gn[g],
+                       gk[g], us, (double)gn[g] * gk[g] * 2 / us * 1e-3, 2.0 * M * gn[g] * gk[g] / us * 1e-6);
+            }
         }
     }
     static int32_t prompt[65536];

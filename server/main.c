@@ -45,6 +45,7 @@ static void usage(FILE *f) {
             "\n"
             "engine options (generate and serve):\n"
             "  --device auto|cpu|cuda  backend (default auto: the GPU when there is one)\n"
+            "  --gemm invariant|cublas CUDA GEMMs: batch-invariant kernels (default) or cuBLAS\n"
             "  --max-num-batched-tokens N   token budget of one step (prefill chunk size)\n"
             "  --max-num-seqs N        concurrent sequences\n"
             "  --max-model-len N       prompt + output limit (default: the model's)\n"
@@ -187,6 +188,10 @@ static int parse_generate(int argc, char **argv, struct gen_cli *o) {
             NEED_VALUE();
             if (strcmp(v, "cpu") && strcmp(v, "cuda") && strcmp(v, "auto")) return usage_error("--device: \"%s\" is not auto, cpu or cuda", v);
             o->ec.device = v;
+        } else if (!strcmp(a, "--gemm")) {
+            NEED_VALUE();
+            if (strcmp(v, "invariant") && strcmp(v, "cublas")) return usage_error("--gemm: \"%s\" is not invariant or cublas", v);
+            o->ec.gemm = v;
         } else if (!strcmp(a, "--ignore-eos")) {
             o->sp.ignore_eos = true;
         } else if (!strcmp(a, "--json")) {

@@ -36,6 +36,7 @@ struct serve_options {
     double sse_keepalive;
     const char *log_format;
     const char *device;
+    const char *gemm;
     int max_num_batched_tokens;
     int block_size;
     size_t kv_cache_memory;
@@ -78,6 +79,7 @@ static const struct opt opts[] = {
     {"sse-keepalive", NULL, OPT_DOUBLE, O(sse_keepalive), 0.05, 3600, "S", "comment line on a stream idle this long (default 15)"},
     {"log-format", NULL, OPT_STR, O(log_format), 0, 0, "text|json", "log lines as text (default) or JSON objects"},
     {"device", NULL, OPT_STR, O(device), 0, 0, "auto|cpu|cuda", "backend (default auto: the GPU when there is one)"},
+    {"gemm", NULL, OPT_STR, O(gemm), 0, 0, "invariant|cublas", "CUDA GEMMs: batch-invariant kernels (default) or cuBLAS (faster prefill and big batches; outputs may then depend on batching)"},
     {"max-num-batched-tokens", NULL, OPT_INT, O(max_num_batched_tokens), 1, 1 << 24, "N", "tokens per engine step (default 2048 CPU, 8192 GPU)"},
     {"block-size", NULL, OPT_INT, O(block_size), 1, 1024, "N", "KV block size in tokens (default 16)"},
     {"kv-cache-memory", NULL, OPT_BYTES, O(kv_cache_memory), 0, 1e15, "BYTES", "CPU: bytes for the KV pools (default 256MiB)"},
@@ -285,7 +287,7 @@ int serve_main(int argc, char **argv) {
     struct serve_options o = {
         .host = "127.0.0.1", .port = 8000, .max_num_seqs = 64, .max_queue = 1024, .timeout = 600,
         .shutdown_timeout = 30, .max_request_bytes = 8u << 20, .max_connections = 1024, .http_threads = 4,
-        .http_timeout = 60, .sse_keepalive = 15, .log_format = "text", .device = "auto", .block_size = 16,
+        .http_timeout = 60, .sse_keepalive = 15, .log_format = "text", .device = "auto", .gemm = "invariant", .block_size = 16,
         .gpu_memory_utilization = 0.9, .duo_sparsity = 0.5, .sink_tokens = 64, .recent_tokens = 256,
     };
     // --config (else $DUOSERVE_CONFIG) first, so flags given on the command line override it.
@@ -315,6 +317,10 @@ int serve_main(int argc, char **argv) {
     if (strcmp(o.device, "cpu") && strcmp(o.device, "cuda") && strcmp(o.device, "auto")) {
         cJSON_Delete(config_doc);
         return usage_error("--device: \"%s\" is not auto, cpu or cuda%s", o.device, "");
+    }
+    if (strcmp(o.gemm, "invariant") && strcmp(o.gemm, "cublas")) {
+        cJSON_Delete(config_doc);
+        return usage_error("--gemm: \"%s\" is not invariant or cublas%s", o.gemm, "");
     }
     log_set_json(!strcmp(o.log_format, "json"));
     if (!o.api_key) o.api_key = getenv("DUOSERVE_API_KEY");
@@ -347,7 +353,7 @@ int serve_main(int argc, char **argv) {
 
     struct loader ld = {
         .cfg = {
-            .model_dir = o.model, .device = o.device, .max_num_seqs = o.max_num_seqs,
+            .model_dir = o.model, .device = o.device, .gemm = o.gemm, .max_num_seqs = o.max_num_seqs,
             .max_num_batched_tokens = o.max_num_batched_tokens, .max_model_len = o.max_model_len,
             .max_queue = o.max_queue, .block_size = o.block_size, .kv_cache_memory = o.kv_cache_memory,
             .gpu_memory_utilization = (float)o.gpu_memory_utilization, .duo_pattern = o.duo_pattern,

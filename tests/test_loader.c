@@ -269,6 +269,98 @@ static void test_sharded_checkpoint_loads_and_bad_index_is_rejected(void **state
     free(d);
 }
 
+/* Weights as a bf16 backend (CUDA) holds them: rounded to nearest even on upload. */
+static int bf16_weight_upload(struct backend *b, const struct st_tensor *t, void **out) {
+    int64_t n = st_tensor_numel(t);
+    uint16_t *w = malloc(sizeof(uint16_t) * (size_t)(n ? n : 1));
+    if (!w) return BACKEND_ERR_OOM;
+    for (int64_t i = 0; i < n; i++) {
+        float f;
+        st_tensor_to_f32(t, i, 1, &f);
+        w[i] = util_f32_to_bf16(f);
+    }
+    *out = w;
+    return BACKEND_OK;
+}
+
+static void expect_rounded(const char *what, int layer, const void *bf16, const void *f32, size_t n) {
+    const uint16_t *h = bf16;
+    const float *f = f32;
+    for (size_t i = 0; i < n; i++)
+        if (h[i] != util_f32_to_bf16(f[i])) fail_msg("layer %d %s: element %zu differs", layer, what, i);
+}
+
+/* A backend with bf16 activations gets stacks built in the source dtype, or converted part by
+ * part when the parts' dtypes differ, and head-permuted for DuoAttention: every weight must be
+ * the f32 reference's weight rounded to bf16, bit for bit. */
+static void test_bf16_backend_weights_are_the_rounded_f32_weights(void **state) {
+    /* a copy of the base model with some stacked parts in f32, with low bits set (ties included)
+     * so rounding to bf16 matters: mixed-dtype stacks */
+    char *d = test_mkdtemp(), p[512], err[512];
+    snprintf(p, sizeof p, "%s/config.json", d);
+    test_copy_file(BASE "/config.json", p, -1);
+    struct safetensors *st;
+    assert_int_equal(safetensors_open_file(&st, BASE "/model.safetensors", err, sizeof err), 0);
+    struct st_write_tensor *ts = calloc((size_t)st->n_tensors, sizeof *ts);
+    float **owned = calloc((size_t)st->n_tensors, sizeof *owned);
+    for (int i = 0; i < st->n_tensors; i++) {
+        const struct st_tensor *t = &st->tensors[i];
+        ts[i] = (struct st_write_tensor){t->name, t->dtype, t->n_dims, {0}, t->data};
+        memcpy(ts[i].shape, t->shape, sizeof t->shape);
+        if (strstr(t->name, "k_proj.weight") || strstr(t->name, "q_proj.bias") || strstr(t->name, "up_proj")) {
+            owned[i] = malloc(sizeof(float) * (size_t)st_tensor_numel(t));
+            st_tensor_to_f32(t, 0, st_tensor_numel(t), owned[i]);
+            for (int64_t j = 0; j < st_tensor_numel(t); j++) {
+                uint32_t u;
+                memcpy(&u, &owned[i][j], 4);
+                u |= (uint32_t)(j * 40503) & 0xffffu;
+                memcpy(&owned[i][j], &u, 4);
+            }
+            ts[i].dtype = ST_DTYPE_F32;
+            ts[i].data = owned[i];
+        }
+    }
+    snprintf(p, sizeof p, "%s/model.safetensors", d);
+    assert_int_equal(safetensors_write(p, ts, st->n_tensors, err, sizeof err), 0);
+
+    struct backend *cpu = backend_cpu_create(), *b16 = backend_cpu_create();
+    struct backend_ops ops = *b16->ops;
+    ops.act_size = 2;
+    ops.weight_upload = bf16_weight_upload;
+    b16->ops = &ops;
+    const uint8_t streaming[] = {1, 0, 1, 0, 1, 0, 1, 0}; /* [n_layers][n_kv_heads], enough for the base */
+    const char *dirs[] = {BASE, d};
+    for (int k = 0; k < 4; k++) {
+        struct model *mf, *mh;
+        const uint8_t *s = k & 1 ? streaming : NULL;
+        assert_int_equal(model_load_duo(&mf, dirs[k / 2], cpu, 8, s, err, sizeof err), 0);
+        assert_int_equal(model_load_duo(&mh, dirs[k / 2], b16, 8, s, err, sizeof err), 0);
+        const struct model_config *c = &mf->cfg;
+        assert_true(c->n_layers * c->n_kv_heads <= (int)sizeof streaming);
+        size_t D = (size_t)c->dim, F = (size_t)c->hidden_dim, QD = (size_t)c->n_heads * c->head_dim;
+        size_t QKV = QD + 2 * (size_t)c->n_kv_heads * c->head_dim;
+        expect_rounded("embed", -1, mh->tok_embed, mf->tok_embed, (size_t)c->vocab_size * D);
+        for (int l = 0; l < c->n_layers; l++) {
+            const struct layer_weights *h = &mh->layers[l], *f = &mf->layers[l];
+            expect_rounded("wqkv", l, h->wqkv, f->wqkv, QKV * D);
+            if (c->qkv_bias) expect_rounded("bqkv", l, h->bqkv, f->bqkv, QKV);
+            expect_rounded("wo", l, h->wo, f->wo, D * QD);
+            expect_rounded("w_gateup", l, h->w_gateup, f->w_gateup, 2 * F * D);
+            expect_rounded("w_down", l, h->w_down, f->w_down, D * F);
+        }
+        model_free(mf);
+        model_free(mh);
+    }
+    backend_destroy(cpu);
+    backend_destroy(b16);
+    for (int i = 0; i < st->n_tensors; i++) free(owned[i]);
+    free(owned);
+    free(ts);
+    safetensors_free(st);
+    test_rm_rf(d);
+    free(d);
+}
+
 /* config.json as transformers 4.x writes Llama 3.1: rope_theta at top, rope_scaling llama3. */
 static void test_config_transformers4_llama31(void **state) {
     const char *j = "{\"architectures\":[\"LlamaForCausalLM\"],\"hidden_size\":4096,\"intermediate_size\":14336,"
@@ -361,6 +453,7 @@ int main(void) {
         cmocka_unit_test(test_wrong_shape_is_rejected),
         cmocka_unit_test(test_unsupported_dtype_is_rejected),
         cmocka_unit_test(test_sharded_checkpoint_loads_and_bad_index_is_rejected),
+        cmocka_unit_test(test_bf16_backend_weights_are_the_rounded_f32_weights),
         cmocka_unit_test(test_config_transformers4_llama31),
         cmocka_unit_test(test_config_variants_and_refusals),
     };

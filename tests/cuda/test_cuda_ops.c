@@ -104,7 +104,7 @@ static void test_elementwise(void) {
 }
 
 static void test_embed_rows_logits(void) {
-    int V = 1000, D = 256, T = 20; /* 3 logits rows: the gemv kernel with f32 output */
+    int V = 1000, D = 256, T = 20; /* 3 logits rows, f32 output */
     float *table = rand_bf16((size_t)V * D, 1.0f);
     void *tc, *tg, *oc, *og, *hc, *hg;
     weight2(&tc, &tg, table, V, D);
@@ -135,11 +135,17 @@ static void test_embed_rows_logits(void) {
     free(table), free(zero), free(lc), free(lg);
 }
 
+const char *cuda_gemm_kind(int M, int K);
+
 static void test_matmul(void) {
+    /* every tile shape (M <= 8, <= 256, larger), N and K not multiples of the tiles, K % 8 != 0 */
     int shapes[][3] = {{1, 4096, 4096}, {37, 1024, 4096}, {128, 2048, 512}, {3, 14336, 4096}, {8, 4096, 14336},
-                       {5, 1000, 64}, {2, 96, 100}};
-    for (int s = 0; s < 7; s++) {
+                       {5, 1000, 64},   {2, 96, 100},     {300, 520, 1032}, {2048, 384, 4096}, {1, 128256, 64},
+                       {17, 200, 172}};
+    int n_shapes = (int)(sizeof shapes / sizeof shapes[0]);
+    for (int s = 0; s < n_shapes; s++) {
         int n = shapes[s][0], no = shapes[s][1], ni = shapes[s][2];
+        bool with_bias = s == 1 || s == 4 || s == 7;
         float *x = rand_bf16((size_t)n * ni, 1.0f), *w = rand_bf16((size_t)no * ni, 1.0f / sqrtf((float)ni));
         float *bias = rand_bf16(no, 1.0f), *z = calloc((size_t)n * no, 4);
         void *xc, *xg, *wc, *wg, *bc, *bg, *oc, *og;
@@ -147,14 +153,60 @@ static void test_matmul(void) {
         up2(&oc, &og, z, (size_t)n * no);
         weight2(&wc, &wg, w, no, ni);
         weight2(&bc, &bg, bias, no, 0);
-        cpu->ops->matmul(cpu, oc, xc, wc, s == 1 || s == 4 ? bc : NULL, n, no, ni);
-        gpu->ops->matmul(gpu, og, xg, wg, s == 1 || s == 4 ? bg : NULL, n, no, ni);
+        cpu->ops->matmul(cpu, oc, xc, wc, with_bias ? bc : NULL, n, no, ni);
+        gpu->ops->matmul(gpu, og, xg, wg, with_bias ? bg : NULL, n, no, ni);
         char what[96];
-        snprintf(what, sizeof what, "matmul %d x %d x %d%s (%s)", n, no, ni, s == 1 || s == 4 ? " + bias" : "",
-                 n <= 8 && ni % 8 == 0 ? "gemv kernel" : "cuBLAS bf16, f32 accumulate");
+        snprintf(what, sizeof what, "matmul %d x %d x %d%s (%s)", n, no, ni, with_bias ? " + bias" : "",
+                 cuda_gemm_kind(n, ni));
         compare(what, oc, og, (size_t)n * no, 2e-2f, 1e-2f);
         free2(xc, xg), free2(wc, wg), free2(bc, bg), free2(oc, og);
         free(x), free(w), free(bias), free(z);
+    }
+}
+
+/* Batch invariance, bit for bit: a token's GEMM output must not depend on how many tokens
+ * share the call (every tile shape), and the f32 logits likewise. */
+static void test_matmul_invariance(void) {
+    int dims[][2] = {{1024, 4096}, {333, 1000}, {96, 172}};
+    int Ms[] = {1, 2, 7, 8, 9, 33, 64, 65, 256, 257, 700};
+    for (int d = 0; d < 3; d++) {
+        int no = dims[d][0], ni = dims[d][1], MM = 700;
+        float *x = rand_bf16((size_t)MM * ni, 1.0f), *w = rand_bf16((size_t)no * ni, 1.0f / sqrtf((float)ni));
+        float *bias = rand_bf16(no, 1.0f);
+        void *xc, *xg, *wc, *wg, *bc, *bg;
+        up2(&xc, &xg, x, (size_t)MM * ni);
+        weight2(&wc, &wg, w, no, ni);
+        weight2(&bc, &bg, bias, no, 0);
+        enum backend_status st;
+        void *full = gpu->ops->alloc(gpu, (size_t)MM * no * 2, &st), *part = gpu->ops->alloc(gpu, (size_t)MM * no * 2, &st);
+        float *ref = malloc(sizeof(float) * MM * no), *got = malloc(sizeof(float) * MM * no);
+        float *lref = malloc(sizeof(float) * MM * no), *lgot = malloc(sizeof(float) * MM * no);
+        gpu->ops->matmul(gpu, full, xg, wg, bg, MM, no, ni);
+        gpu->ops->sync(gpu);
+        gpu->ops->download_act(gpu, ref, full, (size_t)MM * no);
+        gpu->ops->logits(gpu, lref, xg, wg, MM, no, ni);
+        gpu->ops->sync(gpu);
+        size_t bad = 0, lbad = 0;
+        for (size_t k = 0; k < sizeof Ms / sizeof Ms[0]; k++) {
+            int M = Ms[k], off = (int)(util_rng_next(&rng) % (uint64_t)(MM - M + 1));
+            /* tokens off .. off+M-1 alone in a call of M (x offset by whole rows keeps 16-byte alignment) */
+            const void *xs = (const char *)xg + (size_t)off * ni * 2;
+            gpu->ops->matmul(gpu, part, xs, wg, bg, M, no, ni);
+            gpu->ops->sync(gpu);
+            gpu->ops->download_act(gpu, got, part, (size_t)M * no);
+            for (size_t i = 0; i < (size_t)M * no; i++) bad += memcmp(&got[i], &ref[(size_t)off * no + i], 4) != 0;
+            gpu->ops->logits(gpu, lgot, xs, wg, M, no, ni);
+            gpu->ops->sync(gpu);
+            for (size_t i = 0; i < (size_t)M * no; i++) lbad += memcmp(&lgot[i], &lref[(size_t)off * no + i], 4) != 0;
+        }
+        int ok = bad == 0 && lbad == 0;
+        printf("%-4s matmul %d x %d batch invariance, M in 1..700 vs 700: %zu + %zu logits differ (want 0)\n",
+               ok ? "ok" : "FAIL", no, ni, bad, lbad);
+        ok ? n_pass++ : n_fail++;
+        gpu->ops->free(gpu, full);
+        gpu->ops->free(gpu, part);
+        free2(xc, xg), free2(wc, wg), free2(bc, bg);
+        free(x), free(w), free(bias), free(ref), free(got), free(lref), free(lgot);
     }
 }
 
@@ -256,9 +308,87 @@ static void attention_case(int H, int KV, int hd, int n_stream, int ctx, int T, 
     free(kf), free(vf), free(ks), free(vs), free(q), free(z), free(ids), free(toks), free(pos);
 }
 
+/* Attention batch invariance, bit for bit, on the GPU: the rows of one sequence's T-token
+ * prefill must come out the same computed (A) in one step, (B) in three chunks (c1, T-1-c1, 1:
+ * the last one a decode-shaped step), and (C) in one step behind another sequence's 5 tokens.
+ * Every scenario starts from the same pool contents. */
+static void attention_invariance(int H, int KV, int hd, int n_stream, int ctx, int T, int c1, int sink, int recent,
+                                 int window) {
+    int bs = 16, n_full = KV - n_stream, per = (ctx + T + bs - 1) / bs, NB = 2 * per;
+    size_t full_n = (size_t)NB * bs * n_full * hd + 1, slot_n = (size_t)2 * (sink + recent) * n_stream * hd + 1;
+    float *kf = rand_bf16(full_n, 1.0f), *vf = rand_bf16(full_n, 1.0f), *ks = rand_bf16(slot_n, 1.0f),
+          *vs = rand_bf16(slot_n, 1.0f);
+    int rs = (H + 2 * KV) * hd, TT = T + 5;
+    float *q = rand_bf16((size_t)TT * rs, 1.0f);
+    int32_t ids[4096], toks[4096] = {0}, pos[4096];
+    for (int i = 0; i < NB; i++) ids[i] = (i * 7 + 3) % NB; /* non-contiguous, a permutation (NB % 7 != 0) */
+    enum backend_status st;
+    void *pk = gpu->ops->alloc(gpu, full_n * 2, &st), *pv = gpu->ops->alloc(gpu, full_n * 2, &st);
+    void *sk = gpu->ops->alloc(gpu, slot_n * 2, &st), *sv = gpu->ops->alloc(gpu, slot_n * 2, &st);
+    void *qg = gpu->ops->alloc(gpu, (size_t)TT * rs * 2, &st), *og = gpu->ops->alloc(gpu, (size_t)TT * H * hd * 2, &st);
+    gpu->ops->upload_act(gpu, qg, q, (size_t)TT * rs);
+    struct attn_layer L = {.n_heads = H, .n_kv_heads = KV, .head_dim = hd, .n_full = n_full, .n_stream = n_stream,
+                           .block_size = bs, .sink = sink, .recent = recent, .sliding_window = window,
+                           .scale = 1.0f / sqrtf((float)hd), .k_full = pk, .v_full = pv, .k_stream = sk, .v_stream = sv};
+    size_t on = (size_t)T * H * hd;
+    float *out[3];
+    for (int sc = 0; sc < 3; sc++) {
+        gpu->ops->upload_act(gpu, pk, kf, full_n);
+        gpu->ops->upload_act(gpu, pv, vf, full_n);
+        gpu->ops->upload_act(gpu, sk, ks, slot_n);
+        gpu->ops->upload_act(gpu, sv, vs, slot_n);
+        out[sc] = malloc(on * 4);
+        int cuts[4] = {0, T, T, T}, n_chunks = 1;
+        if (sc == 1) cuts[1] = c1, cuts[2] = T - 1, cuts[3] = T, n_chunks = 3;
+        for (int k = 0; k < n_chunks; k++) {
+            int a = cuts[k], n = cuts[k + 1] - a, lead = sc == 2 ? 5 : 0;
+            /* sequence 0 of the batch: the other one (scenario C) at positions 40.., its own blocks and slot */
+            int32_t ss[3], ip[3], slots[2];
+            int ns = 0;
+            if (lead) {
+                for (int i = 0; i < lead; i++) pos[i] = 40 + i;
+                ss[0] = 0, ip[0] = 0, slots[0] = 1, ns = 1;
+                ip[1] = per;
+            }
+            for (int i = 0; i < n; i++) pos[lead + i] = ctx + a + i;
+            ss[ns] = lead, ip[ns] = lead ? per : 0, slots[ns] = 0;
+            ss[ns + 1] = lead + n, ip[ns + 1] = ip[ns] + per;
+            /* sequence 1 (ours) uses blocks [0, per) of ids in every scenario */
+            int32_t idv[4096];
+            if (lead) {
+                for (int i = 0; i < per; i++) idv[i] = ids[per + i], idv[per + i] = ids[i];
+            } else {
+                memcpy(idv, ids, sizeof(int32_t) * per);
+            }
+            struct fwd_batch bt = {lead + n, ns + 1, toks, pos, ss, ip, idv, slots, 0, NULL, NULL, false};
+            gpu->ops->begin_step(gpu, &bt);
+            /* the step's q rows: the lead's (any rows) then ours, contiguous */
+            void *qs = (char *)qg + (size_t)(a - lead + 5) * rs * 2;
+            void *os = (char *)og + (size_t)(a - lead + 5) * H * hd * 2;
+            gpu->ops->attention(gpu, os, qs, rs, &L);
+        }
+        gpu->ops->sync(gpu);
+        gpu->ops->download_act(gpu, out[sc], (char *)og + (size_t)5 * H * hd * 2, on);
+    }
+    size_t bad_b = 0, bad_c = 0;
+    for (size_t i = 0; i < on; i++) {
+        bad_b += memcmp(&out[0][i], &out[1][i], 4) != 0;
+        bad_c += memcmp(&out[0][i], &out[2][i], 4) != 0;
+    }
+    int ok = bad_b == 0 && bad_c == 0;
+    printf("%-4s attention invariance H%d/KV%d hd%d %d streaming%s, %d tok at ctx %d: chunked %zu, batched %zu "
+           "differ (want 0)\n",
+           ok ? "ok" : "FAIL", H, KV, hd, n_stream, window ? ", window" : "", T, ctx, bad_b, bad_c);
+    ok ? n_pass++ : n_fail++;
+    gpu->ops->free(gpu, pk), gpu->ops->free(gpu, pv), gpu->ops->free(gpu, sk), gpu->ops->free(gpu, sv);
+    gpu->ops->free(gpu, qg), gpu->ops->free(gpu, og);
+    for (int sc = 0; sc < 3; sc++) free(out[sc]);
+    free(kf), free(vf), free(ks), free(vs), free(q);
+}
+
 int main(void) {
     char err[256];
-    gpu = backend_cuda_create(0, err, sizeof err);
+    gpu = backend_cuda_create(0, 0, err, sizeof err);
     if (!gpu) {
         printf("SKIP: %s\n0 passed, 0 failed\n", err);
         return 0;
@@ -268,6 +398,7 @@ int main(void) {
     test_elementwise();
     test_embed_rows_logits();
     test_matmul();
+    test_matmul_invariance();
     test_rope();
     /* GQA ratios 1, 4, 8; head dims 64 and 128; decode and prefill; contexts to 32k */
     attention_case(8, 8, 64, 0, 1000, 1, 3, 0, 1);
@@ -277,6 +408,15 @@ int main(void) {
     attention_case(32, 8, 128, 5, 2000, 1, 3, 64, 256);
     attention_case(32, 8, 128, 3, 700, 100, 2, 16, 64);
     attention_case(8, 1, 128, 1, 30000, 1, 2, 64, 256);
+    /* GQA 7 (units of 2 tokens x 7 heads), head dims 8/16 (padded), a sink inside the chunk */
+    attention_case(14, 2, 64, 1, 300, 33, 3, 4, 40);
+    attention_case(8, 2, 16, 0, 100, 20, 2, 0, 1);
+    attention_case(8, 4, 8, 2, 50, 9, 2, 3, 16);
+    attention_case(32, 8, 128, 4, 0, 200, 1, 64, 96);
+    attention_invariance(32, 8, 128, 3, 500, 150, 61, 16, 64, 0);
+    attention_invariance(14, 2, 64, 0, 90, 77, 13, 0, 1, 0);
+    attention_invariance(8, 8, 64, 4, 1000, 40, 17, 8, 32, 0);
+    attention_invariance(8, 2, 16, 0, 300, 70, 30, 0, 1, 48);
     printf("\ncuda ops: %d passed, %d failed\n", n_pass, n_fail);
     backend_destroy(cpu);
     backend_destroy(gpu);

@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# gpu_check: the GPU acceptance checks and benchmarks in one run, for a GPU machine.
+#
+#   scripts/gpu_check.sh [BUILD_DIR] [checks|bench|all] [OUT_DIR]
+#
+# checks: the CUDA op test, stories260k greedy ids on cuda vs the golden file, the HF parity
+#         fixtures at bf16 tolerance, and greedy batch invariance on the fixtures with and without
+#         a DuoAttention pattern.
+# bench:  a random-weight Llama-3-8B-shaped checkpoint (written once to $LLAMA8B, default
+#         /tmp/llama8b), bench_gpu (load, memory plan, decode at batch 1/8/64/256, prefill 2k/8k/32k)
+#         and bench_serving on the ShareGPT trace against `duoserve serve`.
+# Shared fixtures come from $SHARED (default ../shared, or .device/ where it was copied).
+# Logs go to OUT_DIR (default $OUT, else /tmp/gpu_check). Exit status: the number of failed steps.
+set -u
+B=${1:-build}
+WHAT=${2:-all}
+OUTD=${3:-${OUT:-/tmp/gpu_check}}
+SHARED=${SHARED:-$([ -d ../shared/models ] && echo ../shared || echo .device)}
+LLAMA8B=${LLAMA8B:-/tmp/llama8b}
+mkdir -p "$OUTD"
+fails=0
+step() { # name, command...
+    local name=$1
+    shift
+    local t0=$SECONDS
+    if "$@" >"$OUTD/$name.log" 2>&1; then
+        echo "ok   $name ($((SECONDS - t0)) s)"
+    else
+        echo "FAIL $name ($((SECONDS - t0)) s): tail of $name.log:"
+        tail -n 15 "$OUTD/$name.log"
+        fails=$((fails + 1))
+    fi
+}
+
+golden() {
+    local want got
+    want=$(python3 -c "import json; print(','.join(map(str, json.load(open('$SHARED/models/stories260k/expected_greedy_ids.json'))['greedy_ids'])))")
+    got=$("$B/duoserve" generate -m "$SHARED/models/stories260k" --device cuda --prompt-ids 1 -n 199 --json |
+        python3 -c "import json,sys; print(','.join(map(str, json.load(sys.stdin)['ids'])))")
+    echo "want $want"
+    echo "got  $got"
+    [ -n "$got" ] && [ "$want" = "$got" ]
+}
+
+invariance() {
+    local pat=/tmp/gpu_check_pattern.tsv rc=0
+    printf '0.9\t0.1\n0.2\t0.8\n' >"$pat"
+    for m in llama3 qwen2 mistral; do
+        "$B/check_invariance" "tests/fixtures/hf/$m" cuda || rc=1
+        "$B/check_invariance" "tests/fixtures/hf/$m" cuda "$pat" 0.5 || rc=1
+    done
+    return $rc
+}
+
+# bench [GEMM]: bench_gpu with the invariant kernels (default) or cuBLAS
+bench() {
+    [ -f "$LLAMA8B/config.json" ] || python3 scripts/make_llama8b.py "$LLAMA8B" --tokenizer "$SHARED/tokenizers/llama3" || return 1
+    local pre=2048,8192,32768
+    [ "${1:-invariant}" = invariant ] || pre=2048,8192 # 32k is attention-bound: the same either way
+    timeout 400 "$B/bench_gpu" "$LLAMA8B" cuda --decode 1,8,64,256 --prefill "$pre" --gemm "${1:-invariant}"
+}
+
+# serving [GEMM]: bench_serving against duoserve serve
+serving() {
+    local port=18431 rc=0
+    "$B/duoserve" serve -m "$LLAMA8B" --device cuda --port $port --max-num-seqs 64 --gemm "${1:-invariant}" >"$OUTD/server-${1:-invariant}.log" 2>&1 &
+    local pid=$!
+    for _ in $(seq 1 240); do
+        curl -sf "http://127.0.0.1:$port/health" >/dev/null 2>&1 && break
+        sleep 0.5
+    done
+    timeout 300 python3 scripts/bench_serving.py --base-url "http://127.0.0.1:$port" \
+        --dataset "$SHARED/traces/ShareGPT_V3_filtered_1000_prompts_only.json" \
+        --output-lens-csv "$SHARED/traces/sharegpt_8k_filtered_stats_llama2_tokenizer.csv" \
+        --ignore-eos --max-concurrency 64 --num-prompts 300 --server-tokenize || rc=1
+    kill -TERM $pid
+    wait $pid
+    return $rc
+}
+
+if [ "$WHAT" = checks ] || [ "$WHAT" = all ]; then
+    step op_test "$B/duoserve-test-cuda"
+    step golden_stories260k golden
+    step parity python3 scripts/check_parity.py --bin "$B/duoserve" --device cuda --tol 0.05
+    step invariance invariance
+fi
+if [ "$WHAT" = bench ] || [ "$WHAT" = all ]; then
+    for g in ${GEMMS:-invariant cublas}; do
+        step "bench_gpu_$g" bench "$g"
+        step "bench_serving_$g" serving "$g"
+    done
+fi
+exit $fails
