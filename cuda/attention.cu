@@ -42,6 +42,8 @@ template <int PER>
 __global__ void attn_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *q, const __nv_bfloat16 *kb,
                             const __nv_bfloat16 *vb, int rs, struct cuda_attn_args a) {
     // lane owns dims lane, lane + 32, ... (PER of them, the last ones masked when hd < 32 * PER)
+    pdl_wait();
+    pdl_trigger();
     const int HD = a.head_dim;
     int t = blockIdx.x, h = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     int group = a.n_heads / a.n_kv_heads, kvh = h / group;
@@ -192,6 +194,8 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
                                                               const __nv_bfloat16 *kb, const __nv_bfloat16 *vb, int rs,
                                                               struct cuda_attn_args a) {
     constexpr int LD = fa_smem<HDP>::LD;
+    pdl_wait();
+    pdl_trigger();
     extern __shared__ __align__(16) unsigned char fa_raw[];
     __nv_bfloat16 *sk = reinterpret_cast<__nv_bfloat16 *>(fa_raw), *sv = sk + 2 * FA_KT * LD;
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, tb = blockIdx.x, kvh = blockIdx.y;
@@ -402,6 +406,8 @@ extern "C" int cuda_attention_init(void) {
 
 // Retrieval heads: this step's K/V rows into their blocks (before attention reads them).
 __global__ void append_full_kernel(const __nv_bfloat16 *kb, const __nv_bfloat16 *vb, int rs, struct cuda_attn_args a) {
+    pdl_wait();
+    pdl_trigger();
     int t = blockIdx.x, s = a.tok_seq[t], pos = a.pos[t];
     for (int x = threadIdx.x; x < a.n_full * a.head_dim; x += blockDim.x) {
         int h = x / a.head_dim, d = x % a.head_dim;
@@ -415,6 +421,8 @@ __global__ void append_full_kernel(const __nv_bfloat16 *kb, const __nv_bfloat16 
 // Streaming heads: sink rows and the recent ring, after attention. Of a chunk longer than the
 // ring only its last `recent` positions are written, so no two threads share a row.
 __global__ void append_stream_kernel(const __nv_bfloat16 *kb, const __nv_bfloat16 *vb, int rs, struct cuda_attn_args a) {
+    pdl_wait();
+    pdl_trigger();
     int t = blockIdx.x, s = a.tok_seq[t], pos = a.pos[t];
     int last = a.pos[a.seq_start[s + 1] - 1];
     if (pos >= a.sink && last - pos >= a.recent) return;
@@ -436,26 +444,26 @@ extern "C" int cuda_attention(void *out, const void *qkv, int rs, const struct c
                               cudaStream_t st) {
     const __nv_bfloat16 *q = (const __nv_bfloat16 *)qkv;
     const __nv_bfloat16 *kb = q + (size_t)a->n_heads * a->head_dim, *vb = kb + (size_t)a->n_kv_heads * a->head_dim;
-    if (a->n_full) append_full_kernel<<<n_tokens, 128, 0, st>>>(kb, vb, rs, *a);
+    if (a->n_full) CUDA_CHECK(cuda_launch(append_full_kernel, dim3(n_tokens), dim3(128), 0, st, kb, vb, rs, *a));
     __nv_bfloat16 *o = (__nv_bfloat16 *)out;
     const __nv_bfloat16 *qb = q;
     int G = a->n_heads / a->n_kv_heads;
     if (a->head_dim % 8 == 0 && a->head_dim <= 128 && G <= 16 && !getenv_flag("DUOSERVE_ATTN_SIMPLE")) {
         dim3 fgrid(n_tokens, a->n_kv_heads);
         const int T = 32 * FA_WARPS;
-        if (a->head_dim <= 16) flash_kernel<16><<<fgrid, T, fa_smem<16>::BYTES, st>>>(o, qb, kb, vb, rs, *a);
-        else if (a->head_dim <= 32) flash_kernel<32><<<fgrid, T, fa_smem<32>::BYTES, st>>>(o, qb, kb, vb, rs, *a);
-        else if (a->head_dim <= 64) flash_kernel<64><<<fgrid, T, fa_smem<64>::BYTES, st>>>(o, qb, kb, vb, rs, *a);
-        else flash_kernel<128><<<fgrid, T, fa_smem<128>::BYTES, st>>>(o, qb, kb, vb, rs, *a);
+        if (a->head_dim <= 16) CUDA_CHECK(cuda_launch(flash_kernel<16>, fgrid, dim3(T), fa_smem<16>::BYTES, st, o, qb, kb, vb, rs, *a));
+        else if (a->head_dim <= 32) CUDA_CHECK(cuda_launch(flash_kernel<32>, fgrid, dim3(T), fa_smem<32>::BYTES, st, o, qb, kb, vb, rs, *a));
+        else if (a->head_dim <= 64) CUDA_CHECK(cuda_launch(flash_kernel<64>, fgrid, dim3(T), fa_smem<64>::BYTES, st, o, qb, kb, vb, rs, *a));
+        else CUDA_CHECK(cuda_launch(flash_kernel<128>, fgrid, dim3(T), fa_smem<128>::BYTES, st, o, qb, kb, vb, rs, *a));
     } else {
         dim3 grid(n_tokens, a->n_heads);
-        if (a->head_dim <= 32) attn_kernel<1><<<grid, 32 * ATTN_WARPS, 0, st>>>(o, qb, kb, vb, rs, *a);
-        else if (a->head_dim <= 64) attn_kernel<2><<<grid, 32 * ATTN_WARPS, 0, st>>>(o, qb, kb, vb, rs, *a);
-        else if (a->head_dim <= 128) attn_kernel<4><<<grid, 32 * ATTN_WARPS, 0, st>>>(o, qb, kb, vb, rs, *a);
-        else if (a->head_dim <= CUDA_ATTN_MAX_HEAD_DIM) attn_kernel<8><<<grid, 32 * ATTN_WARPS, 0, st>>>(o, qb, kb, vb, rs, *a);
+        if (a->head_dim <= 32) CUDA_CHECK(cuda_launch(attn_kernel<1>, grid, dim3(32 * ATTN_WARPS), 0, st, o, qb, kb, vb, rs, *a));
+        else if (a->head_dim <= 64) CUDA_CHECK(cuda_launch(attn_kernel<2>, grid, dim3(32 * ATTN_WARPS), 0, st, o, qb, kb, vb, rs, *a));
+        else if (a->head_dim <= 128) CUDA_CHECK(cuda_launch(attn_kernel<4>, grid, dim3(32 * ATTN_WARPS), 0, st, o, qb, kb, vb, rs, *a));
+        else if (a->head_dim <= CUDA_ATTN_MAX_HEAD_DIM) CUDA_CHECK(cuda_launch(attn_kernel<8>, grid, dim3(32 * ATTN_WARPS), 0, st, o, qb, kb, vb, rs, *a));
         else return -3; // the engine refuses such models at load
     }
-    if (a->n_stream) append_stream_kernel<<<n_tokens, 128, 0, st>>>(kb, vb, rs, *a);
+    if (a->n_stream) CUDA_CHECK(cuda_launch(append_stream_kernel, dim3(n_tokens), dim3(128), 0, st, kb, vb, rs, *a));
     CUDA_CHECK(cudaGetLastError());
     return 0;
 }

@@ -18,4 +18,41 @@
 
 static inline unsigned cuda_blocks(size_t n, unsigned threads) { return (unsigned)((n + threads - 1) / threads); }
 
+#ifdef __CUDACC__
+#include <stdlib.h>
+
+// Programmatic dependent launch (PDL): kernels queued with cuda_launch may start while the
+// kernel before them drains. Each kernel calls pdl_trigger() (its successor may launch once every
+// block of this one has started) and pdl_wait() before it touches memory an earlier kernel
+// writes or reads (weights excepted: a GEMM streams its first weight tiles before waiting).
+// Without PDL both are no-ops. DUOSERVE_NO_PDL=1 turns it off (for A/B timing).
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+__device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;\n" ::); }
+
+static inline bool cuda_pdl_on(void) {
+    static int on = -1;
+    if (on < 0) {
+        const char *v = getenv("DUOSERVE_NO_PDL");
+        on = !(v && v[0] == '1');
+    }
+    return on != 0;
+}
+
+template <typename... KArgs, typename... Args>
+static cudaError_t cuda_launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
+                               Args... args) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = s;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = cuda_pdl_on() ? 1 : 0;
+    return cudaLaunchKernelEx(&cfg, kernel, (KArgs)args...);
+}
+#endif
+
 #endif

@@ -79,20 +79,25 @@ __global__ void __launch_bounds__(32 * WMW * WNW)
     const int nk = (kend - kbeg + BK - 1) / BK;
     const int g = lane / 4, q = lane % 4; // mma fragment coordinates
 
-    auto load = [&](int stage, int kt) {
+    constexpr int CPR = BK / 8; // 16-byte chunks per row
+    auto load_w = [&](int stage, int kt) {
         int k0 = kbeg + kt * BK;
-        constexpr int CPR = BK / 8; // 16-byte chunks per row
-        __nv_bfloat16 *dw = sw + (size_t)stage * C::BM * C::LD, *dx = sx + (size_t)stage * C::BN * C::LD;
+        __nv_bfloat16 *dw = sw + (size_t)stage * C::BM * C::LD;
         for (int i = tid; i < C::BM * CPR; i += C::THREADS) {
             int r = i / CPR, c = (i % CPR) * 8, n = n0 + r, k = k0 + c;
             bool ok = n < N && k < K;
             cp_async16(dw + r * C::LD + c, ok ? w + (size_t)n * K + k : w, ok);
         }
-        if (!C::XG)
-        for (int i = tid; i < C::BN * CPR; i += C::THREADS) {
-            int r = i / CPR, c = (i % CPR) * 8, t = t0 + r, k = k0 + c;
-            bool ok = t < M && k < K;
-            cp_async16(dx + r * C::LD + c, ok ? x + (size_t)t * K + k : x, ok);
+    };
+    auto load_x = [&](int stage, int kt) {
+        if constexpr (!C::XG) {
+            int k0 = kbeg + kt * BK;
+            __nv_bfloat16 *dx = sx + (size_t)stage * C::BN * C::LD;
+            for (int i = tid; i < C::BN * CPR; i += C::THREADS) {
+                int r = i / CPR, c = (i % CPR) * 8, t = t0 + r, k = k0 + c;
+                bool ok = t < M && k < K;
+                cp_async16(dx + r * C::LD + c, ok ? x + (size_t)t * K + k : x, ok);
+            }
         }
     };
 
@@ -104,14 +109,23 @@ __global__ void __launch_bounds__(32 * WMW * WNW)
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[i][j][e] = total[i][j][e] = 0.0f;
 
+    // the first weight tiles stream in while the kernel before this one finishes (PDL); x and
+    // every write wait for it
+    pdl_trigger();
+    for (int s = 0; s < STAGES - 1; s++)
+        if (s < nk) load_w(s, s);
+    pdl_wait();
     for (int s = 0; s < STAGES - 1; s++) {
-        if (s < nk) load(s, s);
+        if (s < nk) load_x(s, s);
         cp_async_commit();
     }
     for (int kt = 0; kt < nk; kt++) {
         cp_async_wait<STAGES - 2>();
         __syncthreads(); // stage kt landed for every thread; stage kt-1 is free to refill
-        if (kt + STAGES - 1 < nk) load((kt + STAGES - 1) % STAGES, kt + STAGES - 1);
+        if (kt + STAGES - 1 < nk) {
+            load_w((kt + STAGES - 1) % STAGES, kt + STAGES - 1);
+            load_x((kt + STAGES - 1) % STAGES, kt + STAGES - 1);
+        }
         cp_async_commit();
         const __nv_bfloat16 *cw = sw + (size_t)(kt % STAGES) * C::BM * C::LD;
         const __nv_bfloat16 *cx = sx + (size_t)(kt % STAGES) * C::BN * C::LD;
@@ -217,6 +231,8 @@ __global__ void __launch_bounds__(32 * WMW * WNW)
 template <typename OUT>
 __global__ void gemm_plain_kernel(OUT *y, const __nv_bfloat16 *x, const __nv_bfloat16 *w, const __nv_bfloat16 *bias,
                                   int M, int N, int K) {
+    pdl_wait();
+    pdl_trigger();
     int n = blockIdx.x * blockDim.x + threadIdx.x, t = blockIdx.y;
     if (n >= N) return;
     const __nv_bfloat16 *xr = x + (size_t)t * K, *wr = w + (size_t)n * K;
@@ -246,8 +262,8 @@ static int launch(OUT *y, const void *x, const void *w, const void *bias, int M,
     unsigned want = C::BN == 8 ? 8u * g_sms : (unsigned)g_sms / 2;
     if (chunks > 1 && tiles < want && tiles <= GEMM_COUNTERS && (size_t)chunks * M * N <= GEMM_WS_FLOATS)
         grid.z = chunks;
-    kern<<<grid, C::THREADS, C::SMEM, s>>>(y, (const __nv_bfloat16 *)x, (const __nv_bfloat16 *)w,
-                                            (const __nv_bfloat16 *)bias, M, N, K, g_ws, g_counters);
+    CUDA_CHECK(cuda_launch(kern, grid, dim3(C::THREADS), C::SMEM, s, y, (const __nv_bfloat16 *)x,
+                           (const __nv_bfloat16 *)w, (const __nv_bfloat16 *)bias, M, N, K, g_ws, g_counters));
     CUDA_CHECK(cudaGetLastError());
     return 0;
 }
@@ -264,8 +280,8 @@ static int gemm(OUT *y, const void *x, const void *w, const void *bias, int M, i
     if (M <= 0 || N <= 0) return 0;
     if (K % 8 || ((uintptr_t)x | (uintptr_t)w) % 16) {
         dim3 grid(cuda_blocks((size_t)N, 128), (unsigned)M);
-        gemm_plain_kernel<OUT><<<grid, 128, 0, s>>>(y, (const __nv_bfloat16 *)x, (const __nv_bfloat16 *)w,
-                                                    (const __nv_bfloat16 *)bias, M, N, K);
+        CUDA_CHECK(cuda_launch(gemm_plain_kernel<OUT>, grid, dim3(128), 0, s, y, (const __nv_bfloat16 *)x,
+                               (const __nv_bfloat16 *)w, (const __nv_bfloat16 *)bias, M, N, K));
         CUDA_CHECK(cudaGetLastError());
         return 0;
     }

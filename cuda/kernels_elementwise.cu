@@ -7,6 +7,8 @@
 #include "cuda/cuda_common.h"
 
 __global__ void embed_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *table, const int32_t *tokens, int dim) {
+    pdl_wait();
+    pdl_trigger();
     int t = blockIdx.x;
     const __nv_bfloat16 *row = table + (size_t)tokens[t] * dim;
     for (int i = threadIdx.x; i < dim; i += blockDim.x) out[(size_t)t * dim + i] = row[i];
@@ -30,6 +32,8 @@ __device__ float block_sum(float v) {
 
 // One block per row; f32 sum of squares reduced through shared memory.
 __global__ void rmsnorm_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *x, const __nv_bfloat16 *w, int dim, float eps) {
+    pdl_wait();
+    pdl_trigger();
     const __nv_bfloat16 *xr = x + (size_t)blockIdx.x * dim;
     float ss = 0.0f;
     for (int i = threadIdx.x; i < dim; i += blockDim.x) {
@@ -45,6 +49,8 @@ __global__ void rmsnorm_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *x, const
 // One block per token; thread i rotates pair (i, i + hd/2) of every head of the row.
 __global__ void rope_kernel(__nv_bfloat16 *x, const int32_t *pos, const float *inv_freq, int n_heads, int hd,
                             int row_stride) {
+    pdl_wait();
+    pdl_trigger();
     int t = blockIdx.x, half = hd / 2;
     for (int j = threadIdx.x; j < n_heads * half; j += blockDim.x) {
         int h = j / half, i = j % half;
@@ -59,6 +65,8 @@ __global__ void rope_kernel(__nv_bfloat16 *x, const int32_t *pos, const float *i
 
 // out[t][i] = silu(gu[t][i]) * gu[t][F + i]
 __global__ void silu_mul_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *gu, int F, size_t n) {
+    pdl_wait();
+    pdl_trigger();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) {
         size_t t = i / F, c = i % F;
@@ -70,6 +78,8 @@ __global__ void silu_mul_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *gu, int
 // x += y, then out = rmsnorm(x) * w; one block per row.
 __global__ void add_rmsnorm_kernel(__nv_bfloat16 *out, __nv_bfloat16 *x, const __nv_bfloat16 *y,
                                    const __nv_bfloat16 *w, int dim, float eps) {
+    pdl_wait();
+    pdl_trigger();
     __nv_bfloat16 *xr = x + (size_t)blockIdx.x * dim;
     const __nv_bfloat16 *yr = y + (size_t)blockIdx.x * dim;
     float ss = 0.0f;
@@ -87,27 +97,37 @@ __global__ void add_rmsnorm_kernel(__nv_bfloat16 *out, __nv_bfloat16 *x, const _
 
 
 __global__ void add_bias_kernel(__nv_bfloat16 *x, const __nv_bfloat16 *bias, int dim, size_t n) {
+    pdl_wait();
+    pdl_trigger();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] = __float2bfloat16(__bfloat162float(x[i]) + __bfloat162float(bias[i % dim]));
 }
 
 __global__ void get_rows_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *x, const int32_t *rows, int dim) {
+    pdl_wait();
+    pdl_trigger();
     const __nv_bfloat16 *src = x + (size_t)rows[blockIdx.x] * dim;
     for (int i = threadIdx.x; i < dim; i += blockDim.x) out[(size_t)blockIdx.x * dim + i] = src[i];
 }
 
 __global__ void f32_to_bf16_kernel(__nv_bfloat16 *dst, const float *src, size_t n) {
+    pdl_wait();
+    pdl_trigger();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) dst[i] = __float2bfloat16(src[i]);
 }
 
 __global__ void bf16_to_f32_kernel(float *dst, const __nv_bfloat16 *src, size_t n) {
+    pdl_wait();
+    pdl_trigger();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) dst[i] = __bfloat162float(src[i]);
 }
 
 // One block per row: the first index of the row's maximum (torch.argmax's tie rule).
 __global__ void argmax_kernel(int32_t *ids, const float *x, int vocab) {
+    pdl_wait();
+    pdl_trigger();
     __shared__ float sv[32];
     __shared__ int si[32];
     const float *row = x + (size_t)blockIdx.x * vocab;
@@ -141,7 +161,7 @@ extern "C" {
 
 int cuda_argmax_rows(int32_t *ids, const float *x, int n, int vocab, cudaStream_t s) {
     if (n == 0) return 0;
-    argmax_kernel<<<n, 1024, 0, s>>>(ids, x, vocab);
+    CUDA_CHECK(cuda_launch(argmax_kernel, dim3(n), dim3(1024), 0, s, ids, x, vocab));
     CUDA_CHECK(cudaGetLastError());
     return 0;
 }
@@ -149,7 +169,7 @@ int cuda_argmax_rows(int32_t *ids, const float *x, int n, int vocab, cudaStream_
 int cuda_add_bias(void *x, const void *bias, int n, int dim, cudaStream_t s) {
     size_t total = (size_t)n * dim;
     if (total == 0) return 0;
-    add_bias_kernel<<<cuda_blocks(total, 256), 256, 0, s>>>((__nv_bfloat16 *)x, (const __nv_bfloat16 *)bias, dim, total);
+    CUDA_CHECK(cuda_launch(add_bias_kernel, dim3(cuda_blocks(total, 256)), dim3(256), 0, s, (__nv_bfloat16 *)x, (const __nv_bfloat16 *)bias, dim, total));
     CUDA_CHECK(cudaGetLastError());
     return 0;
 }
@@ -157,35 +177,35 @@ int cuda_add_bias(void *x, const void *bias, int n, int dim, cudaStream_t s) {
 int cuda_get_rows(void *out, const void *x, const int32_t *rows, int n, int dim, cudaStream_t s) {
     if (n == 0) return 0;
     // out may alias x's first rows only if rows[i] >= i for all i: the engine passes separate buffers
-    get_rows_kernel<<<n, 256, 0, s>>>((__nv_bfloat16 *)out, (const __nv_bfloat16 *)x, rows, dim);
+    CUDA_CHECK(cuda_launch(get_rows_kernel, dim3(n), dim3(256), 0, s, (__nv_bfloat16 *)out, (const __nv_bfloat16 *)x, rows, dim));
     CUDA_CHECK(cudaGetLastError());
     return 0;
 }
 
 int cuda_f32_to_bf16(void *dst, const float *src, size_t n, cudaStream_t s) {
     if (n == 0) return 0;
-    f32_to_bf16_kernel<<<cuda_blocks(n, 256), 256, 0, s>>>((__nv_bfloat16 *)dst, src, n);
+    CUDA_CHECK(cuda_launch(f32_to_bf16_kernel, dim3(cuda_blocks(n, 256)), dim3(256), 0, s, (__nv_bfloat16 *)dst, src, n));
     CUDA_CHECK(cudaGetLastError());
     return 0;
 }
 
 int cuda_bf16_to_f32(float *dst, const void *src, size_t n, cudaStream_t s) {
     if (n == 0) return 0;
-    bf16_to_f32_kernel<<<cuda_blocks(n, 256), 256, 0, s>>>(dst, (const __nv_bfloat16 *)src, n);
+    CUDA_CHECK(cuda_launch(bf16_to_f32_kernel, dim3(cuda_blocks(n, 256)), dim3(256), 0, s, dst, (const __nv_bfloat16 *)src, n));
     CUDA_CHECK(cudaGetLastError());
     return 0;
 }
 
 int cuda_embed(void *out, const void *table, const int32_t *tokens, int n, int dim, cudaStream_t s) {
     if (n == 0) return 0;
-    embed_kernel<<<n, 256, 0, s>>>((__nv_bfloat16 *)out, (const __nv_bfloat16 *)table, tokens, dim);
+    CUDA_CHECK(cuda_launch(embed_kernel, dim3(n), dim3(256), 0, s, (__nv_bfloat16 *)out, (const __nv_bfloat16 *)table, tokens, dim));
     CUDA_CHECK(cudaGetLastError());
     return 0;
 }
 
 int cuda_rmsnorm(void *out, const void *x, const void *w, int n, int dim, float eps, cudaStream_t s) {
     if (n == 0) return 0;
-    rmsnorm_kernel<<<n, 256, 0, s>>>((__nv_bfloat16 *)out, (const __nv_bfloat16 *)x, (const __nv_bfloat16 *)w, dim, eps);
+    CUDA_CHECK(cuda_launch(rmsnorm_kernel, dim3(n), dim3(256), 0, s, (__nv_bfloat16 *)out, (const __nv_bfloat16 *)x, (const __nv_bfloat16 *)w, dim, eps));
     CUDA_CHECK(cudaGetLastError());
     return 0;
 }
@@ -193,7 +213,7 @@ int cuda_rmsnorm(void *out, const void *x, const void *w, int n, int dim, float 
 int cuda_rope(void *x, const int32_t *pos, const float *inv_freq, int n, int n_heads, int hd, int row_stride,
               cudaStream_t s) {
     if (n == 0) return 0;
-    rope_kernel<<<n, 256, 0, s>>>((__nv_bfloat16 *)x, pos, inv_freq, n_heads, hd, row_stride);
+    CUDA_CHECK(cuda_launch(rope_kernel, dim3(n), dim3(256), 0, s, (__nv_bfloat16 *)x, pos, inv_freq, n_heads, hd, row_stride));
     CUDA_CHECK(cudaGetLastError());
     return 0;
 }
@@ -201,15 +221,15 @@ int cuda_rope(void *x, const int32_t *pos, const float *inv_freq, int n, int n_h
 int cuda_silu_mul(void *out, const void *gu, int rows, int F, cudaStream_t s) {
     size_t n = (size_t)rows * F;
     if (n == 0) return 0;
-    silu_mul_kernel<<<cuda_blocks(n, 256), 256, 0, s>>>((__nv_bfloat16 *)out, (const __nv_bfloat16 *)gu, F, n);
+    CUDA_CHECK(cuda_launch(silu_mul_kernel, dim3(cuda_blocks(n, 256)), dim3(256), 0, s, (__nv_bfloat16 *)out, (const __nv_bfloat16 *)gu, F, n));
     CUDA_CHECK(cudaGetLastError());
     return 0;
 }
 
 int cuda_add_rmsnorm(void *out, void *x, const void *y, const void *w, int n, int dim, float eps, cudaStream_t s) {
     if (n == 0) return 0;
-    add_rmsnorm_kernel<<<n, 256, 0, s>>>((__nv_bfloat16 *)out, (__nv_bfloat16 *)x, (const __nv_bfloat16 *)y,
-                                         (const __nv_bfloat16 *)w, dim, eps);
+    CUDA_CHECK(cuda_launch(add_rmsnorm_kernel, dim3(n), dim3(256), 0, s, (__nv_bfloat16 *)out, (__nv_bfloat16 *)x, (const __nv_bfloat16 *)y,
+                                         (const __nv_bfloat16 *)w, dim, eps));
     CUDA_CHECK(cudaGetLastError());
     return 0;
 }
