@@ -171,10 +171,9 @@ __global__ void __launch_bounds__(32 * WMW * WNW)
     }
     cp_async_wait<0>();
 
-    // total[i][j]: rows (weight n) g and g + 8 of m tile i, columns (token t) 2q and 2q + 1 of n tile j
-    if (split) {
-        // partials out; the tile's last block adds them in chunk order (the same sum as above)
-        float *part = ws + (size_t)blockIdx.z * M * N;
+    // f(n, t, total) for each output this thread holds: total[i][j] covers rows (weight n) g and
+    // g + 8 of m tile i, columns (token t) 2q and 2q + 1 of n tile j
+    auto each_out = [&](auto &&f) {
 #pragma unroll
         for (int i = 0; i < WMT; i++)
 #pragma unroll
@@ -184,8 +183,13 @@ __global__ void __launch_bounds__(32 * WMW * WNW)
 #pragma unroll
                     for (int e = 0; e < 2; e++) {
                         int n = n0 + (wm * WMT + i) * 16 + g + 8 * h, t = t0 + (wn * WNT + j) * 8 + 2 * q + e;
-                        if (n < N && t < M) part[(size_t)t * N + n] = total[i][j][2 * h + e];
+                        if (n < N && t < M) f(n, t, total[i][j][2 * h + e]);
                     }
+    };
+    if (split) {
+        // partials out; the tile's last block adds them in chunk order (the same sum as above)
+        float *part = ws + (size_t)blockIdx.z * M * N;
+        each_out([&](int n, int t, float &v) { part[(size_t)t * N + n] = v; });
         __threadfence();
         __syncthreads();
         __shared__ int last;
@@ -194,37 +198,16 @@ __global__ void __launch_bounds__(32 * WMW * WNW)
         __syncthreads();
         if (!last) return;
         __threadfence();
-#pragma unroll
-        for (int i = 0; i < WMT; i++)
-#pragma unroll
-            for (int h = 0; h < 2; h++)
-#pragma unroll
-                for (int j = 0; j < WNT; j++)
-#pragma unroll
-                    for (int e = 0; e < 2; e++) {
-                        int n = n0 + (wm * WMT + i) * 16 + g + 8 * h, t = t0 + (wn * WNT + j) * 8 + 2 * q + e;
-                        if (n >= N || t >= M) continue;
-                        float sum = 0.0f;
-                        for (int c = 0; c < (int)gridDim.z; c++) sum += __ldcg(ws + ((size_t)c * M + t) * N + n);
-                        total[i][j][2 * h + e] = sum;
-                    }
+        each_out([&](int n, int t, float &v) {
+            float sum = 0.0f;
+            for (int c = 0; c < (int)gridDim.z; c++) sum += __ldcg(ws + ((size_t)c * M + t) * N + n);
+            v = sum;
+        });
         if (tid == 0) counters[tile] = 0;
     }
-#pragma unroll
-    for (int i = 0; i < WMT; i++)
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            int n = n0 + (wm * WMT + i) * 16 + g + 8 * h;
-            if (n >= N) continue;
-            float bv = bias ? __bfloat162float(bias[n]) : 0.0f;
-#pragma unroll
-            for (int j = 0; j < WNT; j++)
-#pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    int t = t0 + (wn * WNT + j) * 8 + 2 * q + e;
-                    if (t < M) store_out(y + (size_t)t * N + n, total[i][j][2 * h + e] + bv);
-                }
-        }
+    each_out([&](int n, int t, float &v) {
+        store_out(y + (size_t)t * N + n, v + (bias ? __bfloat162float(bias[n]) : 0.0f));
+    });
 }
 
 // K % 8 != 0: one thread per output, k in order (tiny models only).
