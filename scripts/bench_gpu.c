@@ -138,7 +138,7 @@ int main(int argc, char **argv) {
     }
     for (int k = 0; k < n_pre; k++) {
         int L = pre[k];
-        if (L > core_max_model_len(c) - 1) continue;
+        if (L <= 0 || L > core_max_model_len(c) - 1) continue;
         struct engine_request r = {prompt, L, greedy(1)};
         /* warm-up on a short prompt, then the measured one */
         struct engine_request w = {prompt, 64, greedy(1)};

@@ -9,6 +9,8 @@
 # bench:  a random-weight Llama-3-8B-shaped checkpoint (written once to $LLAMA8B, default
 #         /tmp/llama8b), bench_gpu (load, memory plan, decode at batch 1/8/64/256, prefill 2k/8k/32k)
 #         and bench_serving on the ShareGPT trace against `duoserve serve`.
+# profile: per-op times at batch 1 (BENCH_PROFILE) and, when Nsight Compute is installed, the
+#         batch-1 decode kernels' speed-of-light, occupancy and warp-stall sections (ncu).
 # Shared fixtures come from $SHARED (default ../shared, or .device/ where it was copied).
 # Logs go to OUT_DIR (default $OUT, else /tmp/gpu_check). Exit status: the number of failed steps.
 set -u
@@ -83,6 +85,20 @@ if [ "$WHAT" = checks ] || [ "$WHAT" = all ]; then
     step golden_stories260k golden
     step parity python3 scripts/check_parity.py --bin "$B/duoserve" --device cuda --tol 0.05
     step invariance invariance
+fi
+profile() {
+    [ -f "$LLAMA8B/config.json" ] || python3 scripts/make_llama8b.py "$LLAMA8B" --tokenizer "$SHARED/tokenizers/llama3" || return 1
+    BENCH_PROFILE=1 timeout 120 "$B/bench_gpu" "$LLAMA8B" cuda --decode 1 --prefill 2048 || return 1
+    local ncu
+    ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null) || return 0
+    # the kernels of a few decode steps, past the warm-up
+    timeout 300 "$ncu" -k 'regex:gemm_kernel|flash_kernel|rmsnorm|rope|silu|append' --launch-skip 2000 \
+        --launch-count 24 --section SpeedOfLight --section Occupancy --section WarpStateStats \
+        "$B/bench_gpu" "$LLAMA8B" cuda --decode 1 --prefill 0
+}
+
+if [ "$WHAT" = profile ]; then
+    step profile profile
 fi
 if [ "$WHAT" = bench ] || [ "$WHAT" = all ]; then
     for g in ${GEMMS:-invariant cublas}; do
