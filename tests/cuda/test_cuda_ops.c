@@ -262,15 +262,30 @@ static void test_rope(void) {
 
 /* Attention: pools filled with random K/V (both backends the same), block tables shuffled,
  * then a step of `T` query tokens per sequence (T = 1: decode; T > 1: a prefill chunk). */
-static void attention_case(int H, int KV, int hd, int n_stream, int ctx, int T, int n_seqs, int sink, int recent) {
+/* Optional knobs of an attention case: a sliding window for the retrieval heads, and K/V scales
+ * (small keys and large values make every key's weight visible in the output, so a mask that
+ * drops or adds a single key fails the tolerance). */
+struct attn_opts {
+    int window;
+    float kscale, vscale;
+};
+
+static void attention_case(int H, int KV, int hd, int n_stream, int ctx, int T, int n_seqs, int sink, int recent,
+                           const struct attn_opts *opt) {
+    struct attn_opts o = opt ? *opt : (struct attn_opts){0, 1.0f, 1.0f};
     int bs = 16, n_full = KV - n_stream;
     int blocks_per_seq = (ctx + T + bs - 1) / bs, NB = blocks_per_seq * n_seqs;
     size_t full_n = (size_t)NB * bs * n_full * hd, slot_n = (size_t)n_seqs * (sink + recent) * n_stream * hd;
-    float *kf = rand_bf16(full_n + 1, 1.0f), *vf = rand_bf16(full_n + 1, 1.0f);
-    float *ks = rand_bf16(slot_n + 1, 1.0f), *vs = rand_bf16(slot_n + 1, 1.0f);
+    float *kf = rand_bf16(full_n + 1, o.kscale), *vf = rand_bf16(full_n + 1, o.vscale);
+    float *ks = rand_bf16(slot_n + 1, o.kscale), *vs = rand_bf16(slot_n + 1, o.vscale);
     int TT = T * n_seqs;
     int rs = (H + 2 * KV) * hd;
     float *q = rand_bf16((size_t)TT * rs, 1.0f), *z = calloc((size_t)TT * H * hd, 4);
+    for (int t = 0; t < TT; t++) /* this step's K and V parts of each q|k|v row */
+        for (int i = H * hd; i < rs; i++) {
+            float sc = i < (H + KV) * hd ? o.kscale : o.vscale;
+            q[(size_t)t * rs + i] = util_bf16_to_f32(util_f32_to_bf16(q[(size_t)t * rs + i] * sc));
+        }
     void *kfc, *kfg, *vfc, *vfg, *ksc, *ksg, *vsc, *vsg, *qc, *qg, *oc, *og;
     up2(&kfc, &kfg, kf, full_n + 1);
     up2(&vfc, &vfg, vf, full_n + 1);
@@ -300,15 +315,16 @@ static void attention_case(int H, int KV, int hd, int n_stream, int ctx, int T, 
     struct fwd_batch bt = {TT, n_seqs, toks, pos, ss, ip, ids, slots, 0, NULL, NULL, false};
     batch_both(&bt);
     struct attn_layer L = {.n_heads = H, .n_kv_heads = KV, .head_dim = hd, .n_full = n_full, .n_stream = n_stream,
-                           .block_size = bs, .sink = sink, .recent = recent, .scale = 1.0f / sqrtf((float)hd)};
+                           .block_size = bs, .sink = sink, .recent = recent, .sliding_window = o.window,
+                           .scale = 1.0f / sqrtf((float)hd)};
     struct attn_layer Lc = L, Lg = L;
     Lc.k_full = kfc, Lc.v_full = vfc, Lc.k_stream = ksc, Lc.v_stream = vsc;
     Lg.k_full = kfg, Lg.v_full = vfg, Lg.k_stream = ksg, Lg.v_stream = vsg;
     cpu->ops->attention(cpu, oc, qc, rs, &Lc);
     gpu->ops->attention(gpu, og, qg, rs, &Lg);
     char what[128];
-    snprintf(what, sizeof what, "attention H%d/KV%d hd%d %d streaming, ctx %d, %d x %d tok%s", H, KV, hd, n_stream,
-             ctx, n_seqs, T, n_stream ? " (sink/recent)" : "");
+    snprintf(what, sizeof what, "attention H%d/KV%d hd%d %d streaming, ctx %d, %d x %d tok%s%s", H, KV, hd, n_stream,
+             ctx, n_seqs, T, n_stream ? " (sink/recent)" : "", opt ? " (mask edges)" : "");
     compare(what, oc, og, (size_t)TT * H * hd, 2e-2f, 2e-2f);
     /* the pools the step wrote must agree too */
     snprintf(what, sizeof what, "  ... full pool after the step's K append");
@@ -419,26 +435,32 @@ int main(void) {
     test_matmul_invariance();
     test_rope();
     /* GQA ratios 1, 4, 8; head dims 64 and 128; decode and prefill; contexts to 32k */
-    attention_case(8, 8, 64, 0, 1000, 1, 3, 0, 1);
-    attention_case(32, 8, 128, 0, 4096, 1, 4, 0, 1);
-    attention_case(32, 4, 128, 0, 32768, 1, 1, 0, 1);
-    attention_case(16, 4, 64, 0, 500, 64, 2, 0, 1);
-    attention_case(32, 8, 128, 5, 2000, 1, 3, 64, 256);
-    attention_case(32, 8, 128, 3, 700, 100, 2, 16, 64);
-    attention_case(8, 1, 128, 1, 30000, 1, 2, 64, 256);
+    attention_case(8, 8, 64, 0, 1000, 1, 3, 0, 1, NULL);
+    attention_case(32, 8, 128, 0, 4096, 1, 4, 0, 1, NULL);
+    attention_case(32, 4, 128, 0, 32768, 1, 1, 0, 1, NULL);
+    attention_case(16, 4, 64, 0, 500, 64, 2, 0, 1, NULL);
+    attention_case(32, 8, 128, 5, 2000, 1, 3, 64, 256, NULL);
+    attention_case(32, 8, 128, 3, 700, 100, 2, 16, 64, NULL);
+    attention_case(8, 1, 128, 1, 30000, 1, 2, 64, 256, NULL);
     /* GQA 7 (units of 2 tokens x 7 heads), head dims 8/16 (padded), a sink inside the chunk */
-    attention_case(14, 2, 64, 1, 300, 33, 3, 4, 40);
-    attention_case(8, 2, 16, 0, 100, 20, 2, 0, 1);
-    attention_case(8, 4, 8, 2, 50, 9, 2, 3, 16);
-    attention_case(32, 8, 128, 4, 0, 200, 1, 64, 96);
+    attention_case(14, 2, 64, 1, 300, 33, 3, 4, 40, NULL);
+    attention_case(8, 2, 16, 0, 100, 20, 2, 0, 1, NULL);
+    attention_case(8, 4, 8, 2, 50, 9, 2, 3, 16, NULL);
+    attention_case(32, 8, 128, 4, 0, 200, 1, 64, 96, NULL);
     attention_invariance(32, 8, 128, 3, 500, 150, 61, 16, 64, 0);
     attention_invariance(14, 2, 64, 0, 90, 77, 13, 0, 1, 0);
     attention_invariance(8, 8, 64, 4, 1000, 40, 17, 8, 32, 0);
     attention_invariance(8, 2, 16, 0, 300, 70, 30, 0, 1, 48);
     /* a prompt from position 0: the sink inside chunk 1, chunk 1 longer than the ring */
     attention_invariance(32, 8, 128, 3, 0, 300, 100, 64, 96, 0);
+    /* mask edges against the CPU: keys near-equal in score, values large, so one key more or less
+     * at the sink, recent or window boundary moves the output far past the tolerance */
+    struct attn_opts edges = {16, 0.01f, 8.0f};
+    attention_case(8, 2, 64, 1, 40, 1, 2, 4, 8, &edges);
+    attention_case(8, 2, 64, 1, 20, 24, 2, 4, 8, &edges);
+    attention_case(8, 4, 128, 2, 3, 40, 1, 6, 10, &edges);
     /* the CUDA-core kernel: head dim 256, GQA 32 */
-    attention_case(32, 1, 256, 0, 300, 3, 2, 0, 1);
+    attention_case(32, 1, 256, 0, 300, 3, 2, 0, 1, NULL);
     printf("\ncuda ops: %d passed, %d failed\n", n_pass, n_fail);
     backend_destroy(cpu);
     backend_destroy(gpu);
