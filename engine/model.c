@@ -145,17 +145,8 @@ static int stack_append(struct stack *sk, const struct st_tensor *t, const struc
     src.data = permuted_data(t, hp, &owned);
     if (!src.data) return BACKEND_ERR_OOM;
     int64_t n = st_tensor_numel(t);
-    if (sk->dtype == ST_DTYPE_F32) {
-        st_tensor_to_f32(&src, 0, n, (float *)dst);
-    } else {
-        uint16_t *o = (uint16_t *)dst;
-        float f[4096];
-        for (int64_t i = 0; i < n; i += 4096) {
-            int64_t m = n - i < 4096 ? n - i : 4096;
-            st_tensor_to_f32(&src, i, m, f);
-            for (int64_t k = 0; k < m; k++) o[i + k] = util_f32_to_bf16(f[k]);
-        }
-    }
+    if (sk->dtype == ST_DTYPE_F32) st_tensor_to_f32(&src, 0, n, (float *)dst);
+    else st_tensor_to_bf16(&src, 0, n, (uint16_t *)dst);
     free(owned);
     return BACKEND_OK;
 }

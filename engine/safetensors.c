@@ -54,6 +54,19 @@ void st_tensor_to_f32(const struct st_tensor *t, int64_t first, int64_t n, float
     }
 }
 
+void st_tensor_to_bf16(const struct st_tensor *t, int64_t first, int64_t n, uint16_t *out) {
+    if (t->dtype == ST_DTYPE_BF16) {
+        memcpy(out, (const unsigned char *)t->data + first * 2, (size_t)n * 2);
+        return;
+    }
+    float f[4096];
+    for (int64_t i = 0; i < n; i += 4096) {
+        int64_t m = n - i < 4096 ? n - i : 4096;
+        st_tensor_to_f32(t, first + i, m, f);
+        for (int64_t k = 0; k < m; k++) out[i + k] = util_f32_to_bf16(f[k]);
+    }
+}
+
 static int cmp_tensor(const void *a, const void *b) {
     return strcmp(((const struct st_tensor *)a)->name, ((const struct st_tensor *)b)->name);
 }

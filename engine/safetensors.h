@@ -44,6 +44,8 @@ int64_t st_tensor_numel(const struct st_tensor *t);
 
 /* Converts n elements starting at element `first` of t to f32. */
 void st_tensor_to_f32(const struct st_tensor *t, int64_t first, int64_t n, float *out);
+/* The same to bf16: copied when t is bf16, else through f32 rounded to nearest even. */
+void st_tensor_to_bf16(const struct st_tensor *t, int64_t first, int64_t n, uint16_t *out);
 
 /* Writes a single-file safetensors of the given tensors (data as given, dtype as given) to
  * path: used by the demo-model generator and tests. */
