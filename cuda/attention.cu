@@ -247,10 +247,8 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
             const __nv_bfloat16 *kp = NULL, *vp = NULL;
             if (full) {
                 if (j <= pos_last) {
-                    int blk = a.block_ids[a.block_indptr[s] + j / a.block_size];
-                    size_t off = (((size_t)blk * a.block_size + (size_t)(j % a.block_size)) * a.n_full + (size_t)kvh) * HD;
-                    kp = a.k_full + off;
-                    vp = a.v_full + off;
+                    kp = full_row(a.k_full, a, s, j, kvh);
+                    vp = a.v_full + (kp - a.k_full);
                 }
             } else if (j >= pos0) {
                 if (j <= pos_last) {

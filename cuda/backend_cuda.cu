@@ -11,7 +11,6 @@
 
 extern "C" {
 #include "engine/backend.h"
-#include "engine/util.h"
 }
 #include "cuda/cuda_attention.h"
 #include "cuda/cuda_common.h"
@@ -162,20 +161,11 @@ static int cu_weight_upload(struct backend *b, const struct st_tensor *t, void *
     enum backend_status st;
     void *d = cu_alloc(b, n * 2, &st);
     if (!d) return st;
-    cudaStream_t s = CTX(b)->stream;
+    cudaStream_t s = c->stream;
     for (size_t i = 0, k = 0; i < n; i += chunk, k ^= 1) {
         size_t m = n - i < chunk ? n - i : chunk;
         uint16_t *h = stage + k * chunk;
-        if (t->dtype == ST_DTYPE_BF16) {
-            memcpy(h, (const unsigned char *)t->data + 2 * i, 2 * m);
-        } else {
-            float f[4096];
-            for (size_t j = 0; j < m; j += 4096) {
-                size_t q = m - j < 4096 ? m - j : 4096;
-                st_tensor_to_f32(t, (int64_t)(i + j), (int64_t)q, f);
-                for (size_t e = 0; e < q; e++) h[j + e] = util_f32_to_bf16(f[e]);
-            }
-        }
+        st_tensor_to_bf16(t, (int64_t)i, (int64_t)m, h);
         /* the previous chunk's copy finishes first, so its buffer is free for the next chunk */
         if (cudaStreamSynchronize(s) != cudaSuccess ||
             cudaMemcpyAsync((char *)d + 2 * i, h, 2 * m, cudaMemcpyHostToDevice, s) != cudaSuccess) {
@@ -503,6 +493,10 @@ extern "C" struct backend *backend_cuda_create(int device, int flags, char *err,
         snprintf(err, errlen, "CUDA device %d is not usable (%d devices)", device, n);
         return NULL;
     }
+    if (cuda_gemm_init() || cuda_attention_init()) {
+        snprintf(err, errlen, "cannot configure the GEMM and attention kernels on CUDA device %d", device);
+        return NULL;
+    }
     struct backend *b = (struct backend *)calloc(1, sizeof *b);
     struct cuda_ctx *c = (struct cuda_ctx *)calloc(1, sizeof *c);
     if (!b || !c || cudaStreamCreate(&c->stream) != cudaSuccess || cublasCreate(&c->blas) != CUBLAS_STATUS_SUCCESS) {
@@ -517,15 +511,6 @@ extern "C" struct backend *backend_cuda_create(int device, int flags, char *err,
     if (cudaMalloc(&c->blas_ws, ws) == cudaSuccess) cublasSetWorkspace(c->blas, c->blas_ws, ws);
     c->device = device;
     c->cublas = (flags & BACKEND_CUDA_CUBLAS) != 0;
-    if (cuda_gemm_init() || cuda_attention_init()) {
-        snprintf(err, errlen, "cannot configure the GEMM and attention kernels on CUDA device %d", device);
-        cublasDestroy(c->blas);
-        cudaStreamDestroy(c->stream);
-        cudaFree(c->blas_ws);
-        free(b);
-        free(c);
-        return NULL;
-    }
     b->ops = &cuda_ops;
     b->name = "cuda";
     b->ctx = c;

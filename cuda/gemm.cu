@@ -79,26 +79,19 @@ __global__ void __launch_bounds__(32 * WMW * WNW)
     const int nk = (kend - kbeg + BK - 1) / BK;
     const int g = lane / 4, q = lane % 4; // mma fragment coordinates
 
-    constexpr int CPR = BK / 8; // 16-byte chunks per row
-    auto load_w = [&](int stage, int kt) {
+    // k tile kt of `rows` rows of src (row r0 on, rows >= lim zero) into stage buffer dst
+    auto load_rows = [&](__nv_bfloat16 *dst, const __nv_bfloat16 *src, int rows, int r0, int lim, int kt) {
+        constexpr int CPR = BK / 8; // 16-byte chunks per row
         int k0 = kbeg + kt * BK;
-        __nv_bfloat16 *dw = sw + (size_t)stage * C::BM * C::LD;
-        for (int i = tid; i < C::BM * CPR; i += C::THREADS) {
-            int r = i / CPR, c = (i % CPR) * 8, n = n0 + r, k = k0 + c;
-            bool ok = n < N && k < K;
-            cp_async16(dw + r * C::LD + c, ok ? w + (size_t)n * K + k : w, ok);
+        for (int i = tid; i < rows * CPR; i += C::THREADS) {
+            int r = i / CPR, c = (i % CPR) * 8, k = k0 + c;
+            bool ok = r0 + r < lim && k < K;
+            cp_async16(dst + r * C::LD + c, ok ? src + (size_t)(r0 + r) * K + k : src, ok);
         }
     };
+    auto load_w = [&](int stage, int kt) { load_rows(sw + (size_t)stage * C::BM * C::LD, w, C::BM, n0, N, kt); };
     auto load_x = [&](int stage, int kt) {
-        if constexpr (!C::XG) {
-            int k0 = kbeg + kt * BK;
-            __nv_bfloat16 *dx = sx + (size_t)stage * C::BN * C::LD;
-            for (int i = tid; i < C::BN * CPR; i += C::THREADS) {
-                int r = i / CPR, c = (i % CPR) * 8, t = t0 + r, k = k0 + c;
-                bool ok = t < M && k < K;
-                cp_async16(dx + r * C::LD + c, ok ? x + (size_t)t * K + k : x, ok);
-            }
-        }
+        if constexpr (!C::XG) load_rows(sx + (size_t)stage * C::BN * C::LD, x, C::BN, t0, M, kt);
     };
 
     float acc[WMT][WNT][4], total[WMT][WNT][4];
@@ -247,7 +240,6 @@ static int launch(OUT *y, const void *x, const void *w, const void *bias, int M,
         grid.z = chunks;
     CUDA_CHECK(cuda_launch(kern, grid, dim3(C::THREADS), C::SMEM, s, y, (const __nv_bfloat16 *)x,
                            (const __nv_bfloat16 *)w, (const __nv_bfloat16 *)bias, M, N, K, g_ws, g_counters));
-    CUDA_CHECK(cudaGetLastError());
     return 0;
 }
 
@@ -265,7 +257,6 @@ static int gemm(OUT *y, const void *x, const void *w, const void *bias, int M, i
         dim3 grid(cuda_blocks((size_t)N, 128), (unsigned)M);
         CUDA_CHECK(cuda_launch(gemm_plain_kernel<OUT>, grid, dim3(128), 0, s, y, (const __nv_bfloat16 *)x,
                                (const __nv_bfloat16 *)w, (const __nv_bfloat16 *)bias, M, N, K));
-        CUDA_CHECK(cudaGetLastError());
         return 0;
     }
     if (M <= 8) return launch<GEMM_SMALL>(y, x, w, bias, M, N, K, s);
