@@ -54,9 +54,14 @@ invariance() {
     return $rc
 }
 
+# the random-weight 8B-shaped checkpoint, written once
+llama8b() {
+    [ -f "$LLAMA8B/config.json" ] || python3 scripts/make_llama8b.py "$LLAMA8B" --tokenizer "$SHARED/tokenizers/llama3"
+}
+
 # bench [GEMM]: bench_gpu with the invariant kernels (default) or cuBLAS
 bench() {
-    [ -f "$LLAMA8B/config.json" ] || python3 scripts/make_llama8b.py "$LLAMA8B" --tokenizer "$SHARED/tokenizers/llama3" || return 1
+    llama8b || return 1
     local pre=2048,8192,32768
     [ "${1:-invariant}" = invariant ] || pre=2048,8192 # 32k is attention-bound: the same either way
     timeout 400 "$B/bench_gpu" "$LLAMA8B" cuda --decode 1,8,64,256 --prefill "$pre" --gemm "${1:-invariant}"
@@ -87,7 +92,7 @@ if [ "$WHAT" = checks ] || [ "$WHAT" = all ]; then
     step invariance invariance
 fi
 profile() {
-    [ -f "$LLAMA8B/config.json" ] || python3 scripts/make_llama8b.py "$LLAMA8B" --tokenizer "$SHARED/tokenizers/llama3" || return 1
+    llama8b || return 1
     BENCH_PROFILE=1 timeout 120 "$B/bench_gpu" "$LLAMA8B" cuda --decode 1 --prefill 2048 || return 1
     local ncu
     ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null) || return 0
