@@ -30,6 +30,9 @@ int cuda_gemm_init(void);
 int cuda_attention_init(void);
 int cuda_gemm_bf16(void *y, const void *x, const void *w, const void *bias, int M, int N, int K, cudaStream_t s);
 int cuda_gemm_f32out(float *y, const void *x, const void *w, int M, int N, int K, cudaStream_t s);
+size_t cuda_gemm_weight_bytes(int64_t N, int64_t K);
+int cuda_gemm_pack(void *dst, const void *src, int64_t row0, int rows, int K, cudaStream_t s);
+int cuda_embed_packed(void *out, const void *table, const int32_t *tokens, int n, int dim, cudaStream_t s);
 int cuda_argmax_rows(int32_t *ids, const float *x, int n, int vocab, cudaStream_t s);
 }
 
@@ -141,10 +144,17 @@ static float *tmp_f32(struct backend *b, size_t n) {
     return c->d_tmp;
 }
 
+/* Whether a weight of n_in columns is stored packed for duoserve's GEMM kernels (cuda/gemm.cu):
+ * every 2-D weight whose rows are whole 16-byte units, unless cuBLAS runs the GEMMs. The
+ * embedding table follows the same rule, so a tied lm_head needs no second copy. */
+static bool packed_weight(const struct cuda_ctx *c, int n_in) { return !c->cublas && n_in % 8 == 0; }
+
 /* Weights: copied to the device in chunks through two pinned staging buffers, so the host's
  * copy of one chunk (bf16 sources) or its conversion to bf16 (round to nearest even) overlaps
  * the device's copy of the previous chunk. The staging is allocated on first use and kept for
- * the process (every later upload reuses it). Returns once the weight is on the device. */
+ * the process (every later upload reuses it). Packed weights take chunks of whole 16-row
+ * blocks, copied into a device staging buffer and packed from there. Returns once the weight is
+ * on the device. */
 static int cu_weight_upload(struct backend *b, const struct st_tensor *t, void **out) {
     struct cuda_ctx *c = CTX(b);
     const size_t chunk = (size_t)32 << 20; // elements: 64 MiB a buffer
@@ -158,24 +168,37 @@ static int cu_weight_upload(struct backend *b, const struct st_tensor *t, void *
     }
     uint16_t *stage = c->stage;
     size_t n = (size_t)st_tensor_numel(t);
+    const bool packed = t->n_dims == 2 && packed_weight(c, (int)t->shape[1]);
+    const int64_t K = packed ? t->shape[1] : 1;
+    /* packed: chunks of whole 16-row blocks */
+    size_t step = packed ? (size_t)((chunk / (size_t)K) / 16 * 16) * (size_t)K : chunk;
+    if (packed && step == 0) step = (size_t)16 * K;
     enum backend_status st;
-    void *d = cu_alloc(b, n * 2, &st);
+    void *d = cu_alloc(b, packed ? cuda_gemm_weight_bytes(t->shape[0], K) : n * 2, &st);
     if (!d) return st;
+    void *dstage = NULL;
+    if (packed && cudaMalloc(&dstage, 2 * (n < step ? n : step)) != cudaSuccess) {
+        cudaGetLastError();
+        cudaFree(d);
+        return BACKEND_ERR_OOM;
+    }
     cudaStream_t s = c->stream;
-    for (size_t i = 0, k = 0; i < n; i += chunk, k ^= 1) {
-        size_t m = n - i < chunk ? n - i : chunk;
+    int rc = BACKEND_OK;
+    for (size_t i = 0, k = 0; i < n && rc == BACKEND_OK; i += step, k ^= 1) {
+        size_t m = n - i < step ? n - i : step;
         uint16_t *h = stage + k * chunk;
         st_tensor_to_bf16(t, (int64_t)i, (int64_t)m, h);
         /* the previous chunk's copy finishes first, so its buffer is free for the next chunk */
         if (cudaStreamSynchronize(s) != cudaSuccess ||
-            cudaMemcpyAsync((char *)d + 2 * i, h, 2 * m, cudaMemcpyHostToDevice, s) != cudaSuccess) {
-            cudaFree(d);
-            return BACKEND_ERR_DEVICE;
-        }
+            cudaMemcpyAsync(packed ? dstage : (char *)d + 2 * i, h, 2 * m, cudaMemcpyHostToDevice, s) != cudaSuccess ||
+            (packed && cuda_gemm_pack(d, dstage, (int64_t)(i / (size_t)K), (int)(m / (size_t)K), (int)K, s) != 0))
+            rc = BACKEND_ERR_DEVICE;
     }
-    if (cudaStreamSynchronize(s) != cudaSuccess) {
+    if (cudaStreamSynchronize(s) != cudaSuccess) rc = BACKEND_ERR_DEVICE;
+    cudaFree(dstage);
+    if (rc != BACKEND_OK) {
         cudaFree(d);
-        return BACKEND_ERR_DEVICE;
+        return rc;
     }
     *out = d;
     return BACKEND_OK;
@@ -265,7 +288,9 @@ static int cu_begin_step(struct backend *b, const struct fwd_batch *bt) {
 }
 
 static void cu_embed(struct backend *b, void *out, const void *table, int dim) {
-    CKI(b, cuda_embed(out, table, CTX(b)->tokens, CTX(b)->n_tokens, dim, CTX(b)->stream));
+    struct cuda_ctx *c = CTX(b);
+    if (packed_weight(c, dim)) CKI(b, cuda_embed_packed(out, table, c->tokens, c->n_tokens, dim, c->stream));
+    else CKI(b, cuda_embed(out, table, c->tokens, c->n_tokens, dim, c->stream));
 }
 
 static void cu_rmsnorm(struct backend *b, void *out, const void *x, const void *w, int n, int dim, float eps) {

@@ -1,7 +1,7 @@
 // Batch-invariant bf16 GEMM: y[t][n] = sum_k x[t][k] * w[n][k] (+ bias[n]), f32 accumulation,
-// bf16 or f32 output. Every shape runs one kernel template whose tiles differ by batch size
-// (a weight stream at decode batch sizes, 128 x 128 tensor-core tiles for prefill), but each
-// output element is always summed the same way: K is cut into chunks of GEMM_KC; within a
+// bf16 or f32 output. Shapes take different kernels by batch size (a weight stream of one warp
+// per 16 weight rows at decode batch sizes, 64 x 64 and 128 x 128 tensor-core tiles above), but
+// each output element is always summed the same way: K is cut into chunks of GEMM_KC; within a
 // chunk one f32 accumulator is fed by mma.m16n8k16 over k = 0, 16, 32, ... in order (weights
 // the A operand, tokens B); the chunk sums are added in order into a zero-started total; then
 // the bias. Whether the chunks are summed in registers or by separate blocks (split-K, with the
@@ -10,14 +10,18 @@
 // and tile shapes by M, which changes the rounding), which is what keeps greedy outputs
 // identical alone, batched and chunked.
 //
-// Shapes: K % 8 == 0 (16-byte rows); other K (tiny models) take a plain CUDA-core kernel
-// that is equally order-fixed.
+// Weights with K % 8 == 0 live in device memory "packed" (gemm_pack below): for each 16-row x
+// 16-k block, the 512 bytes a warp's A fragments hold, lane by lane, so one 16-byte load per
+// lane gives a thread its mma fragment (no shared memory or ldmatrix at decode, and a strip of
+// 16 rows is one contiguous stream). Rows and k are zero-padded to multiples of 16. Weights
+// with other K (tiny models) stay row-major and take a plain CUDA-core kernel that is equally
+// order-fixed.
 #include <cuda_bf16.h>
 #include <stdint.h>
 
 #include "cuda/cuda_common.h"
 
-#define GEMM_KC 2048                // the K chunk of the summation order (a multiple of every BK)
+#define GEMM_KC 512                 // the K chunk of the summation order (a multiple of every BK)
 #define GEMM_WS_FLOATS (16u << 20)  // split-K partials (64 MiB)
 #define GEMM_COUNTERS 65536         // tiles of a split launch
 
@@ -53,13 +57,49 @@ __device__ __forceinline__ void mma_bf16(float *c, const uint32_t *a, const uint
 __device__ __forceinline__ void store_out(float *y, float v) { *y = v; }
 __device__ __forceinline__ void store_out(__nv_bfloat16 *y, float v) { *y = __float2bfloat16(v); }
 
-// A block covers BM = WMW * WMT * 16 weight rows and BN = WNW * WNT * 8 tokens; its warps form
-// a WMW x WNW grid, each owning WMT m16 tiles x WNT n8 tiles. K advances BK per pipeline stage.
+// Packed weights: element (n, k) of an N x K matrix, with KB = ceil(K / 16) k blocks. Lane
+// (g, q) = (lane / 4, lane % 4) of a 16 x 16 block holds the mma A fragment {a0, a1, a2, a3} =
+// rows {g, g + 8, g, g + 8} x k {2q, 2q, 8 + 2q, 8 + 2q} (+0, +1 in each 32-bit half).
+__host__ __device__ __forceinline__ size_t packed_index(int n, int k, int KB) {
+    int r = n & 15, c = k & 15;
+    int lane = (r & 7) * 4 + ((c & 7) >> 1), e = (c >> 3) * 4 + (r >> 3) * 2 + (c & 1);
+    return (((size_t)(n >> 4) * KB + (k >> 4)) * 32 + lane) * 8 + e;
+}
+
+// One thread per 16-byte lane slot of rows [0, rows) of a row-major src (rows of K) into the
+// packed dst (the slots of those rows' 16-row blocks; rows past `rows` and k past K are zeros).
+__global__ void gemm_pack_kernel(__nv_bfloat16 *__restrict__ dst, const __nv_bfloat16 *__restrict__ src, int rows,
+                                 int K, size_t slots) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= slots) return;
+    const int KB = (K + 15) / 16, lane = (int)(i % 32), kb = (int)(i / 32 % KB), rb = (int)(i / 32 / KB);
+    const int g = lane / 4, q = lane % 4;
+    __align__(16) __nv_bfloat16 v[8];
+#pragma unroll
+    for (int e = 0; e < 8; e++) {
+        int r = rb * 16 + g + ((e >> 1) & 1) * 8, k = kb * 16 + (e >> 2) * 8 + 2 * q + (e & 1);
+        v[e] = r < rows && k < K ? src[(size_t)r * K + k] : __float2bfloat16(0.0f);
+    }
+    *reinterpret_cast<uint4 *>(dst + i * 8) = *reinterpret_cast<const uint4 *>(v);
+}
+
+// Packed row n as a plain row (the embedding lookup of a packed table).
+__device__ __forceinline__ __nv_bfloat16 packed_at(const __nv_bfloat16 *w, int n, int k, int K) {
+    return w[packed_index(n, k, (K + 15) / 16)];
+}
+
+__device__ __forceinline__ float out_value(float total, const __nv_bfloat16 *bias, int n) {
+    return total + (bias ? __bfloat162float(bias[n]) : 0.0f);
+}
+
+// The tile kernels (M > GEMM_STREAM_M). A block covers BM = WMW * WMT * 16 weight rows and
+// BN = WNW * WNT * 8 tokens; its warps form a WMW x WNW grid, each owning WMT m16 tiles x WNT
+// n8 tiles. K advances BK per pipeline stage: packed weight blocks and padded token rows are
+// copied into shared memory (cp.async), A fragments are read 16 bytes a lane, B by ldmatrix.
 template <int WMW, int WMT, int WNW, int WNT, int BK, int STAGES> struct gemm_cfg {
     static constexpr int BM = WMW * WMT * 16, BN = WNW * WNT * 8, THREADS = 32 * WMW * WNW;
-    static constexpr int LD = BK + 8; // padded smem rows (halves): ldmatrix rows hit distinct banks
-    static constexpr bool XG = BN == 8; // one token tile: its B fragments straight from global (L1)
-    static constexpr size_t SMEM = (size_t)STAGES * (BM + (XG ? 0 : BN)) * LD * 2;
+    static constexpr int LD = BK + 8; // padded token rows (halves): ldmatrix rows hit distinct banks
+    static constexpr size_t SMEM = (size_t)STAGES * (BM * BK + BN * LD) * 2;
 };
 
 template <int WMW, int WMT, int WNW, int WNT, int BK, int STAGES, typename OUT>
@@ -70,28 +110,37 @@ __global__ void __launch_bounds__(32 * WMW * WNW)
     using C = gemm_cfg<WMW, WMT, WNW, WNT, BK, STAGES>;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     __nv_bfloat16 *sw = reinterpret_cast<__nv_bfloat16 *>(smem_raw);
-    __nv_bfloat16 *sx = sw + (size_t)STAGES * C::BM * C::LD;
+    __nv_bfloat16 *sx = sw + (size_t)STAGES * C::BM * BK;
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int wm = warp % WMW, wn = warp / WMW;
     const int t0 = blockIdx.x * C::BN, n0 = blockIdx.y * C::BM; // token tiles vary fastest: they share w
+    const int NB = (N + 15) / 16, KB = (K + 15) / 16;
     const bool split = gridDim.z > 1; // this block sums chunk blockIdx.z only
     const int kbeg = split ? blockIdx.z * GEMM_KC : 0, kend = split ? min(K, kbeg + GEMM_KC) : K;
     const int nk = (kend - kbeg + BK - 1) / BK;
     const int g = lane / 4, q = lane % 4; // mma fragment coordinates
 
-    // k tile kt of `rows` rows of src (row r0 on, rows >= lim zero) into stage buffer dst
-    auto load_rows = [&](__nv_bfloat16 *dst, const __nv_bfloat16 *src, int rows, int r0, int lim, int kt) {
-        constexpr int CPR = BK / 8; // 16-byte chunks per row
-        int k0 = kbeg + kt * BK;
-        for (int i = tid; i < rows * CPR; i += C::THREADS) {
-            int r = i / CPR, c = (i % CPR) * 8, k = k0 + c;
-            bool ok = r0 + r < lim && k < K;
-            cp_async16(dst + r * C::LD + c, ok ? src + (size_t)(r0 + r) * K + k : src, ok);
+    // k tile kt of the block's weight rows: BM / 16 runs of BK / 16 contiguous 512-byte blocks
+    auto load_w = [&](int stage, int kt) {
+        constexpr int SLOTS = C::BM / 16 * (BK / 16) * 32; // 16-byte slots
+        __nv_bfloat16 *dst = sw + (size_t)stage * C::BM * BK;
+        const int kb0 = (kbeg + kt * BK) / 16;
+        for (int i = tid; i < SLOTS; i += C::THREADS) {
+            int rb = n0 / 16 + i / (BK / 16 * 32), kb = kb0 + i / 32 % (BK / 16);
+            bool ok = rb < NB && kb < KB;
+            cp_async16(dst + (size_t)i * 8, ok ? w + (((size_t)rb * KB + kb) * 32 + i % 32) * 8 : w, ok);
         }
     };
-    auto load_w = [&](int stage, int kt) { load_rows(sw + (size_t)stage * C::BM * C::LD, w, C::BM, n0, N, kt); };
+    // k tile kt of the block's token rows (rows >= M and k >= K zero)
     auto load_x = [&](int stage, int kt) {
-        if constexpr (!C::XG) load_rows(sx + (size_t)stage * C::BN * C::LD, x, C::BN, t0, M, kt);
+        constexpr int CPR = BK / 8; // 16-byte chunks per row
+        __nv_bfloat16 *dst = sx + (size_t)stage * C::BN * C::LD;
+        const int k0 = kbeg + kt * BK;
+        for (int i = tid; i < C::BN * CPR; i += C::THREADS) {
+            int r = i / CPR, c = (i % CPR) * 8, k = k0 + c;
+            bool ok = t0 + r < M && k < K;
+            cp_async16(dst + r * C::LD + c, ok ? x + (size_t)(t0 + r) * K + k : x, ok);
+        }
     };
 
     float acc[WMT][WNT][4], total[WMT][WNT][4];
@@ -120,22 +169,17 @@ __global__ void __launch_bounds__(32 * WMW * WNW)
             load_x((kt + STAGES - 1) % STAGES, kt + STAGES - 1);
         }
         cp_async_commit();
-        const __nv_bfloat16 *cw = sw + (size_t)(kt % STAGES) * C::BM * C::LD;
+        const __nv_bfloat16 *cw = sw + (size_t)(kt % STAGES) * C::BM * BK;
         const __nv_bfloat16 *cx = sx + (size_t)(kt % STAGES) * C::BN * C::LD;
-        // XG: token g's x row (zero past M) gives b0 = x[k + 2q, +1], b1 = x[k + 8 + 2q, +1]
-        const uint32_t *xrow = reinterpret_cast<const uint32_t *>(x + (size_t)(t0 + g) * K);
-        const bool xok = t0 + g < M;
 #pragma unroll
         for (int kk = 0; kk < BK; kk += 16) {
             uint32_t a[WMT][4], b[WNT][2];
 #pragma unroll
-            for (int i = 0; i < WMT; i++)
-                ldmatrix_x4(a[i], cw + (size_t)((wm * WMT + i) * 16 + lane % 16) * C::LD + kk + (lane / 16) * 8);
-            if constexpr (C::XG) {
-                int k = kbeg + kt * BK + kk + 2 * q;
-                b[0][0] = xok && k < K ? __ldg(xrow + k / 2) : 0u;
-                b[0][1] = xok && k + 8 < K ? __ldg(xrow + k / 2 + 4) : 0u;
-            } else if constexpr (WNT % 2 == 0) {
+            for (int i = 0; i < WMT; i++) {
+                uint4 v = *reinterpret_cast<const uint4 *>(cw + (((wm * WMT + i) * (BK / 16) + kk / 16) * 32 + lane) * 8);
+                a[i][0] = v.x, a[i][1] = v.y, a[i][2] = v.z, a[i][3] = v.w;
+            }
+            if constexpr (WNT % 2 == 0) {
 #pragma unroll
                 for (int j = 0; j < WNT; j += 2) { // two n8 tiles per ldmatrix
                     uint32_t r[4];
@@ -198,12 +242,124 @@ __global__ void __launch_bounds__(32 * WMW * WNW)
         });
         if (tid == 0) counters[tile] = 0;
     }
-    each_out([&](int n, int t, float &v) {
-        store_out(y + (size_t)t * N + n, v + (bias ? __bfloat162float(bias[n]) : 0.0f));
-    });
+    each_out([&](int n, int t, float &v) { store_out(y + (size_t)t * N + n, out_value(v, bias, n)); });
 }
 
-// K % 8 != 0: one thread per output, k in order (tiny models only).
+// The weight stream (M <= 8 * NT): each warp owns one 16-row strip of packed weights and one K
+// chunk (split: the strip's last warp to finish adds the chunk partials in order) or every
+// chunk in order (no split). Its A fragments are 16-byte loads of a contiguous stream, U k
+// steps at a time and the next U in flight; the tokens' B fragments come from global (L1).
+#define GEMM_STREAM_WARPS 4
+#define GEMM_STREAM_U 8
+template <int NT, typename OUT>
+__global__ void __launch_bounds__(32 * GEMM_STREAM_WARPS)
+    gemm_stream_kernel(OUT *__restrict__ y, const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ w,
+                       const __nv_bfloat16 *__restrict__ bias, int M, int N, int K, float *__restrict__ ws,
+                       int *__restrict__ counters) {
+    constexpr int U = GEMM_STREAM_U;
+    const int lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
+    const int strip = blockIdx.x * GEMM_STREAM_WARPS + threadIdx.x / 32;
+    const int NB = (N + 15) / 16, KB = (K + 15) / 16, chunks = (K + GEMM_KC - 1) / GEMM_KC;
+    pdl_trigger();
+    if (strip >= NB) return;
+    const bool split = gridDim.y > 1;
+    const int c_lo = split ? blockIdx.y : 0, c_hi = split ? c_lo + 1 : chunks;
+    const uint4 *wp = reinterpret_cast<const uint4 *>(w) + (size_t)strip * KB * 32 + lane; // + kb * 32
+    const uint32_t *x32 = reinterpret_cast<const uint32_t *>(x);
+
+    auto load_a = [&](uint4 *a, int kb, int kb_end) {
+#pragma unroll
+        for (int u = 0; u < U; u++) a[u] = kb + u < kb_end ? __ldcs(wp + (size_t)(kb + u) * 32) : make_uint4(0, 0, 0, 0);
+    };
+    // U k steps from kb: B fragments (token j*8 + g: b0 = x[k + 2q, +1], b1 = x[k + 8 + 2q, +1]) and mma
+    float total[NT][4], acc[NT][4];
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) total[j][e] = 0.0f;
+    auto steps = [&](const uint4 *a, int kb, int kb_end) {
+        uint32_t b[U][NT][2];
+#pragma unroll
+        for (int u = 0; u < U; u++)
+#pragma unroll
+            for (int j = 0; j < NT; j++) {
+                int t = j * 8 + g, k = (kb + u) * 16 + 2 * q;
+                const uint32_t *xr = x32 + ((size_t)t * K + k) / 2;
+                bool ok = t < M && kb + u < kb_end;
+                b[u][j][0] = ok && k < K ? __ldg(xr) : 0u;
+                b[u][j][1] = ok && k + 8 < K ? __ldg(xr + 4) : 0u;
+            }
+#pragma unroll
+        for (int u = 0; u < U; u++)
+            if (kb + u < kb_end) {
+                uint32_t av[4] = {a[u].x, a[u].y, a[u].z, a[u].w};
+#pragma unroll
+                for (int j = 0; j < NT; j++) mma_bf16(acc[j], av, b[u][j]);
+            }
+    };
+
+    uint4 a0[U], a1[U];
+    int kb = c_lo * (GEMM_KC / 16), kb_end = min(KB, kb + GEMM_KC / 16);
+    load_a(a0, kb, kb_end); // weights first: they do not depend on the kernel before (PDL)
+    pdl_wait();
+    for (int c = c_lo; c < c_hi; c++) {
+        kb = c * (GEMM_KC / 16), kb_end = min(KB, kb + GEMM_KC / 16);
+        // the next chunk's first steps, for the prefetch past this chunk's end
+        const int nkb = kb_end < KB && c + 1 < c_hi ? kb_end : -1, nkb_end = min(KB, nkb + GEMM_KC / 16);
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[j][e] = 0.0f;
+        // a0 holds steps kb..kb+U-1; steps alternate between the two buffers
+        for (int s = kb; s < kb_end; s += 2 * U) {
+            if (s + U < kb_end) load_a(a1, s + U, kb_end);
+            else if (nkb >= 0) load_a(a1, nkb, nkb_end);
+            steps(a0, s, kb_end);
+            if (s + U >= kb_end) { // a1 holds the next chunk's first steps (or nothing)
+#pragma unroll
+                for (int u = 0; u < U; u++) a0[u] = a1[u];
+                break;
+            }
+            if (s + 2 * U < kb_end) load_a(a0, s + 2 * U, kb_end);
+            else if (nkb >= 0) load_a(a0, nkb, nkb_end);
+            steps(a1, s + U, kb_end);
+        }
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) total[j][e] += acc[j][e];
+    }
+
+    // f(n, t, v) for each output this lane holds: rows g, g + 8; tokens j * 8 + 2q, +1
+    auto each_out = [&](auto &&f) {
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int n = strip * 16 + g + 8 * (e >> 1), t = j * 8 + 2 * q + (e & 1);
+                if (n < N && t < M) f(n, t, total[j][e]);
+            }
+    };
+    if (split) {
+        float *part = ws + (size_t)c_lo * M * N;
+        each_out([&](int n, int t, float &v) { part[(size_t)t * N + n] = v; });
+        __threadfence();
+        __syncwarp();
+        int last = 0;
+        if (lane == 0) last = atomicAdd(&counters[strip], 1) == chunks - 1;
+        if (!__shfl_sync(0xffffffffu, last, 0)) return;
+        __threadfence();
+        each_out([&](int n, int t, float &v) {
+            float sum = 0.0f;
+            for (int c = 0; c < chunks; c++) sum += __ldcg(ws + ((size_t)c * M + t) * N + n);
+            v = sum;
+        });
+        if (lane == 0) counters[strip] = 0;
+    }
+    each_out([&](int n, int t, float &v) { store_out(y + (size_t)t * N + n, out_value(v, bias, n)); });
+}
+
+// K % 8 != 0 (row-major weights): one thread per output, k in order (tiny models only).
 template <typename OUT>
 __global__ void gemm_plain_kernel(OUT *y, const __nv_bfloat16 *x, const __nv_bfloat16 *w, const __nv_bfloat16 *bias,
                                   int M, int N, int K) {
@@ -218,28 +374,40 @@ __global__ void gemm_plain_kernel(OUT *y, const __nv_bfloat16 *x, const __nv_bfl
         for (int k = k0; k < min(K, k0 + GEMM_KC); k++) acc = fmaf(__bfloat162float(xr[k]), __bfloat162float(wr[k]), acc);
         total += acc;
     }
-    store_out(y + (size_t)t * N + n, total + (bias ? __bfloat162float(bias[n]) : 0.0f));
+    store_out(y + (size_t)t * N + n, out_value(total, bias, n));
 }
 
-// The three tile shapes, by batch size. Each sums in the same order (see the top).
-#define GEMM_SMALL 1, 1, 1, 1, 128, 6  // M <= 8: one warp streams 16 weight rows
-#define GEMM_MID 4, 1, 1, 8, 64, 4     // M <= 64: 64 rows x 64 tokens, 4 warps
-#define GEMM_BIG 2, 4, 4, 4, 32, 4     // 128 rows x 128 tokens, 8 warps
+// Tile shapes by batch size above the weight stream. Each sums in the same order (see the top).
+#define GEMM_STREAM_M 32           // M <= 32: the weight stream (n8 token tiles: 1, 2 or 4)
+#define GEMM_MID 4, 1, 1, 8, 64, 6 // M <= 64 (and larger M whose 128-row tiles are too few): 64 x 64, 4 warps
+#define GEMM_BIG 2, 4, 4, 4, 32, 4 // 128 rows x 128 tokens, 8 warps
+
+// Whether the chunks' partials fit the workspace (else every block sums all chunks itself).
+static bool split_fits(unsigned chunks, int M, int N, unsigned tiles) {
+    return chunks > 1 && tiles <= GEMM_COUNTERS && (size_t)chunks * M * N <= GEMM_WS_FLOATS;
+}
 
 template <int WMW, int WMT, int WNW, int WNT, int BK, int STAGES, typename OUT>
 static int launch(OUT *y, const void *x, const void *w, const void *bias, int M, int N, int K, cudaStream_t s) {
     using C = gemm_cfg<WMW, WMT, WNW, WNT, BK, STAGES>;
     auto kern = gemm_kernel<WMW, WMT, WNW, WNT, BK, STAGES, OUT>;
     dim3 grid((M + C::BN - 1) / C::BN, (N + C::BM - 1) / C::BM, 1);
-    // too few tiles to fill the GPU: one block per K chunk, when the partials fit. At M <= 8 the
-    // partials cost nothing next to the weights and more blocks mean more loads in flight; at
-    // larger M they are real traffic, so only nearly idle grids split.
+    // too few tiles to fill the GPU: one block per K chunk. The partials are real traffic (at
+    // M = 64 half the weights' bytes, more above), so only nearly idle grids of M <= 64 split.
     unsigned chunks = (unsigned)((K + GEMM_KC - 1) / GEMM_KC), tiles = grid.x * grid.y;
-    unsigned want = C::BN == 8 ? 8u * g_sms : (unsigned)g_sms / 2;
-    if (chunks > 1 && tiles < want && tiles <= GEMM_COUNTERS && (size_t)chunks * M * N <= GEMM_WS_FLOATS)
-        grid.z = chunks;
+    if (M <= 64 && tiles < (unsigned)g_sms / 2 && split_fits(chunks, M, N, tiles)) grid.z = chunks;
     CUDA_CHECK(cuda_launch(kern, grid, dim3(C::THREADS), C::SMEM, s, y, (const __nv_bfloat16 *)x,
                            (const __nv_bfloat16 *)w, (const __nv_bfloat16 *)bias, M, N, K, g_ws, g_counters));
+    return 0;
+}
+
+template <int NT, typename OUT>
+static int launch_stream(OUT *y, const void *x, const void *w, const void *bias, int M, int N, int K, cudaStream_t s) {
+    unsigned strips = (unsigned)((N + 15) / 16), chunks = (unsigned)((K + GEMM_KC - 1) / GEMM_KC);
+    dim3 grid((strips + GEMM_STREAM_WARPS - 1) / GEMM_STREAM_WARPS, split_fits(chunks, M, N, strips) ? chunks : 1);
+    CUDA_CHECK(cuda_launch(gemm_stream_kernel<NT, OUT>, grid, dim3(32 * GEMM_STREAM_WARPS), 0, s, y,
+                           (const __nv_bfloat16 *)x, (const __nv_bfloat16 *)w, (const __nv_bfloat16 *)bias, M, N, K,
+                           g_ws, g_counters));
     return 0;
 }
 
@@ -253,15 +421,30 @@ template <int WMW, int WMT, int WNW, int WNT, int BK, int STAGES, typename OUT> 
 template <typename OUT>
 static int gemm(OUT *y, const void *x, const void *w, const void *bias, int M, int N, int K, cudaStream_t s) {
     if (M <= 0 || N <= 0) return 0;
-    if (K % 8 || ((uintptr_t)x | (uintptr_t)w) % 16) {
+    if (K % 8) {
         dim3 grid(cuda_blocks((size_t)N, 128), (unsigned)M);
         CUDA_CHECK(cuda_launch(gemm_plain_kernel<OUT>, grid, dim3(128), 0, s, y, (const __nv_bfloat16 *)x,
                                (const __nv_bfloat16 *)w, (const __nv_bfloat16 *)bias, M, N, K));
         return 0;
     }
-    if (M <= 8) return launch<GEMM_SMALL>(y, x, w, bias, M, N, K, s);
-    if (M <= 64) return launch<GEMM_MID>(y, x, w, bias, M, N, K, s);
+    if (((uintptr_t)x | (uintptr_t)w) % 16) { // a different kernel would change the rounding
+        fprintf(stderr, "duoserve: GEMM operands not 16-byte aligned (x %p, w %p)\n", x, w);
+        return -1;
+    }
+    if (M <= 8) return launch_stream<1>(y, x, w, bias, M, N, K, s);
+    if (M <= 16) return launch_stream<2>(y, x, w, bias, M, N, K, s);
+    if (M <= GEMM_STREAM_M) return launch_stream<4>(y, x, w, bias, M, N, K, s);
+    // 128 x 128 tiles only when there are enough of them to fill the GPU
+    if (M <= 64 || (unsigned)((M + 127) / 128) * (unsigned)((N + 127) / 128) < (unsigned)g_sms)
+        return launch<GEMM_MID>(y, x, w, bias, M, N, K, s);
     return launch<GEMM_BIG>(y, x, w, bias, M, N, K, s);
+}
+
+__global__ void embed_packed_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *table, const int32_t *tokens, int dim) {
+    pdl_wait();
+    pdl_trigger();
+    int t = blockIdx.x, row = tokens[t];
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) out[(size_t)t * dim + i] = packed_at(table, row, i, dim);
 }
 
 extern "C" {
@@ -276,10 +459,35 @@ int cuda_gemm_init(void) {
         CUDA_CHECK(cudaMalloc(&g_counters, GEMM_COUNTERS * sizeof(int)));
         CUDA_CHECK(cudaMemset(g_counters, 0, GEMM_COUNTERS * sizeof(int)));
     }
-    int rc = allow_smem<GEMM_SMALL, __nv_bfloat16>() | allow_smem<GEMM_MID, __nv_bfloat16>() |
-             allow_smem<GEMM_BIG, __nv_bfloat16>() | allow_smem<GEMM_SMALL, float>() |
+    int rc = allow_smem<GEMM_MID, __nv_bfloat16>() | allow_smem<GEMM_BIG, __nv_bfloat16>() |
              allow_smem<GEMM_MID, float>() | allow_smem<GEMM_BIG, float>();
     return rc ? -2 : 0;
+}
+
+/* Bytes of an N x K weight in the layout the GEMMs read: packed (K % 8 == 0) or row-major. */
+size_t cuda_gemm_weight_bytes(int64_t N, int64_t K) {
+    if (K % 8) return (size_t)(N * K * 2);
+    return (size_t)((N + 15) / 16) * (size_t)((K + 15) / 16) * 512;
+}
+
+/* Packs `rows` row-major rows (of K, K % 8 == 0) into the packed weight dst from row row0
+ * (a multiple of 16) on. */
+int cuda_gemm_pack(void *dst, const void *src, int64_t row0, int rows, int K, cudaStream_t s) {
+    if (rows <= 0) return 0;
+    if (row0 % 16 || K % 8) return -1;
+    size_t KB = (size_t)(K + 15) / 16, slots = (size_t)((rows + 15) / 16) * KB * 32;
+    __nv_bfloat16 *d = (__nv_bfloat16 *)dst + (size_t)(row0 / 16) * KB * 256;
+    CUDA_CHECK(cuda_launch(gemm_pack_kernel, dim3(cuda_blocks(slots, 256)), dim3(256), 0, s, d,
+                           (const __nv_bfloat16 *)src, rows, K, slots));
+    return 0;
+}
+
+/* out[t] = row tokens[t] of a packed [V][dim] table (dim % 8 == 0). */
+int cuda_embed_packed(void *out, const void *table, const int32_t *tokens, int n, int dim, cudaStream_t s) {
+    if (n == 0) return 0;
+    CUDA_CHECK(cuda_launch(embed_packed_kernel, dim3(n), dim3(256), 0, s, (__nv_bfloat16 *)out,
+                           (const __nv_bfloat16 *)table, tokens, dim));
+    return 0;
 }
 
 int cuda_gemm_bf16(void *y, const void *x, const void *w, const void *bias, int M, int N, int K, cudaStream_t s) {
@@ -291,9 +499,10 @@ int cuda_gemm_f32out(float *y, const void *x, const void *w, int M, int N, int K
 }
 
 /* Which kernel a shape takes (for the op test's labels). */
-const char *cuda_gemm_kind(int M, int K) {
+const char *cuda_gemm_kind(int M, int N, int K) {
     if (K % 8) return "plain kernel";
-    return M <= 8 ? "small tiles" : M <= 64 ? "mid tiles" : "128x128 tiles";
+    if (M <= GEMM_STREAM_M) return "weight stream";
+    return M <= 64 || (M + 127) / 128 * ((N + 127) / 128) < g_sms ? "64x64 tiles" : "128x128 tiles";
 }
 
 }  // extern "C"

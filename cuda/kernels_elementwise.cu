@@ -46,13 +46,79 @@ __global__ void rmsnorm_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *x, const
         orow[i] = __float2bfloat16(__bfloat162float(w[i]) * (__bfloat162float(xr[i]) * inv));
 }
 
-// One block per token; thread i rotates pair (i, i + hd/2) of every head of the row.
+// Row-wise norms with dim % 8 == 0 (every real model): each thread keeps up to RMS_CH 16-byte
+// chunks of the row in registers, so a row costs one round trip to memory, not one per
+// element. The same per-element arithmetic as the kernels above; only the order of the
+// sum of squares differs (it is fixed per row, so batch invariance holds).
+#define RMS_CH 4
+__global__ void rmsnorm_vec_kernel(__nv_bfloat16 *out, __nv_bfloat16 *x, const __nv_bfloat16 *y,
+                                   const __nv_bfloat16 *w, int dim, float eps) {
+    pdl_wait();
+    pdl_trigger();
+    const int nch = dim / 8;
+    uint4 *xr = reinterpret_cast<uint4 *>(x + (size_t)blockIdx.x * dim);
+    const uint4 *yr = y ? reinterpret_cast<const uint4 *>(y + (size_t)blockIdx.x * dim) : NULL;
+    uint4 xv[RMS_CH], yv[RMS_CH];
+#pragma unroll
+    for (int j = 0; j < RMS_CH; j++) {
+        int c = threadIdx.x + j * blockDim.x;
+        if (c < nch) {
+            xv[j] = xr[c];
+            if (yr) yv[j] = yr[c];
+        }
+    }
+    float ss = 0.0f;
+#pragma unroll
+    for (int j = 0; j < RMS_CH; j++) {
+        int c = threadIdx.x + j * blockDim.x;
+        if (c >= nch) continue;
+        __nv_bfloat16 *xe = reinterpret_cast<__nv_bfloat16 *>(&xv[j]);
+        if (yr) { // x += y, rounded to bf16 as stored
+            const __nv_bfloat16 *ye = reinterpret_cast<const __nv_bfloat16 *>(&yv[j]);
+#pragma unroll
+            for (int e = 0; e < 8; e++) xe[e] = __float2bfloat16(__bfloat162float(xe[e]) + __bfloat162float(ye[e]));
+            xr[c] = xv[j];
+        }
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+            float v = __bfloat162float(xe[e]);
+            ss += v * v;
+        }
+    }
+    float inv = rsqrtf(block_sum(ss) / dim + eps);
+    uint4 *orow = reinterpret_cast<uint4 *>(out + (size_t)blockIdx.x * dim);
+    const uint4 *wr = reinterpret_cast<const uint4 *>(w);
+#pragma unroll
+    for (int j = 0; j < RMS_CH; j++) {
+        int c = threadIdx.x + j * blockDim.x;
+        if (c >= nch) continue;
+        uint4 wv = wr[c], ov;
+        const __nv_bfloat16 *xe = reinterpret_cast<const __nv_bfloat16 *>(&xv[j]);
+        const __nv_bfloat16 *we = reinterpret_cast<const __nv_bfloat16 *>(&wv);
+        __nv_bfloat16 *oe = reinterpret_cast<__nv_bfloat16 *>(&ov);
+#pragma unroll
+        for (int e = 0; e < 8; e++) oe[e] = __float2bfloat16(__bfloat162float(we[e]) * (__bfloat162float(xe[e]) * inv));
+        orow[c] = ov;
+    }
+}
+
+// The threads of the vectorised norm for a row of dim (a multiple of 32, at most 1024), or 0
+// when the row does not fit its registers or is not made of 16-byte chunks.
+static unsigned rms_threads(int dim, const void *a, const void *b, const void *c, const void *d) {
+    if (dim % 8 || ((uintptr_t)a | (uintptr_t)b | (uintptr_t)c | (uintptr_t)d) % 16) return 0;
+    unsigned per = (unsigned)((dim / 8 + RMS_CH - 1) / RMS_CH);
+    unsigned t = (per + 31) / 32 * 32;
+    return t <= 1024 ? t : 0;
+}
+
+// One thread per (token, pair (i, i + hd/2) of a head): one round trip per element pair.
 __global__ void rope_kernel(__nv_bfloat16 *x, const int32_t *pos, const float *inv_freq, int n_heads, int hd,
                             int row_stride) {
     pdl_wait();
     pdl_trigger();
     int t = blockIdx.x, half = hd / 2;
-    for (int j = threadIdx.x; j < n_heads * half; j += blockDim.x) {
+    int j = blockIdx.y * blockDim.x + threadIdx.x;
+    if (j < n_heads * half) {
         int h = j / half, i = j % half;
         float s, c;
         sincosf((float)pos[t] * inv_freq[i], &s, &c);
@@ -73,6 +139,24 @@ __global__ void silu_mul_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *gu, int
         float g = __bfloat162float(gu[t * 2 * F + c]);
         out[i] = __float2bfloat16(g / (1.0f + __expf(-g)) * __bfloat162float(gu[t * 2 * F + F + c]));
     }
+}
+
+// The same for F % 8 == 0, eight outputs (16 bytes) a thread.
+__global__ void silu_mul_vec_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *gu, int F, size_t n8) {
+    pdl_wait();
+    pdl_trigger();
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n8) return;
+    size_t t = i * 8 / F, c = i * 8 % F;
+    uint4 gv = *reinterpret_cast<const uint4 *>(gu + t * 2 * F + c), uv = *reinterpret_cast<const uint4 *>(gu + t * 2 * F + F + c), ov;
+    const __nv_bfloat16 *ge = reinterpret_cast<const __nv_bfloat16 *>(&gv), *ue = reinterpret_cast<const __nv_bfloat16 *>(&uv);
+    __nv_bfloat16 *oe = reinterpret_cast<__nv_bfloat16 *>(&ov);
+#pragma unroll
+    for (int e = 0; e < 8; e++) {
+        float g = __bfloat162float(ge[e]);
+        oe[e] = __float2bfloat16(g / (1.0f + __expf(-g)) * __bfloat162float(ue[e]));
+    }
+    *reinterpret_cast<uint4 *>(out + i * 8) = ov;
 }
 
 // x += y, then out = rmsnorm(x) * w; one block per row.
@@ -199,6 +283,11 @@ int cuda_embed(void *out, const void *table, const int32_t *tokens, int n, int d
 
 int cuda_rmsnorm(void *out, const void *x, const void *w, int n, int dim, float eps, cudaStream_t s) {
     if (n == 0) return 0;
+    if (unsigned t = rms_threads(dim, out, x, w, NULL)) {
+        CUDA_CHECK(cuda_launch(rmsnorm_vec_kernel, dim3(n), dim3(t), 0, s, (__nv_bfloat16 *)out, (__nv_bfloat16 *)x,
+                               (const __nv_bfloat16 *)NULL, (const __nv_bfloat16 *)w, dim, eps));
+        return 0;
+    }
     CUDA_CHECK(cuda_launch(rmsnorm_kernel, dim3(n), dim3(256), 0, s, (__nv_bfloat16 *)out, (const __nv_bfloat16 *)x, (const __nv_bfloat16 *)w, dim, eps));
     return 0;
 }
@@ -206,19 +295,30 @@ int cuda_rmsnorm(void *out, const void *x, const void *w, int n, int dim, float 
 int cuda_rope(void *x, const int32_t *pos, const float *inv_freq, int n, int n_heads, int hd, int row_stride,
               cudaStream_t s) {
     if (n == 0) return 0;
-    CUDA_CHECK(cuda_launch(rope_kernel, dim3(n), dim3(256), 0, s, (__nv_bfloat16 *)x, pos, inv_freq, n_heads, hd, row_stride));
+    CUDA_CHECK(cuda_launch(rope_kernel, dim3(n, cuda_blocks((size_t)n_heads * (hd / 2), 128)), dim3(128), 0, s,
+                           (__nv_bfloat16 *)x, pos, inv_freq, n_heads, hd, row_stride));
     return 0;
 }
 
 int cuda_silu_mul(void *out, const void *gu, int rows, int F, cudaStream_t s) {
     size_t n = (size_t)rows * F;
     if (n == 0) return 0;
+    if (F % 8 == 0 && ((uintptr_t)out | (uintptr_t)gu) % 16 == 0) {
+        CUDA_CHECK(cuda_launch(silu_mul_vec_kernel, dim3(cuda_blocks(n / 8, 128)), dim3(128), 0, s, (__nv_bfloat16 *)out,
+                               (const __nv_bfloat16 *)gu, F, n / 8));
+        return 0;
+    }
     CUDA_CHECK(cuda_launch(silu_mul_kernel, dim3(cuda_blocks(n, 256)), dim3(256), 0, s, (__nv_bfloat16 *)out, (const __nv_bfloat16 *)gu, F, n));
     return 0;
 }
 
 int cuda_add_rmsnorm(void *out, void *x, const void *y, const void *w, int n, int dim, float eps, cudaStream_t s) {
     if (n == 0) return 0;
+    if (unsigned t = rms_threads(dim, out, x, y, w)) {
+        CUDA_CHECK(cuda_launch(rmsnorm_vec_kernel, dim3(n), dim3(t), 0, s, (__nv_bfloat16 *)out, (__nv_bfloat16 *)x,
+                               (const __nv_bfloat16 *)y, (const __nv_bfloat16 *)w, dim, eps));
+        return 0;
+    }
     CUDA_CHECK(cuda_launch(add_rmsnorm_kernel, dim3(n), dim3(256), 0, s, (__nv_bfloat16 *)out, (__nv_bfloat16 *)x, (const __nv_bfloat16 *)y,
                                          (const __nv_bfloat16 *)w, dim, eps));
     return 0;

@@ -9,8 +9,8 @@
 # bench:  a random-weight Llama-3-8B-shaped checkpoint (written once to $LLAMA8B, default
 #         /tmp/llama8b), bench_gpu (load, memory plan, decode at batch 1/8/64/256, prefill 2k/8k/32k)
 #         and bench_serving on the ShareGPT trace against `duoserve serve`.
-# profile: per-op times at batch 1 (BENCH_PROFILE) and, when Nsight Compute is installed, the
-#         batch-1 decode kernels' speed-of-light, occupancy and warp-stall sections (ncu).
+# profile: per-op times at batch 1 (BENCH_PROFILE), the decode kernels' time by kernel (nsys, when
+#         installed) and with NCU=1 their speed-of-light, occupancy and warp-stall sections (ncu).
 # Shared fixtures come from $SHARED (default ../shared, or .device/ where it was copied).
 # Logs go to OUT_DIR (default $OUT, else /tmp/gpu_check). Exit status: the number of failed steps.
 set -u
@@ -94,12 +94,22 @@ fi
 profile() {
     llama8b || return 1
     BENCH_PROFILE=1 timeout 120 "$B/bench_gpu" "$LLAMA8B" cuda --decode 1 --prefill 2048 || return 1
+    # the decode kernels' time (Nsight Systems: cheap, every kernel of the graphs)
+    local nsys
+    nsys=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -n 1)
+    if [ -n "$nsys" ]; then
+        timeout 240 "$nsys" profile -o "$OUTD/decode" --force-overwrite true --cuda-graph-trace=node \
+            "$B/bench_gpu" "$LLAMA8B" cuda --decode 1,8 --prefill 0 >/dev/null || return 1
+        "$nsys" stats -q -r cuda_gpu_kern_sum "$OUTD/decode.nsys-rep" || return 1
+    fi
+    # NCU=1: the decode kernels' speed-of-light, occupancy and warp stalls (slow: it replays
+    # kernels with the 16 GB of weights saved and restored)
+    [ "${NCU:-0}" = 1 ] || return 0
     local ncu
     ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null) || return 0
-    # the kernels of a few decode steps, past the warm-up
-    timeout 300 "$ncu" -k 'regex:gemm_kernel|flash_kernel|rmsnorm|rope|silu|append' --launch-skip 2000 \
-        --launch-count 24 --section SpeedOfLight --section Occupancy --section WarpStateStats \
-        "$B/bench_gpu" "$LLAMA8B" cuda --decode 1 --prefill 0
+    timeout 300 "$ncu" -k 'regex:gemm|flash_kernel|rmsnorm|rope|silu|append' --launch-skip 2000 \
+        --launch-count 12 --replay-mode application --section SpeedOfLight --section Occupancy \
+        --section WarpStateStats "$B/bench_gpu" "$LLAMA8B" cuda --decode 1 --prefill 0
 }
 
 if [ "$WHAT" = profile ]; then

@@ -73,8 +73,9 @@ static void batch_both(const struct fwd_batch *bt) {
 }
 
 static void test_elementwise(void) {
-    int dims[] = {64, 4096};
-    for (int di = 0; di < 2; di++) {
+    /* 16-byte rows (vectorised kernels, several chunks a thread at 8200) and not (100) */
+    int dims[] = {64, 100, 4096, 8200};
+    for (int di = 0; di < 4; di++) {
         int n = 33, d = dims[di];
         float *x = rand_bf16((size_t)n * d, 1.0f), *w = rand_bf16(d, 1.0f), *y = rand_bf16((size_t)n * d, 1.0f);
         void *xc, *xg, *yc, *yg, *oc, *og, *wc, *wg;
@@ -135,13 +136,15 @@ static void test_embed_rows_logits(void) {
     free(table), free(zero), free(lc), free(lg);
 }
 
-const char *cuda_gemm_kind(int M, int K);
+const char *cuda_gemm_kind(int M, int N, int K);
 
 static void test_matmul(void) {
-    /* every tile shape (M <= 8, <= 64, larger), N and K not multiples of the tiles, K % 8 != 0 */
+    /* every kernel (weight stream with 1, 2 or 4 token tiles, 64- and 128-row tiles), N and K
+     * not multiples of the tiles or of 16 (packed padding), K % 8 != 0 (row-major weights) */
     int shapes[][3] = {{1, 4096, 4096}, {37, 1024, 4096}, {128, 2048, 512}, {3, 14336, 4096}, {8, 4096, 14336},
                        {5, 1000, 64},   {2, 96, 100},     {300, 520, 1032}, {2048, 384, 4096}, {1, 128256, 64},
-                       {17, 200, 172}};
+                       {17, 200, 172},  {12, 333, 1000},  {29, 6144, 4096}, {16, 72, 24},
+                       {1024, 2560, 264}};
     int n_shapes = (int)(sizeof shapes / sizeof shapes[0]);
     for (int s = 0; s < n_shapes; s++) {
         int n = shapes[s][0], no = shapes[s][1], ni = shapes[s][2];
@@ -157,7 +160,7 @@ static void test_matmul(void) {
         gpu->ops->matmul(gpu, og, xg, wg, with_bias ? bg : NULL, n, no, ni);
         char what[96];
         snprintf(what, sizeof what, "matmul %d x %d x %d%s (%s)", n, no, ni, with_bias ? " + bias" : "",
-                 cuda_gemm_kind(n, ni));
+                 cuda_gemm_kind(n, no, ni));
         compare(what, oc, og, (size_t)n * no, 2e-2f, 1e-2f);
         free2(xc, xg), free2(wc, wg), free2(bc, bg), free2(oc, og);
         free(x), free(w), free(bias), free(z);
@@ -177,7 +180,7 @@ static void gpu_fill_nan(void *p, size_t n) {
  * small M only), and the f32 logits likewise. */
 static void test_matmul_invariance(void) {
     int dims[][2] = {{1024, 4096}, {4096, 4096}, {333, 1000}, {96, 172}};
-    int Ms[] = {1, 2, 7, 8, 9, 33, 64, 65, 256, 257, 700};
+    int Ms[] = {1, 2, 3, 7, 8, 9, 16, 17, 32, 33, 64, 65, 256, 257, 700};
     for (int d = 0; d < 4; d++) {
         int no = dims[d][0], ni = dims[d][1], MM = 700;
         float *x = rand_bf16((size_t)MM * ni, 1.0f), *w = rand_bf16((size_t)no * ni, 1.0f / sqrtf((float)ni));
