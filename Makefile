@@ -43,7 +43,7 @@ ifeq ($(CUDA),1)
     DUO_CFLAGS += -DDUO_CUDA=1
     LIB_OBJ += $(CUDA_OBJ)
     LDLIBS  += -L$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart -lstdc++
-    CUDA_TEST := $(BUILD)/duoserve-test-cuda
+    CUDA_TEST := $(BUILD)/duoserve-test-cuda $(BUILD)/duoserve-test-cuda-sampling
   endif
 endif
 
@@ -76,6 +76,8 @@ $(BUILD)/tests/%: tests/%.c $(BUILD)/libduoserve.a
 	$(CC) $(DUO_CFLAGS) $(CFLAGS) -o $@ $< $(BUILD)/libduoserve.a $(LDFLAGS) $(LDLIBS) -lcmocka
 
 $(BUILD)/duoserve-test-cuda: tests/cuda/test_cuda_ops.c $(BUILD)/libduoserve.a
+	$(CC) $(DUO_CFLAGS) $(CFLAGS) -o $@ $< $(BUILD)/libduoserve.a $(LDFLAGS) $(LDLIBS)
+$(BUILD)/duoserve-test-cuda-sampling: tests/cuda/test_cuda_sampling.c $(BUILD)/libduoserve.a
 	$(CC) $(DUO_CFLAGS) $(CFLAGS) -o $@ $< $(BUILD)/libduoserve.a $(LDFLAGS) $(LDLIBS)
 
 # Every unit test binary, then the end-to-end scripts; stops at the first failure.

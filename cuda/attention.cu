@@ -10,6 +10,7 @@
 // warps taking every 4th visible key, lanes splitting the head dimension, online softmax per
 // warp, merged at the end) serves the rest.
 #include <cuda_bf16.h>
+#include <limits.h>
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -18,6 +19,8 @@
 
 #define ATTN_WARPS 4
 #define ATTN_UNROLL 4
+
+static int g_attn_sms = 132; // SMs of the device (split decode sizing)
 
 __device__ __forceinline__ const __nv_bfloat16 *full_row(const __nv_bfloat16 *cache, const struct cuda_attn_args &a,
                                                          int s, int p, int h) {
@@ -186,9 +189,41 @@ __device__ __forceinline__ void split_p(float x0, float x1, uint32_t &hi, uint32
 #define FA_WARPS 4
 template <int HDP> struct fa_smem {
     static constexpr int LD = HDP + 8; // padded smem rows: conflict-free ldmatrix
-    static constexpr size_t BYTES = (size_t)(4 * FA_KT + 16 * FA_WARPS) * LD * 2; // K, V x 2 buffers; Q per warp
+    // K, V x 2 buffers; Q per warp; then each warp's partition total O (f32, lane-private slots)
+    static constexpr size_t BF16_BYTES = (size_t)(4 * FA_KT + 16 * FA_WARPS) * LD * 2;
+    static constexpr size_t BYTES = BF16_BYTES + (size_t)FA_WARPS * 16 * HDP * 4;
 };
 
+#define FA_PT (CUDA_ATTN_PART / FA_KT) // key tiles per partition
+
+// Adds a partition's softmax state (its rows' max m, full sum l, and o) to a running total (M,
+// L, O). Every rounding is explicit (no contraction), so the flash kernel, which merges in
+// registers, and fa_merge_kernel, which merges states from memory, compute the same bits. An
+// empty partition (m = -inf: the row sees none of its keys) adds nothing at all.
+__device__ __forceinline__ bool fa_merge_begin(float &M, float &L, float m, float l, float &ca, float &cb) {
+    if (m == -INFINITY) return false;
+    float mn = fmaxf(M, m);
+    ca = exp2f(M - mn); // 0 while the total is empty
+    cb = exp2f(m - mn);
+    L = __fadd_rn(__fmul_rn(L, ca), __fmul_rn(l, cb));
+    M = mn;
+    return true;
+}
+__device__ __forceinline__ float fa_merge_o(float O, float o, float ca, float cb) {
+    return __fadd_rn(__fmul_rn(O, ca), __fmul_rn(o, cb));
+}
+
+// Partition states in a.ws: slot ((part_off[t] + p) * n_heads + head) * (HD + 2) = {m, l, o[HD]}.
+__device__ __forceinline__ float *fa_state(const struct cuda_attn_args &a, int t, int p, int head) {
+    return a.ws + ((size_t)(a.part_off[t] + p) * a.n_heads + head) * (a.head_dim + 2);
+}
+// Whether a decode step's partitions go through the workspace (else block z = 0 does it all).
+__device__ __forceinline__ bool fa_split_fits(const struct cuda_attn_args &a, int n_tokens) {
+    return (size_t)a.part_off[n_tokens] * a.n_heads * (a.head_dim + 2) <= a.ws_floats;
+}
+
+// Grid (token, KV head, split). Split (gridDim.z = Z > 1, decode steps): block z computes the
+// partitions p with p % Z == z and writes their states (empty ones too) for fa_merge_kernel.
 template <int HDP>
 __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *q,
                                                               const __nv_bfloat16 *kb, const __nv_bfloat16 *vb, int rs,
@@ -199,7 +234,12 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
     extern __shared__ __align__(16) unsigned char fa_raw[];
     __nv_bfloat16 *sk = reinterpret_cast<__nv_bfloat16 *>(fa_raw), *sv = sk + 2 * FA_KT * LD;
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, tb = blockIdx.x, kvh = blockIdx.y;
+    const bool split = gridDim.z > 1 && fa_split_fits(a, gridDim.x);
+    const int Z = split ? (int)gridDim.z : 1, z = split ? (int)blockIdx.z : 0;
+    if (!split && blockIdx.z > 0) return;
     __nv_bfloat16 *sq = sv + 2 * FA_KT * LD + warp * 16 * LD;
+    // the total O of this thread's outputs o[d][e]: sO[(d * 4 + e) * 32] (lane-private, no conflicts)
+    float *sO = reinterpret_cast<float *>(fa_raw + fa_smem<HDP>::BF16_BYTES) + (size_t)warp * 16 * HDP + lane;
     const int HD = a.head_dim;
     const int G = a.n_heads / a.n_kv_heads, TPU = G >= 16 ? 1 : 16 / G; // tokens per unit (warp)
     const int s = a.tok_seq[tb], row0 = a.seq_start[s], row_end = a.seq_start[s + 1];
@@ -209,15 +249,6 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
     const int pb_first = a.pos[tb], pb_last = pb_first + min(TPU * FA_WARPS, row_end - tb) - 1;
     const int p_first = pb_first + warp * TPU, p_last = p_first + nt - 1;
     const bool full = kvh < a.n_full;
-
-    // this warp's Q rows into smem (zero rows/dims beyond the unit)
-    for (int i = lane; i < 16 * (HDP / 8); i += 32) {
-        int r = i / (HDP / 8), c = (i % (HDP / 8)) * 8;
-        bool ok = r < nrows && c < HD;
-        const __nv_bfloat16 *src = ok ? q + (size_t)(t0 + r / G) * rs + (size_t)(kvh * G + r % G) * HD + c : q;
-        fa_cp16(sq + r * LD + c, src, ok);
-    }
-    asm volatile("cp.async.commit_group;\n" ::);
 
     // tiles a query range [pf, pl] needs: [lo0, hi0] then [lo1, hi1] (streaming: sink, recent)
     auto range = [&](int pf, int pl, int &lo0, int &hi0, int &lo1, int &hi1) {
@@ -237,8 +268,18 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
     int lo0, hi0, lo1, hi1, wlo0, whi0, wlo1, whi1;
     range(pb_first, pb_last, lo0, hi0, lo1, hi1); // the block walks these
     range(p_first, p_last, wlo0, whi0, wlo1, whi1); // this warp computes on these
-    const int n0 = hi0 - lo0 + 1, n_tiles = n0 + max(0, hi1 - lo1 + 1);
-    auto tile_at = [&](int i) { return i < n0 ? lo0 + i : lo1 + (i - n0); };
+    // the block's next tile after t (in its partitions), or INT_MAX
+    auto next_tile = [&](int t) {
+        for (;;) {
+            t++;
+            if (t < lo0) t = lo0;
+            if (t > hi0 && t < lo1) t = lo1;
+            if (t > hi0 && t > hi1) return INT_MAX;
+            int p = t / FA_PT, off = ((z - p % Z) % Z + Z) % Z;
+            if (off == 0) return t;
+            t = (p + off) * FA_PT - 1; // the start of this block's next partition
+        }
+    };
 
     // 4 threads per key row: one pool lookup each, then every 4th 16-byte chunk of the row
     auto load_tile = [&](int buf, int tile) {
@@ -274,7 +315,17 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
         }
     };
 
-    load_tile(0, tile_at(0)); // n_tiles >= 1: every query sees itself
+    int tile = next_tile(-1);
+    if (tile != INT_MAX) {
+        // this warp's Q rows into smem (zero rows/dims beyond the unit), then the first tile
+        for (int i = lane; i < 16 * (HDP / 8); i += 32) {
+            int r = i / (HDP / 8), c = (i % (HDP / 8)) * 8;
+            bool ok = r < nrows && c < HD;
+            const __nv_bfloat16 *src = ok ? q + (size_t)(t0 + r / G) * rs + (size_t)(kvh * G + r % G) * HD + c : q;
+            fa_cp16(sq + r * LD + c, src, ok);
+        }
+        load_tile(0, tile);
+    }
     asm volatile("cp.async.commit_group;\n" ::);
 
     const int g = lane / 4, qd = lane % 4;
@@ -285,22 +336,74 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
         ipos[h] = r < nrows ? p_first + r / G : -1;
     }
     const float sl2 = a.scale * 1.4426950408889634f; // scores in log2 units: exp2f
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+    // the partition being summed (m, l: this thread's part of the row sum; o) and the total
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, M[2] = {-INFINITY, -INFINITY}, L[2] = {0.0f, 0.0f};
     float o[HDP / 8][4];
     for (int d = 0; d < HDP / 8; d++)
-        for (int e = 0; e < 4; e++) o[d][e] = 0.0f;
+        for (int e = 0; e < 4; e++) o[d][e] = 0.0f, sO[(d * 4 + e) * 32] = 0.0f;
     uint32_t qa[HDP / 16][4];
 
-    for (int it = 0; it < n_tiles; it++) {
-        int buf = it & 1, tile = tile_at(it);
-        if (it + 1 < n_tiles) load_tile(buf ^ 1, tile_at(it + 1));
+    // split: the states of this warp's rows for partition p (m = -inf: empty), written in order
+    const int n_parts = pos_last / CUDA_ATTN_PART + 1; // decode: one token, the unit's
+    int next_p = z; // this block's next partition without a written state
+    auto write_state = [&](int p, bool empty, const float *lf) {
+        for (int h = 0; h < 2; h++) {
+            int r = g + 8 * h;
+            if (r >= nrows) continue;
+            float *st = fa_state(a, t0 + r / G, p, kvh * G + r % G);
+            if (qd == 0) st[0] = empty ? -INFINITY : m[h], st[1] = empty ? 0.0f : lf[h];
+            if (empty) continue;
+            for (int d = 0; d < HDP / 8; d++) {
+                int col = d * 8 + 2 * qd;
+                if (col < HD) st[2 + col] = o[d][2 * h], st[3 + col] = o[d][2 * h + 1];
+            }
+        }
+    };
+    auto empty_until = [&](int p_end) { // empty states for this block's partitions before p_end
+        for (; next_p < p_end; next_p += Z) write_state(next_p, true, NULL);
+    };
+    // partition p is complete: its state into the total (or the workspace), then a fresh state
+    auto close_partition = [&](int p) {
+        float lf[2];
+        for (int h = 0; h < 2; h++) { // the row's full sum, across the quad
+            lf[h] = l[h] + __shfl_xor_sync(0xffffffffu, l[h], 1);
+            lf[h] += __shfl_xor_sync(0xffffffffu, lf[h], 2);
+        }
+        if (split) {
+            empty_until(p);
+            write_state(p, false, lf);
+            next_p = p + Z;
+        } else {
+            for (int h = 0; h < 2; h++) {
+                float ca, cb;
+                if (fa_merge_begin(M[h], L[h], m[h], lf[h], ca, cb))
+                    for (int d = 0; d < HDP / 8; d++)
+                        for (int e = 2 * h; e < 2 * h + 2; e++)
+                            sO[(d * 4 + e) * 32] = fa_merge_o(sO[(d * 4 + e) * 32], o[d][e], ca, cb);
+            }
+        }
+        for (int h = 0; h < 2; h++) m[h] = -INFINITY, l[h] = 0.0f;
+        for (int d = 0; d < HDP / 8; d++)
+            for (int e = 0; e < 4; e++) o[d][e] = 0.0f;
+    };
+
+    bool q_loaded = false;
+    int buf = 0;
+    while (tile != INT_MAX) { // partition by partition, each closed after its last tile
+      const int part = tile / FA_PT;
+      bool has_state = false; // the warp summed keys of this partition
+      do {
+        int nxt = next_tile(tile);
+        if (nxt != INT_MAX) load_tile(buf ^ 1, nxt);
         asm volatile("cp.async.commit_group;\n" ::);
         asm volatile("cp.async.wait_group 1;\n" ::);
         __syncthreads();
-        if (it == 0)
+        if (!q_loaded)
             for (int k = 0; k < HDP / 16; k++) fa_ldsm_x4(qa[k], sq + (lane % 16) * LD + k * 16 + (lane / 16) * 8);
+        q_loaded = true;
         bool mine = nrows > 0 && ((tile >= wlo0 && tile <= whi0) || (tile >= wlo1 && tile <= whi1));
         if (mine) {
+            has_state = true;
             const __nv_bfloat16 *ck = sk + buf * FA_KT * LD, *cv = sv + buf * FA_KT * LD;
             // S = Q K^T: 16 rows x FA_KT keys
             float sc[FA_KT / 8][4];
@@ -369,25 +472,57 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
             }
         }
         __syncthreads(); // every warp done with buf before the next iteration refills it
+        tile = nxt;
+        buf ^= 1;
+      } while (tile != INT_MAX && tile / FA_PT == part);
+      if (has_state) close_partition(part);
     }
     asm volatile("cp.async.wait_group 0;\n" ::);
-
-    // rows' sums across the quad, then out = O / l
-    for (int h = 0; h < 2; h++) {
-        l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
-        l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+    if (split) { // fa_merge_kernel writes the output
+        if (nrows > 0) empty_until(n_parts);
+        return;
     }
+
+    // out = O / L
     for (int h = 0; h < 2; h++) {
         int r = g + 8 * h;
         if (r >= nrows) continue;
-        float inv = 1.0f / l[h];
+        float inv = 1.0f / L[h];
         __nv_bfloat16 *orow = out + ((size_t)(t0 + r / G) * a.n_heads + (size_t)(kvh * G + r % G)) * HD;
         for (int d = 0; d < HDP / 8; d++) {
             int col = d * 8 + 2 * qd;
             if (col < HD)
                 *reinterpret_cast<__nv_bfloat162 *>(orow + col) =
-                    __floats2bfloat162_rn(o[d][2 * h] * inv, o[d][2 * h + 1] * inv);
+                    __floats2bfloat162_rn(sO[(d * 4 + 2 * h) * 32] * inv, sO[(d * 4 + 2 * h + 1) * 32] * inv);
         }
+    }
+}
+
+// Split decode: one warp per (token, head) merges the token's partition states in order, as the
+// flash kernel does in registers, and writes out = O / L.
+__global__ void fa_merge_kernel(__nv_bfloat16 *out, struct cuda_attn_args a) {
+    pdl_wait();
+    pdl_trigger();
+    if (!fa_split_fits(a, gridDim.x)) return; // the flash kernel wrote the output itself
+    const int t = blockIdx.x, head = blockIdx.y * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (head >= a.n_heads) return;
+    const int HD = a.head_dim, n_parts = a.pos[t] / CUDA_ATTN_PART + 1;
+    float M = -INFINITY, L = 0.0f, O[CUDA_ATTN_MAX_HEAD_DIM / 32];
+    for (int i = 0; i < CUDA_ATTN_MAX_HEAD_DIM / 32; i++) O[i] = 0.0f;
+    for (int p = 0; p < n_parts; p++) {
+        const float *st = fa_state(a, t, p, head);
+        float ca, cb;
+        if (!fa_merge_begin(M, L, st[0], st[1], ca, cb)) continue;
+        for (int i = 0; i < CUDA_ATTN_MAX_HEAD_DIM / 32; i++) {
+            int d = lane + 32 * i;
+            if (d < HD) O[i] = fa_merge_o(O[i], st[2 + d], ca, cb);
+        }
+    }
+    float inv = 1.0f / L;
+    __nv_bfloat16 *orow = out + ((size_t)t * a.n_heads + head) * HD;
+    for (int i = 0; i < CUDA_ATTN_MAX_HEAD_DIM / 32; i++) {
+        int d = lane + 32 * i;
+        if (d < HD) orow[d] = __float2bfloat16(O[i] * inv);
     }
 }
 
@@ -399,6 +534,9 @@ template <int HDP> static int fa_allow_smem() {
 
 /* Once per process, before any launch: the opt-in shared memory of the attention kernels. */
 extern "C" int cuda_attention_init(void) {
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&g_attn_sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+        return -2;
     return fa_allow_smem<16>() | fa_allow_smem<32>() | fa_allow_smem<64>() | fa_allow_smem<128>() ? -2 : 0;
 }
 
@@ -439,7 +577,7 @@ static bool getenv_flag(const char *name) {
 }
 
 extern "C" int cuda_attention(void *out, const void *qkv, int rs, const struct cuda_attn_args *a, int n_tokens,
-                              cudaStream_t st) {
+                              bool decode, cudaStream_t st) {
     const __nv_bfloat16 *q = (const __nv_bfloat16 *)qkv;
     const __nv_bfloat16 *kb = q + (size_t)a->n_heads * a->head_dim, *vb = kb + (size_t)a->n_kv_heads * a->head_dim;
     if (a->n_full) CUDA_CHECK(cuda_launch(append_full_kernel, dim3(n_tokens), dim3(128), 0, st, kb, vb, rs, *a));
@@ -447,12 +585,18 @@ extern "C" int cuda_attention(void *out, const void *qkv, int rs, const struct c
     const __nv_bfloat16 *qb = q;
     int G = a->n_heads / a->n_kv_heads;
     if (a->head_dim % 8 == 0 && a->head_dim <= 128 && G <= 16 && !getenv_flag("DUOSERVE_ATTN_SIMPLE")) {
-        dim3 fgrid(n_tokens, a->n_kv_heads);
+        // decode: partitions in parallel when the step alone would leave SMs idle (a speed
+        // choice only: the partition states are merged in the same order either way)
+        int Z = 1;
+        if (decode && a->ws && a->part_off && !getenv_flag("DUOSERVE_ATTN_NO_SPLIT")) Z = max(1, min(32, (2 * g_attn_sms + n_tokens * a->n_kv_heads - 1) / (n_tokens * a->n_kv_heads)));
+        dim3 fgrid(n_tokens, a->n_kv_heads, Z);
         const int T = 32 * FA_WARPS;
         if (a->head_dim <= 16) CUDA_CHECK(cuda_launch(flash_kernel<16>, fgrid, dim3(T), fa_smem<16>::BYTES, st, o, qb, kb, vb, rs, *a));
         else if (a->head_dim <= 32) CUDA_CHECK(cuda_launch(flash_kernel<32>, fgrid, dim3(T), fa_smem<32>::BYTES, st, o, qb, kb, vb, rs, *a));
         else if (a->head_dim <= 64) CUDA_CHECK(cuda_launch(flash_kernel<64>, fgrid, dim3(T), fa_smem<64>::BYTES, st, o, qb, kb, vb, rs, *a));
         else CUDA_CHECK(cuda_launch(flash_kernel<128>, fgrid, dim3(T), fa_smem<128>::BYTES, st, o, qb, kb, vb, rs, *a));
+        if (Z > 1)
+            CUDA_CHECK(cuda_launch(fa_merge_kernel, dim3(n_tokens, (a->n_heads + 3) / 4), dim3(128), 0, st, o, *a));
     } else {
         dim3 grid(n_tokens, a->n_heads);
         if (a->head_dim <= 32) CUDA_CHECK(cuda_launch(attn_kernel<1>, grid, dim3(32 * ATTN_WARPS), 0, st, o, qb, kb, vb, rs, *a));

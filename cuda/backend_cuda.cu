@@ -1,6 +1,7 @@
 // backend_cuda: the backend op table (engine/backend.h) on one NVIDIA GPU. Weights and
 // activations are bf16 in device memory, accumulation in f32, logits in f32; GEMMs go through
-// cuBLAS, everything else through the kernels of cuda/*.cu. All work is queued on one stream;
+// duoserve's batch-invariant kernels (cuda/gemm.cu, packed weights) or, with --gemm cublas,
+// cuBLAS; everything else through the kernels of cuda/*.cu. All work is queued on one stream;
 // ops that cannot return a status record the first error, which sync() reports.
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
@@ -34,6 +35,10 @@ size_t cuda_gemm_weight_bytes(int64_t N, int64_t K);
 int cuda_gemm_pack(void *dst, const void *src, int64_t row0, int rows, int K, cudaStream_t s);
 int cuda_embed_packed(void *out, const void *table, const int32_t *tokens, int n, int dim, cudaStream_t s);
 int cuda_argmax_rows(int32_t *ids, const float *x, int n, int vocab, cudaStream_t s);
+struct cuda_sampler;
+int cuda_sample(struct cuda_sampler **state, int32_t *host_ids, const struct sample_row *rows, int n,
+                const float *logits, int n_rows, int vocab, cudaStream_t s);
+void cuda_sampler_free(struct cuda_sampler *sp);
 }
 
 #define CUDA_MAX_GRAPHS 512 /* decode batch sizes that get a graph */
@@ -51,7 +56,9 @@ struct cuda_ctx {
     int32_t *d_meta, *h_meta;
     size_t meta_cap;
     struct meta_caps caps;
-    const int32_t *tokens, *pos, *tok_seq, *seq_start, *indptr, *blocks, *slots, *rows;
+    const int32_t *tokens, *pos, *tok_seq, *seq_start, *indptr, *blocks, *slots, *rows, *part_off;
+    float *attn_ws; // split-decode partition states (cuda/attention.cu)
+    size_t attn_ws_floats;
     int n_tokens, n_seqs, n_logits;
     float *d_logits;
     size_t logits_cap;
@@ -65,6 +72,7 @@ struct cuda_ctx {
     int32_t *d_ids, *h_ids;   // argmax ids (device, pinned), [logits rows]
     int32_t *pending_ids;     // where sync() delivers them
     int pending_n_ids;
+    struct cuda_sampler *sampler; // the sample op's buffers (cuda/sampling.cu)
     // CUDA graphs of decode steps, by batch size (and whether the logits go to the host); all
     // invalid when a buffer they use moves
     cudaGraphExec_t graphs[2][CUDA_MAX_GRAPHS + 1];
@@ -244,7 +252,7 @@ static int cu_begin_step(struct backend *b, const struct fwd_batch *bt) {
         cudaFree(c->d_meta);
         cudaFreeHost(c->h_meta);
         c->d_meta = c->h_meta = NULL;
-        size_t cap = 3 * nc.T + 4 * (nc.S + 1) + nc.B;
+        size_t cap = 4 * nc.T + 1 + 4 * (nc.S + 1) + nc.B;
         if (cudaMalloc(&c->d_meta, cap * 4) != cudaSuccess || cudaMallocHost(&c->h_meta, cap * 4) != cudaSuccess) {
             c->meta_cap = 0;
             return BACKEND_ERR_OOM;
@@ -256,9 +264,10 @@ static int cu_begin_step(struct backend *b, const struct fwd_batch *bt) {
     // the previous step's copy must be done before the staging buffer is rewritten
     if (cudaStreamSynchronize(c->stream) != cudaSuccess) return BACKEND_ERR_DEVICE;
     int32_t *h = c->h_meta;
-    size_t off[8] = {0, g_caps.T, 2 * g_caps.T, 3 * g_caps.T, 3 * g_caps.T + (g_caps.S + 1),
+    /* tokens, pos, tok_seq [T]; seq_start, indptr [S+1]; slots, rows [S]; part_off [T+1]; blocks */
+    size_t off[9] = {0, g_caps.T, 2 * g_caps.T, 3 * g_caps.T, 3 * g_caps.T + (g_caps.S + 1),
                      3 * g_caps.T + 2 * (g_caps.S + 1), 3 * g_caps.T + 3 * (g_caps.S + 1),
-                     3 * g_caps.T + 4 * (g_caps.S + 1)};
+                     3 * g_caps.T + 4 * (g_caps.S + 1), 4 * g_caps.T + 1 + 4 * (g_caps.S + 1)};
     c->tokens = c->d_meta + off[0];
     c->pos = c->d_meta + off[1];
     c->tok_seq = c->d_meta + off[2];
@@ -266,7 +275,8 @@ static int cu_begin_step(struct backend *b, const struct fwd_batch *bt) {
     c->indptr = c->d_meta + off[4];
     c->slots = c->d_meta + off[5];
     c->rows = c->d_meta + off[6];
-    c->blocks = c->d_meta + off[7];
+    c->part_off = c->d_meta + off[7];
+    c->blocks = c->d_meta + off[8];
     memcpy(h + off[0], bt->tokens, 4 * T);
     memcpy(h + off[1], bt->pos, 4 * T);
     for (size_t s = 0; s < S; s++)
@@ -277,12 +287,15 @@ static int cu_begin_step(struct backend *b, const struct fwd_batch *bt) {
     if (bt->stream_slot) memcpy(h + off[5], bt->stream_slot, 4 * S);
     else memset(h + off[5], 0, 4 * S);
     if (bt->n_logits) memcpy(h + off[6], bt->logit_rows, 4 * (size_t)bt->n_logits);
-    if (NB) memcpy(h + off[7], bt->block_ids, 4 * NB);
+    /* each token's first slot of split-decode partition states (attention.cu) */
+    h[off[7]] = 0;
+    for (size_t t = 0; t < T; t++) h[off[7] + t + 1] = h[off[7] + t] + bt->pos[t] / CUDA_ATTN_PART + 1;
+    if (NB) memcpy(h + off[8], bt->block_ids, 4 * NB);
     c->n_tokens = (int)T;
     c->n_seqs = (int)S;
     c->n_logits = bt->n_logits;
     /* segments are copied whole up to what this step uses (one call) */
-    size_t used = NB ? off[7] + NB : off[7];
+    size_t used = off[8] + NB;
     if (cudaMemcpyAsync(c->d_meta, h, used * 4, cudaMemcpyHostToDevice, c->stream) != cudaSuccess) return BACKEND_ERR_DEVICE;
     return BACKEND_OK;
 }
@@ -328,8 +341,9 @@ static void cu_attention(struct backend *b, void *out, const void *qkv, int row_
                                L->sink, L->recent, L->sliding_window, L->scale,
                                (__nv_bfloat16 *)L->k_full, (__nv_bfloat16 *)L->v_full,
                                (__nv_bfloat16 *)L->k_stream, (__nv_bfloat16 *)L->v_stream,
-                               c->pos, c->tok_seq, c->seq_start, c->indptr, c->blocks, c->slots};
-    CKI(b, cuda_attention(out, qkv, row_stride, &a, c->n_tokens, c->stream));
+                               c->pos, c->tok_seq, c->seq_start, c->indptr, c->blocks, c->slots,
+                               c->part_off, c->attn_ws, c->attn_ws_floats};
+    CKI(b, cuda_attention(out, qkv, row_stride, &a, c->n_tokens, c->n_tokens == c->n_seqs, c->stream));
 }
 
 static void cu_silu_mul(struct backend *b, void *out, const void *gu, int n, int F) {
@@ -387,6 +401,14 @@ static void cu_argmax(struct backend *b, int32_t *host_ids, int n, int vocab) {
     CK(b, cudaMemcpyAsync(c->h_ids, c->d_ids, (size_t)n * sizeof(int32_t), cudaMemcpyDeviceToHost, c->stream));
     c->pending_ids = host_ids;
     c->pending_n_ids = n;
+}
+
+/* Draws from d_logits as the last logits() call (or graph replay) left them; synchronous. */
+static int cu_sample(struct backend *b, int32_t *host_ids, const struct sample_row *rows, int n, int vocab) {
+    struct cuda_ctx *c = CTX(b);
+    if (!c->d_logits || vocab < 1) return BACKEND_ERR_ARG;
+    return cuda_sample(&c->sampler, host_ids, rows, n, c->d_logits, (int)(c->logits_cap / (size_t)vocab), vocab,
+                       c->stream);
 }
 
 static int cu_sync(struct backend *b) {
@@ -459,12 +481,14 @@ static void cu_destroy(struct backend *b) {
     struct cuda_ctx *c = CTX(b);
     cudaStreamSynchronize(c->stream);
     drop_graphs(c);
+    cuda_sampler_free(c->sampler);
     if (c->stage_pinned) cudaFreeHost(c->stage);
     else free(c->stage);
     cudaFreeHost(c->h_logits);
     cudaFree(c->d_ids);
     cudaFreeHost(c->h_ids);
     cudaFree(c->blas_ws);
+    cudaFree(c->attn_ws);
     cudaFree(c->d_meta);
     cudaFreeHost(c->h_meta);
     cudaFree(c->d_logits);
@@ -498,6 +522,7 @@ static struct backend_ops make_ops(void) {
     o.get_rows = cu_get_rows;
     o.logits = cu_logits;
     o.argmax = cu_argmax;
+    o.sample = cu_sample;
     o.sync = cu_sync;
     o.destroy = cu_destroy;
     o.graph_begin = cu_graph_begin;
@@ -534,6 +559,14 @@ extern "C" struct backend *backend_cuda_create(int device, int flags, char *err,
     /* a fixed cuBLAS workspace: GEMMs inside a graph capture must not allocate */
     size_t ws = 32u << 20;
     if (cudaMalloc(&c->blas_ws, ws) == cudaSuccess) cublasSetWorkspace(c->blas, c->blas_ws, ws);
+    /* split-decode partition states: a step whose states do not fit computes them in one block
+     * per (token, KV head) instead, with the same result */
+    c->attn_ws_floats = (size_t)16 << 20; // 64 MiB
+    if (cudaMalloc(&c->attn_ws, c->attn_ws_floats * sizeof(float)) != cudaSuccess) {
+        cudaGetLastError();
+        c->attn_ws = NULL;
+        c->attn_ws_floats = 0;
+    }
     c->device = device;
     c->cublas = (flags & BACKEND_CUDA_CUBLAS) != 0;
     b->ops = &cuda_ops;

@@ -14,13 +14,23 @@ struct cuda_attn_args {
     float scale;
     __nv_bfloat16 *k_full, *v_full, *k_stream, *v_stream;
     const int32_t *pos, *tok_seq, *seq_start, *block_indptr, *block_ids, *stream_slot; // batch, device
+    // split decode (flash-decoding): part_off[t] = first partition-state slot of token t, [T+1]
+    // (prefix sums of pos / CUDA_ATTN_PART + 1); ws holds ws_floats floats of partition states
+    const int32_t *part_off;
+    float *ws;
+    size_t ws_floats;
 };
+
+/* Keys are summed in partitions of this many absolute positions, each from an empty softmax
+ * state, the partitions' states merged in order; decode steps compute partitions in parallel. */
+#define CUDA_ATTN_PART 1024
 
 #ifdef __cplusplus
 extern "C" {
 #endif
+/* decode: every sequence has one token in the step (partitions may then run in parallel) */
 int cuda_attention(void *out, const void *qkv, int row_stride, const struct cuda_attn_args *a, int n_tokens,
-                   cudaStream_t st);
+                   bool decode, cudaStream_t st);
 #ifdef __cplusplus
 }
 #endif

@@ -394,6 +394,7 @@ static int launch(OUT *y, const void *x, const void *w, const void *bias, int M,
     dim3 grid((M + C::BN - 1) / C::BN, (N + C::BM - 1) / C::BM, 1);
     // too few tiles to fill the GPU: one block per K chunk. The partials are real traffic (at
     // M = 64 half the weights' bytes, more above), so only nearly idle grids of M <= 64 split.
+    // (Only the split changes with the grid, never the order of a sum.)
     unsigned chunks = (unsigned)((K + GEMM_KC - 1) / GEMM_KC), tiles = grid.x * grid.y;
     if (M <= 64 && tiles < (unsigned)g_sms / 2 && split_fits(chunks, M, N, tiles)) grid.z = chunks;
     CUDA_CHECK(cuda_launch(kern, grid, dim3(C::THREADS), C::SMEM, s, y, (const __nv_bfloat16 *)x,

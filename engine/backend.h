@@ -46,6 +46,38 @@ struct attn_layer {
     void *k_stream, *v_stream;
 };
 
+/* One draw of the sample op, in vLLM's order (engine/sampler.c defines it): logit bias (added
+ * in list order), mask ids set to -inf (min_tokens: EOS and stop ids), repetition penalty over
+ * the seen ids in the prompt or the output, presence / frequency penalties over those in the
+ * output; then greedy (temperature < 1e-5: the first index of the maximum), else divide by the
+ * temperature, keep the logits >= the top_k-th largest, softmax, drop probabilities below
+ * min_p * the largest, keep the smallest set of most likely tokens whose mass reaches top_p
+ * (ties at the cut kept), and return the first id, in id order, where the cumulative kept mass
+ * exceeds u * the total. All pointers are host memory, borrowed for the call. */
+struct sample_seen {
+    int32_t id;
+    int32_t count;     // occurrences in the output so far
+    int32_t in_prompt; // 1: in the prompt (repetition penalty; output ids count through count > 0)
+};
+
+struct sample_row {
+    int32_t row;                               // logits row of the last logits() call
+    float temperature;                         // < 1e-5: greedy
+    int32_t top_k;                             // <= 0 or >= vocab: off
+    float top_p;                               // (0, 1]; 1: off
+    float min_p;                               // [0, 1]; 0: off
+    float repetition_penalty;                  // > 0; 1: off
+    float presence_penalty, frequency_penalty; // 0, 0: off
+    float u;                                   // uniform in [0, 1): the draw (unused when greedy)
+    int32_t n_bias;
+    const int32_t *bias_ids; // [n_bias] in the vocabulary; repeats add up in order
+    const float *bias_vals;  // [n_bias]
+    int32_t n_mask;
+    const int32_t *mask_ids; // [n_mask] in the vocabulary
+    int32_t n_seen;
+    const struct sample_seen *seen; // [n_seen] distinct ids in the vocabulary
+};
+
 enum backend_status { BACKEND_OK = 0, BACKEND_ERR_OOM = -1, BACKEND_ERR_DEVICE = -2, BACKEND_ERR_ARG = -3 };
 enum backend_graph { BACKEND_GRAPH_OFF = 0, BACKEND_GRAPH_REPLAYED = 1, BACKEND_GRAPH_CAPTURING = 2 };
 
@@ -97,6 +129,10 @@ struct backend_ops {
     int (*logits)(struct backend *b, float *host_logits, const void *x, const void *w, int n, int vocab, int dim);
     /* host_ids[i] = first index of the maximum of logits row i (torch.argmax), after logits() */
     void (*argmax)(struct backend *b, int32_t *host_ids, int n, int vocab);
+    /* host_ids[i] = the draw of rows[i] (struct sample_row) from the logits the last logits()
+     * call left in backend memory, which stay unchanged; called after sync(), it waits for its
+     * own work and returns a backend_status with the ids on the host */
+    int (*sample)(struct backend *b, int32_t *host_ids, const struct sample_row *rows, int n, int vocab);
     /* waits for queued work (and delivers the logits); returns a backend_status */
     int (*sync)(struct backend *b);
     /* Optional (NULL on the CPU): a decode-shaped step (every sequence one token) replays a

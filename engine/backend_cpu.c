@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "engine/backend.h"
+#include "engine/sampler.h"
 
 struct cpu_ctx {
     struct fwd_batch batch; // borrowed for the duration of a step
@@ -14,6 +15,8 @@ struct cpu_ctx {
     size_t own_cap;
     float *scores;          // attention scratch, grown as needed
     size_t scores_cap;
+    float *samp;            // sample op scratch: a row and sampler_run's 2 rows, grown as needed
+    size_t samp_cap;
 };
 
 static void *cpu_alloc(struct backend *b, size_t bytes, enum backend_status *st) {
@@ -316,12 +319,31 @@ static void cpu_argmax(struct backend *b, int32_t *host_ids, int n, int vocab) {
     }
 }
 
+/* The pipeline itself (engine/sampler.c) on a copy of each row: rows stay unchanged for forks
+ * that draw from the same one. */
+static int cpu_sample(struct backend *b, int32_t *host_ids, const struct sample_row *rows, int n, int vocab) {
+    struct cpu_ctx *c = b->ctx;
+    size_t need = (size_t)3 * vocab;
+    if (need > c->samp_cap) {
+        free(c->samp);
+        c->samp = malloc(need * sizeof(float));
+        c->samp_cap = c->samp ? need : 0;
+        if (!c->samp) return BACKEND_ERR_OOM;
+    }
+    for (int i = 0; i < n; i++) {
+        memcpy(c->samp, c->logits + (size_t)rows[i].row * vocab, sizeof(float) * vocab);
+        host_ids[i] = sampler_run(&rows[i], c->samp, vocab, c->samp + vocab);
+    }
+    return BACKEND_OK;
+}
+
 static int cpu_sync(struct backend *b) { return BACKEND_OK; }
 
 static void cpu_destroy(struct backend *b) {
     struct cpu_ctx *c = b->ctx;
     free(c->scores);
     free(c->own_logits);
+    free(c->samp);
     free(c);
     free(b);
 }
@@ -347,6 +369,7 @@ static const struct backend_ops cpu_ops = {
     .get_rows = cpu_get_rows,
     .logits = cpu_logits,
     .argmax = cpu_argmax,
+    .sample = cpu_sample,
     .sync = cpu_sync,
     .destroy = cpu_destroy,
 };

@@ -41,6 +41,8 @@ struct core_request {
     struct engine_sampling sp; // owns the arrays below
     int32_t *prompt;
     int n_prompt;
+    int32_t *mask;             // [n_mask] EOS and stop ids: masked while a choice has fewer than min_tokens
+    int n_mask;
     int n_choices, n_done;
     struct core_seq **seqs;    // [n_choices], created lazily by forks
     size_t max_stop_len;
@@ -50,6 +52,14 @@ struct core_request {
 struct seq_list {
     struct core_seq **v;
     int n, cap;
+};
+
+/* A token a step samples: from logits row `row`, by the sample op (op >= 0: its index there) or
+ * already known (id). */
+struct core_draw {
+    struct core_seq *seq;
+    int row, op;
+    int32_t id;
 };
 
 struct core {
@@ -70,8 +80,12 @@ struct core {
     int b_blocks_cap;
     struct core_seq **b_seqs;
     int *b_want;
-    float *logits, *work, *scratch, *lp;
+    float *logits, *work, *scratch, *lp; // scratch: [2 * vocab]
     int32_t *greedy_ids; // [max_num_seqs] argmax of each logits row, when the step needs no more
+    struct core_draw *draws;  // [draws_cap] this step's tokens, in accept order
+    struct sample_row *srows; // [draws_cap] the draws the sample op makes
+    int32_t *sids;            // [draws_cap] their ids
+    int draws_cap;
     struct engine_stats stats;
     struct util_rng seed_rng; // seeds of requests that give none
 };
@@ -325,10 +339,15 @@ int core_create(struct core **out, const struct engine_config *cfg_in, char *err
     c->logits = malloc(sizeof(float) * (size_t)S * V);
     c->greedy_ids = malloc(sizeof(int32_t) * S);
     c->work = malloc(sizeof(float) * V);
-    c->scratch = malloc(sizeof(float) * V);
+    c->scratch = malloc(sizeof(float) * 2 * (size_t)V);
     c->lp = malloc(sizeof(float) * V);
+    c->draws_cap = S;
+    c->draws = malloc(sizeof *c->draws * S);
+    c->srows = malloc(sizeof *c->srows * S);
+    c->sids = malloc(sizeof *c->sids * S);
     if (!c->b_tokens || !c->b_pos || !c->b_seq_start || !c->b_indptr || !c->b_slots || !c->b_rows || !c->b_seqs ||
-        !c->b_want || !c->logits || !c->greedy_ids || !c->work || !c->scratch || !c->lp) {
+        !c->b_want || !c->logits || !c->greedy_ids || !c->work || !c->scratch || !c->lp || !c->draws || !c->srows ||
+        !c->sids) {
         util_err(err, errlen, "out of memory");
         goto fail;
     }
@@ -362,6 +381,7 @@ static void request_free(struct core_request *r) {
     }
     free(r->seqs);
     free(r->prompt);
+    free(r->mask);
     free((void *)r->sp.logit_bias_ids);
     free((void *)r->sp.logit_bias_vals);
     free((void *)r->sp.stop_ids);
@@ -394,6 +414,9 @@ void core_free(struct core *c) {
     free(c->work);
     free(c->scratch);
     free(c->lp);
+    free(c->draws);
+    free(c->srows);
+    free(c->sids);
     free(c);
 }
 
@@ -494,9 +517,14 @@ int core_add(struct core *c, const struct engine_request *req, core_emit_fn emit
     r->sp.logit_bias_vals = malloc(sizeof(float) * (sp->n_logit_bias + 1));
     r->sp.stop_ids = malloc(sizeof(int32_t) * (sp->n_stop_ids + 1));
     r->sp.stop = calloc((size_t)sp->n_stop + 1, sizeof(char *));
-    bool ok = r->prompt && r->seqs && r->sp.logit_bias_ids && r->sp.logit_bias_vals && r->sp.stop_ids && r->sp.stop;
+    r->mask = malloc(sizeof(int32_t) * (size_t)(c->n_eos + sp->n_stop_ids + 1));
+    bool ok = r->prompt && r->seqs && r->sp.logit_bias_ids && r->sp.logit_bias_vals && r->sp.stop_ids && r->sp.stop &&
+              r->mask;
     if (ok) {
         memcpy(r->prompt, req->prompt, sizeof(int32_t) * req->n_prompt);
+        for (int i = 0; i < c->n_eos; i++)
+            if (c->eos[i] >= 0 && c->eos[i] < c->vocab) r->mask[r->n_mask++] = c->eos[i];
+        for (int i = 0; i < sp->n_stop_ids; i++) r->mask[r->n_mask++] = sp->stop_ids[i];
         if (sp->n_logit_bias) {
             memcpy((void *)r->sp.logit_bias_ids, sp->logit_bias_ids, sizeof(int32_t) * sp->n_logit_bias);
             memcpy((void *)r->sp.logit_bias_vals, sp->logit_bias_vals, sizeof(float) * sp->n_logit_bias);
@@ -766,8 +794,8 @@ static int schedule(struct core *c, int *n_tokens) {
  * bias or penalties, and no min_tokens masking left. */
 static bool seq_is_plain_greedy(const struct core *c, const struct core_seq *s) {
     const struct engine_sampling *sp = &s->req->sp;
-    return !(sp->temperature >= 1e-5f) && sp->logprobs < 0 && sp->n_logit_bias == 0 && !s->smp.counts &&
-           !s->smp.in_prompt && s->n_generated >= sp->min_tokens;
+    return !(sp->temperature >= 1e-5f) && sp->logprobs < 0 && sp->n_logit_bias == 0 && !s->smp.slot &&
+           s->n_generated >= sp->min_tokens;
 }
 
 /* After the prompt: the other choices start as copies sharing the prompt's blocks. */
@@ -797,6 +825,34 @@ static int fork_choices(struct core *c, struct core_seq *parent) {
     return 0;
 }
 
+/* Room for n draws in the step arrays. Returns 0 or -1 (out of memory). */
+static int draws_reserve(struct core *c, int n) {
+    if (n <= c->draws_cap) return 0;
+    struct core_draw *d = realloc(c->draws, sizeof *d * n);
+    if (d) c->draws = d;
+    struct sample_row *sr = realloc(c->srows, sizeof *sr * n);
+    if (sr) c->srows = sr;
+    int32_t *si = realloc(c->sids, sizeof *si * n);
+    if (si) c->sids = si;
+    if (!d || !sr || !si) return -1;
+    c->draws_cap = n;
+    return 0;
+}
+
+/* Fails the requests of the step's batch after a backend error, and keeps serving others. */
+static void fail_batch(struct core *c, int n, const char *during) {
+    for (int i = 0; i < n; i++) {
+        struct core_seq *s = c->b_seqs[i];
+        bool alive = false; /* an earlier abort may have freed it with its request */
+        for (int j = 0; j < c->running.n && !alive; j++) alive = c->running.v[j] == s;
+        if (!alive) continue;
+        struct engine_event ev = {.type = ENGINE_EVENT_ERROR, .choice = s->choice};
+        snprintf(ev.message, sizeof ev.message, "the %s backend failed during %s", c->b->name, during);
+        emit_event(s->req, &ev);
+        core_abort(c, s->req);
+    }
+}
+
 int core_step(struct core *c) {
     int T;
     int n = schedule(c, &T);
@@ -822,39 +878,37 @@ int core_step(struct core *c) {
     }
     c->b_seq_start[n] = row;
     c->b_indptr[n] = n_blk;
-    /* greedy-only steps need just the argmax of each row: on a GPU that avoids copying
-     * vocab-sized rows to the host and scanning them there */
-    bool argmax_only = n_logits > 0;
-    for (int i = 0; argmax_only && i < n; i++) {
+    /* the logits stay in backend memory, where the sample op draws from them, unless a row
+     * reports logprobs: then the host needs them whole. The argmax of each row comes with
+     * them: the token of plain greedy rows. */
+    bool host_logits = false;
+    int max_draws = 0; /* each sampling sequence and the choices it forks */
+    for (int i = 0; i < n; i++) {
         struct core_seq *s = c->b_seqs[i];
-        if (s->n_computed + c->b_want[i] == s->n_tokens) argmax_only = seq_is_plain_greedy(c, s);
+        if (s->n_computed + c->b_want[i] != s->n_tokens) continue;
+        host_logits |= s->req->sp.logprobs >= 0;
+        max_draws += 1 + s->forks_pending;
     }
+    if (draws_reserve(c, max_draws)) return ENGINE_ERR_OOM;
+    bool device = n_logits > 0 && !host_logits;
     struct fwd_batch bt = {T, n, c->b_tokens, c->b_pos, c->b_seq_start, c->b_indptr, c->b_blocks, c->b_slots,
-                           n_logits, c->b_rows, c->greedy_ids, argmax_only};
+                           n_logits, c->b_rows, c->greedy_ids, device};
     double t0 = util_now();
     int rc = model_forward(c->m, &c->kv, &bt, c->logits);
     double t1 = util_now();
     c->stats.forward_seconds += t1 - t0;
     if (rc != 0) {
-        for (int i = 0; i < n; i++) { /* fail the requests of this batch, keep serving others */
-            struct core_seq *s = c->b_seqs[i];
-            bool alive = false; /* an earlier abort may have freed it with its request */
-            for (int j = 0; j < c->running.n && !alive; j++) alive = c->running.v[j] == s;
-            if (!alive) continue;
-            struct engine_event ev = {.type = ENGINE_EVENT_ERROR, .choice = s->choice};
-            snprintf(ev.message, sizeof ev.message, "the %s backend failed during the forward pass", c->b->name);
-            emit_event(s->req, &ev);
-            core_abort(c, s->req);
-        }
+        fail_batch(c, n, "the forward pass");
         return ENGINE_ERR_OOM;
     }
-    /* sample, in batch order; a parent's forks sample from the same logits row */
-    int li = 0;
+    /* each token, in batch order; a parent's forks draw from the same logits row. The draws of
+     * the sample op go in one call, then every token is accepted in order. */
+    int li = 0, n_draws = 0, n_op = 0;
     for (int i = 0; i < n; i++) {
         struct core_seq *s = c->b_seqs[i];
         s->n_computed += c->b_want[i];
         if (s->n_computed != s->n_tokens) continue;
-        const float *raw = c->logits + (size_t)li++ * c->vocab;
+        int row = li++;
         struct core_request *r = s->req;
         int first_fork = r->n_choices - s->forks_pending;
         if (s->forks_pending && fork_choices(c, s) != 0) {
@@ -864,17 +918,30 @@ int core_step(struct core *c) {
         int n_sample = s == r->seqs[0] && first_fork < r->n_choices ? r->n_choices - first_fork + 1 : 1;
         for (int k = 0; k < n_sample; k++) {
             struct core_seq *t = k == 0 ? s : r->seqs[first_fork + k - 1];
-            int id;
-            if (argmax_only) {
-                id = c->greedy_ids[li - 1];
+            struct core_draw *d = &c->draws[n_draws++];
+            *d = (struct core_draw){t, row, -1, 0};
+            if (device && seq_is_plain_greedy(c, t)) {
+                d->id = c->greedy_ids[row];
+            } else if (device) {
+                d->op = n_op;
+                sampler_row(&c->srows[n_op], &t->smp, &r->sp, t->n_generated, r->mask, r->n_mask);
+                c->srows[n_op++].row = row;
             } else {
-                memcpy(c->work, raw, sizeof(float) * c->vocab);
-                id = sampler_pick(&t->smp, &r->sp, c->work, c->vocab, t->n_generated, c->eos, c->n_eos, c->scratch);
+                memcpy(c->work, c->logits + (size_t)row * c->vocab, sizeof(float) * c->vocab);
+                d->id = sampler_pick(&t->smp, &r->sp, c->work, c->vocab, t->n_generated, r->mask, r->n_mask,
+                                     c->scratch);
             }
-            bool last_choice = r->n_done + 1 >= r->n_choices;
-            bool done = seq_accept_token(c, t, id, raw);
-            if (done && last_choice) break; /* r was freed */
         }
+    }
+    if (n_op && c->b->ops->sample(c->b, c->sids, c->srows, n_op, c->vocab) != 0) {
+        fail_batch(c, n, "sampling");
+        return ENGINE_ERR_OOM;
+    }
+    /* a request is freed with its last choice, which is its last draw here */
+    for (int i = 0; i < n_draws; i++) {
+        const struct core_draw *d = &c->draws[i];
+        seq_accept_token(c, d->seq, d->op >= 0 ? c->sids[d->op] : d->id,
+                         device ? NULL : c->logits + (size_t)d->row * c->vocab);
     }
     c->stats.sample_seconds += util_now() - t1;
     return T;

@@ -49,6 +49,7 @@ int sampler_sample(const float *logits, int n, float temperature, struct util_rn
     return sampler_argmax(logits, n);
 }
 
+#include <stdbool.h>
 #include <string.h>
 
 #include "engine/engine.h"
@@ -58,34 +59,57 @@ int sampler_seq_init(struct sampler_seq *s, const struct engine_sampling *sp, ui
     memset(s, 0, sizeof *s);
     /* a distinct, reproducible stream per choice */
     util_rng_seed(&s->rng, seed * 0x9e3779b97f4a7c15ull + (uint64_t)choice * 0xd1b54a32d192ed03ull + 1);
-    if (sp->presence_penalty != 0.0f || sp->frequency_penalty != 0.0f) {
-        s->counts = calloc((size_t)vocab, sizeof *s->counts);
-        if (!s->counts) return -1;
+    bool rep = sp->repetition_penalty != 1.0f && sp->repetition_penalty > 0.0f;
+    if (!rep && sp->presence_penalty == 0.0f && sp->frequency_penalty == 0.0f) return 0;
+    /* room for every id the prompt (when it counts) and the output can add: accept never grows it */
+    int cap = (rep ? n_prompt : 0) + sp->max_tokens;
+    s->seen_cap = cap < vocab ? cap : vocab;
+    s->slot = calloc((size_t)vocab, sizeof *s->slot);
+    s->seen = malloc(sizeof *s->seen * (size_t)(s->seen_cap + 1));
+    if (!s->slot || !s->seen) {
+        sampler_seq_free(s);
+        return -1;
     }
-    if (sp->repetition_penalty != 1.0f && sp->repetition_penalty > 0.0f) {
-        s->in_prompt = calloc((size_t)vocab, 1);
-        if (!s->in_prompt) {
-            free(s->counts);
-            s->counts = NULL;
-            return -1;
-        }
-        for (int i = 0; i < n_prompt; i++)
-            if (prompt[i] >= 0 && prompt[i] < vocab) s->in_prompt[prompt[i]] = 1;
+    for (int i = 0; rep && i < n_prompt; i++) {
+        int32_t id = prompt[i];
+        if (id < 0 || id >= vocab || s->slot[id] || s->n_seen == s->seen_cap) continue;
+        s->seen[s->n_seen] = (struct sample_seen){id, 0, 1};
+        s->slot[id] = ++s->n_seen;
     }
     return 0;
 }
 
 void sampler_seq_free(struct sampler_seq *s) {
     if (!s) return;
-    free(s->counts);
-    free(s->in_prompt);
-    s->counts = NULL;
-    s->in_prompt = NULL;
+    free(s->slot);
+    free(s->seen);
+    s->slot = NULL;
+    s->seen = NULL;
+    s->n_seen = s->seen_cap = 0;
 }
 
 void sampler_seq_accept(struct sampler_seq *s, int32_t id) {
-    if (s->counts) s->counts[id]++;
-    if (s->in_prompt) s->in_prompt[id] = 1;
+    if (!s->slot) return;
+    if (!s->slot[id]) {
+        if (s->n_seen == s->seen_cap) return; /* not reached: seen_cap covers max_tokens */
+        s->seen[s->n_seen] = (struct sample_seen){id, 0, 0};
+        s->slot[id] = ++s->n_seen;
+    }
+    s->seen[s->slot[id] - 1].count++;
+}
+
+void sampler_row(struct sample_row *p, struct sampler_seq *s, const struct engine_sampling *sp, int n_generated,
+                 const int32_t *mask, int n_mask) {
+    *p = (struct sample_row){.temperature = sp->temperature, .top_k = sp->top_k, .top_p = sp->top_p,
+                             .min_p = sp->min_p, .repetition_penalty = sp->repetition_penalty,
+                             .presence_penalty = sp->presence_penalty, .frequency_penalty = sp->frequency_penalty,
+                             .n_bias = sp->n_logit_bias, .bias_ids = sp->logit_bias_ids,
+                             .bias_vals = sp->logit_bias_vals, .n_seen = s->n_seen, .seen = s->seen};
+    if (n_generated < sp->min_tokens) { /* vLLM: EOS and stop ids cannot end the output yet */
+        p->n_mask = n_mask;
+        p->mask_ids = mask;
+    }
+    if (sp->temperature >= 1e-5f) p->u = util_rng_uniform(&s->rng);
 }
 
 static int cmp_desc(const void *a, const void *b) {
@@ -93,78 +117,80 @@ static int cmp_desc(const void *a, const void *b) {
     return (x < y) - (x > y);
 }
 
-int sampler_pick(struct sampler_seq *s, const struct engine_sampling *sp, float *l, int V, int n_generated,
-                 const int32_t *eos, int n_eos, float *scratch) {
-    for (int i = 0; i < sp->n_logit_bias; i++) l[sp->logit_bias_ids[i]] += sp->logit_bias_vals[i];
-    if (n_generated < sp->min_tokens) { /* vLLM: EOS and stop ids cannot end the output yet */
-        for (int i = 0; i < n_eos; i++) l[eos[i]] = -INFINITY;
-        for (int i = 0; i < sp->n_stop_ids; i++) l[sp->stop_ids[i]] = -INFINITY;
-    }
-    if (s->in_prompt) { /* HF/vLLM repetition penalty over prompt and output tokens */
-        float p = sp->repetition_penalty;
-        for (int i = 0; i < V; i++)
-            if (s->in_prompt[i]) l[i] = l[i] > 0 ? l[i] / p : l[i] * p;
-    }
-    if (s->counts) { /* OpenAI presence / frequency penalties over output tokens */
-        for (int i = 0; i < V; i++)
-            if (s->counts[i]) l[i] -= sp->frequency_penalty * (float)s->counts[i] + sp->presence_penalty;
+int sampler_run(const struct sample_row *p, float *l, int V, float *scratch) {
+    for (int i = 0; i < p->n_bias; i++) l[p->bias_ids[i]] += p->bias_vals[i];
+    for (int i = 0; i < p->n_mask; i++) l[p->mask_ids[i]] = -INFINITY;
+    float rp = p->repetition_penalty;
+    bool rep = rp != 1.0f && rp > 0.0f, pen = p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f;
+    for (int i = 0; i < p->n_seen; i++) {
+        const struct sample_seen *e = &p->seen[i];
+        float *x = &l[e->id];
+        /* HF/vLLM repetition penalty over prompt and output tokens */
+        if (rep && (e->in_prompt || e->count > 0)) *x = *x > 0 ? *x / rp : *x * rp;
+        /* OpenAI presence / frequency penalties over output tokens */
+        if (pen && e->count > 0) *x -= p->frequency_penalty * (float)e->count + p->presence_penalty;
     }
     /* temperatures this small are greedy (vLLM's epsilon); dividing by them overflows */
-    if (!(sp->temperature >= 1e-5f)) return sampler_argmax(l, V);
+    if (!(p->temperature >= 1e-5f)) return sampler_argmax(l, V);
 
-    for (int i = 0; i < V; i++) l[i] /= sp->temperature;
+    for (int i = 0; i < V; i++) l[i] /= p->temperature;
     /* top-k: keep logits >= the k-th largest */
-    if (sp->top_k > 0 && sp->top_k < V) {
+    if (p->top_k > 0 && p->top_k < V) {
         memcpy(scratch, l, sizeof(float) * V);
         qsort(scratch, V, sizeof(float), cmp_desc);
-        float kth = scratch[sp->top_k - 1];
+        float kth = scratch[p->top_k - 1];
         for (int i = 0; i < V; i++)
             if (l[i] < kth) l[i] = -INFINITY;
     }
     /* softmax */
+    float *pr = scratch, *sorted = scratch + V;
     float mx = l[sampler_argmax(l, V)];
     double sum = 0.0;
     for (int i = 0; i < V; i++) {
-        scratch[i] = isinf(l[i]) && l[i] < 0 ? 0.0f : expf(l[i] - mx);
-        sum += scratch[i];
+        pr[i] = isinf(l[i]) && l[i] < 0 ? 0.0f : expf(l[i] - mx);
+        sum += pr[i];
     }
     if (!(sum > 0.0) || !isfinite(sum)) return sampler_argmax(l, V); /* every token masked, or overflow */
-    for (int i = 0; i < V; i++) scratch[i] = (float)(scratch[i] / sum);
+    for (int i = 0; i < V; i++) pr[i] = (float)(pr[i] / sum);
     /* min-p: drop tokens below min_p * max prob */
-    if (sp->min_p > 0.0f) {
+    if (p->min_p > 0.0f) {
         float pmax = 0.0f;
-        for (int i = 0; i < V; i++) pmax = scratch[i] > pmax ? scratch[i] : pmax;
+        for (int i = 0; i < V; i++) pmax = pr[i] > pmax ? pr[i] : pmax;
         for (int i = 0; i < V; i++)
-            if (scratch[i] < sp->min_p * pmax) scratch[i] = 0.0f;
+            if (pr[i] < p->min_p * pmax) pr[i] = 0.0f;
     }
     /* top-p: the smallest set of most likely tokens whose mass reaches top_p */
-    if (sp->top_p < 1.0f) {
-        float *sorted = malloc(sizeof(float) * V);
-        if (sorted) {
-            memcpy(sorted, scratch, sizeof(float) * V);
-            qsort(sorted, V, sizeof(float), cmp_desc);
-            double tot = 0.0, acc = 0.0;
-            for (int i = 0; i < V; i++) tot += sorted[i];
-            float cut = sorted[0];
-            for (int i = 0; i < V; i++) {
-                acc += sorted[i];
-                cut = sorted[i];
-                if (acc >= sp->top_p * tot) break;
-            }
-            for (int i = 0; i < V; i++)
-                if (scratch[i] < cut) scratch[i] = 0.0f;
-            free(sorted);
+    if (p->top_p < 1.0f) {
+        memcpy(sorted, pr, sizeof(float) * V);
+        qsort(sorted, V, sizeof(float), cmp_desc);
+        double tot = 0.0, acc = 0.0;
+        for (int i = 0; i < V; i++) tot += sorted[i];
+        float cut = sorted[0];
+        for (int i = 0; i < V; i++) {
+            acc += sorted[i];
+            cut = sorted[i];
+            if (acc >= p->top_p * tot) break;
         }
+        for (int i = 0; i < V; i++)
+            if (pr[i] < cut) pr[i] = 0.0f;
     }
+    /* the draw: the first id whose cumulative mass, in id order, exceeds u * the total */
     double tot = 0.0;
-    for (int i = 0; i < V; i++) tot += scratch[i];
-    double r = (double)util_rng_uniform(&s->rng) * tot, acc = 0.0;
+    for (int i = 0; i < V; i++) tot += pr[i];
+    double r = (double)p->u * tot, acc = 0.0;
     int last = -1;
     for (int i = 0; i < V; i++) {
-        if (scratch[i] <= 0.0f) continue;
-        acc += scratch[i];
+        if (pr[i] <= 0.0f) continue;
+        acc += pr[i];
         last = i;
         if (r < acc) return i;
     }
     return last >= 0 ? last : sampler_argmax(l, V);
+}
+
+int sampler_pick(struct sampler_seq *s, const struct engine_sampling *sp, float *l, int V, int n_generated,
+                 const int32_t *mask, int n_mask, float *scratch) {
+    struct sample_row p;
+    sampler_row(&p, s, sp, n_generated, mask, n_mask);
+    return sampler_run(&p, l, V, scratch);
 }

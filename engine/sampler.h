@@ -5,6 +5,7 @@
 
 #include <stdint.h>
 
+#include "engine/backend.h"
 #include "engine/util.h"
 
 /* First index of the maximum (torch.argmax's tie rule). */
@@ -19,16 +20,17 @@ void sampler_top_k(const float *logprobs, int n, int k, int32_t *ids, float *val
 /* Greedy when temperature == 0, else a draw from softmax(logits / temperature) with rng. */
 int sampler_sample(const float *logits, int n, float temperature, struct util_rng *rng);
 
-#endif
-
-/* Per-choice sampling state and the full pipeline (vLLM order): logit bias, min_tokens masking,
- * repetition / presence / frequency penalties, temperature, top-k, top-p, min-p, seeded draw. */
+/* Per-choice sampling state and the full pipeline in vLLM's order (struct sample_row in
+ * engine/backend.h): logit bias, min_tokens masking, repetition / presence / frequency
+ * penalties, temperature, top-k, softmax, min-p, top-p, seeded draw. sampler_run is the
+ * definition the backends' sample op follows (the CPU backend calls it). */
 struct engine_sampling;
 
 struct sampler_seq {
     struct util_rng rng;
-    int32_t *counts;   // [vocab] occurrences in the output, when penalties are used (else NULL)
-    uint8_t *in_prompt; // [vocab] token seen in prompt or output, for repetition_penalty (else NULL)
+    struct sample_seen *seen; // [n_seen] ids of the prompt (repetition penalty) and the output, one entry each
+    int n_seen, seen_cap;
+    int32_t *slot;            // [vocab] 1 + index in seen, 0 = not seen; NULL when no penalty is used
 };
 
 /* Seeds the RNG (seed and choice index, so n > 1 choices differ but reproduce) and allocates
@@ -39,7 +41,18 @@ void sampler_seq_free(struct sampler_seq *s);
 /* Records a generated token (penalty state). */
 void sampler_seq_accept(struct sampler_seq *s, int32_t id);
 
-/* Samples from logits (modified in place; scratch[vocab] is working space). n_generated is the
- * number of tokens generated so far; eos/n_eos are the ids min_tokens masks. */
+/* The parameters of s's next draw (row 0; p borrows sp's, s's and mask's arrays). n_generated is
+ * the number of tokens generated so far; mask/n_mask are the ids min_tokens masks (EOS and stop
+ * ids). Takes u from s->rng unless the draw is greedy, as the pipeline always has. */
+void sampler_row(struct sample_row *p, struct sampler_seq *s, const struct engine_sampling *sp, int n_generated,
+                 const int32_t *mask, int n_mask);
+
+/* The draw p on one row of logits (modified in place); scratch[2 * vocab] is working space.
+ * Returns the id. */
+int sampler_run(const struct sample_row *p, float *logits, int vocab, float *scratch);
+
+/* sampler_row, then sampler_run on logits (modified in place; scratch[2 * vocab]). */
 int sampler_pick(struct sampler_seq *s, const struct engine_sampling *sp, float *logits, int vocab, int n_generated,
-                 const int32_t *eos, int n_eos, float *scratch);
+                 const int32_t *mask, int n_mask, float *scratch);
+
+#endif

@@ -1,9 +1,10 @@
 /* bench_gpu: speed of the engine on one model and backend: load time, the memory plan (logged
  * by the engine), decode ms/token at several batch sizes, prefill tokens/s at several lengths.
  *
- *   build/bench_gpu MODEL_DIR [cuda|cpu] [--decode 1,8,64,256] [--prefill 2048,32768] [--gemm cublas]
+ *   build/bench_gpu MODEL_DIR [cuda|cpu] [--decode 1,8,64,256] [--decode-ctx 128] [--prefill 2048,32768]
+ *                   [--gemm cublas]
  *
- * Decode: B requests with 128-token prompts are prefilled, then the time of decode steps
+ * Decode: B requests with 128-token prompts (--decode-ctx) are prefilled, then the time of decode steps
  * (every running sequence emits one token per step) is measured over 64 steps. Prefill: one
  * request of L tokens with max_tokens 1, token budget L (one step, or chunks of 8192). */
 #include <stdio.h>
@@ -39,13 +40,19 @@ int main(int argc, char **argv) {
     const char *dev = argc > 2 && argv[2][0] != '-' ? argv[2] : "cuda";
     int dec[16] = {1, 8, 64, 256}, n_dec = 4, pre[16] = {2048, 32768}, n_pre = 2;
     const char *gemm = NULL;
+    int dctx = 128;
     for (int i = 2; i < argc - 1; i++) {
+        if (!strcmp(argv[i], "--decode-ctx")) dctx = atoi(argv[i + 1]);
         if (!strcmp(argv[i], "--decode")) n_dec = parse_list(argv[i + 1], dec, 16);
         if (!strcmp(argv[i], "--prefill")) n_pre = parse_list(argv[i + 1], pre, 16);
         if (!strcmp(argv[i], "--gemm")) gemm = argv[i + 1];
     }
     int max_b = 1;
     for (int i = 0; i < n_dec; i++) max_b = dec[i] > max_b ? dec[i] : max_b;
+    if (dctx < 1 || dctx + max_b > 65536 - 70) {
+        fprintf(stderr, "bench_gpu: --decode-ctx must be 1..%d with these batch sizes\n", 65536 - 70 - max_b);
+        return 2;
+    }
     struct engine_config cfg = {.model_dir = argv[1], .device = dev, .gemm = gemm, .max_num_seqs = max_b,
                                 .max_num_batched_tokens = 8192, .max_model_len = 65536};
     struct core *c;
@@ -87,14 +94,14 @@ int main(int argc, char **argv) {
             printf("profile %-28s %8.1f us\n", ops[k].name, (util_now() - t1) / reps * 1e6);
         }
         /* GEMMs at decode and prefill batch sizes: time and the weight bandwidth it implies */
-        int Ms[] = {1, 8, 64, 256, 2048};
+        int Ms[] = {1, 8, 16, 32, 64, 256, 2048};
         for (int g = 0; g < 5; g++) {
             const char *gname[] = {"qkv", "wo", "gate|up", "down", "logits"};
             int gn[] = {QKV, D, 2 * F, D, V}, gk[] = {D, m->cfg.n_heads * m->cfg.head_dim, D, F, D};
             const void *gw[] = {w->wqkv, w->wo, w->w_gateup, w->w_down, m->lm_head};
             void *gout[] = {m->qkv, m->o, m->gu, m->o, NULL};
             const void *gin[] = {m->h, m->att, m->h, m->act, m->h};
-            for (int mi = 0; mi < 5; mi++) {
+            for (int mi = 0; mi < (int)(sizeof Ms / sizeof Ms[0]); mi++) {
                 int M = Ms[mi], reps = M >= 2048 ? 5 : 50;
                 if (M > m->max_tokens || (g == 4 && M > 256)) continue;
                 op->sync(b);
@@ -117,7 +124,7 @@ int main(int argc, char **argv) {
     for (int k = 0; k < n_dec; k++) {
         int B = dec[k], steps = 64;
         for (int i = 0; i < B; i++) {
-            struct engine_request r = {prompt + i, 128, greedy(steps + 2)};
+            struct engine_request r = {prompt + i, dctx, greedy(steps + 2)};
             if (core_add(c, &r, on_event, NULL, NULL, err, sizeof err)) {
                 fprintf(stderr, "bench_gpu: %s\n", err);
                 return 1;
@@ -132,8 +139,8 @@ int main(int argc, char **argv) {
         for (int s = 0; s < steps; s++) core_step(c);
         double dt = util_now() - t1;
         core_stats(c, &s1);
-        printf("decode batch %4d: %7.2f ms/step, %9.1f tokens/s (forward %.2f ms, sampling %.2f ms per step)\n", B,
-               dt / steps * 1e3, B * steps / dt, (s1.forward_seconds - s0.forward_seconds) / steps * 1e3,
+        printf("decode batch %4d, context %5d: %7.2f ms/step, %9.1f tokens/s (forward %.2f ms, sampling %.2f ms per step)\n", B,
+               dctx, dt / steps * 1e3, B * steps / dt, (s1.forward_seconds - s0.forward_seconds) / steps * 1e3,
                (s1.sample_seconds - s0.sample_seconds) / steps * 1e3);
         while (core_has_work(c)) core_step(c);
     }

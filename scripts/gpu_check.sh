@@ -3,12 +3,13 @@
 #
 #   scripts/gpu_check.sh [BUILD_DIR] [checks|bench|all] [OUT_DIR]
 #
-# checks: the CUDA op test, stories260k greedy ids on cuda vs the golden file, the HF parity
+# checks: the CUDA op and sampling tests, stories260k greedy ids on cuda vs the golden file, the HF parity
 #         fixtures at bf16 tolerance, and greedy batch invariance on the fixtures with and without
 #         a DuoAttention pattern.
 # bench:  a random-weight Llama-3-8B-shaped checkpoint (written once to $LLAMA8B, default
-#         /tmp/llama8b), bench_gpu (load, memory plan, decode at batch 1/8/64/256, prefill 2k/8k/32k)
-#         and bench_serving on the ShareGPT trace against `duoserve serve`.
+#         /tmp/llama8b), bench_gpu (load, memory plan, decode at batch 1/8/64/256, prefill 2k/8k/32k,
+#         batch-1 decode at a 32k context) and bench_serving on the ShareGPT trace against
+#         `duoserve serve`, greedy and sampled (temperature 0.8, top-p 0.95, top-k 50).
 # profile: per-op times at batch 1 (BENCH_PROFILE), the decode kernels' time by kernel (nsys, when
 #         installed) and with NCU=1 their speed-of-light, occupancy and warp-stall sections (ncu).
 # Shared fixtures come from $SHARED (default ../shared, or .device/ where it was copied).
@@ -67,10 +68,11 @@ bench() {
     timeout 400 "$B/bench_gpu" "$LLAMA8B" cuda --decode 1,8,64,256 --prefill "$pre" --gemm "${1:-invariant}"
 }
 
-# serving [GEMM]: bench_serving against duoserve serve
+# serving [GEMM [NAME BENCH_SERVING_ARGS...]]: bench_serving against duoserve serve
 serving() {
-    local port=18431 rc=0
-    "$B/duoserve" serve -m "$LLAMA8B" --device cuda --port $port --max-num-seqs 64 --gemm "${1:-invariant}" >"$OUTD/server-${1:-invariant}.log" 2>&1 &
+    local port=18431 rc=0 extra=()
+    [ $# -gt 2 ] && extra=("${@:3}")
+    "$B/duoserve" serve -m "$LLAMA8B" --device cuda --port $port --max-num-seqs 64 --gemm "${1:-invariant}" >"$OUTD/server-${2:-${1:-invariant}}.log" 2>&1 &
     local pid=$!
     for _ in $(seq 1 240); do
         curl -sf "http://127.0.0.1:$port/health" >/dev/null 2>&1 && break
@@ -79,7 +81,7 @@ serving() {
     timeout 300 python3 scripts/bench_serving.py --base-url "http://127.0.0.1:$port" \
         --dataset "$SHARED/traces/ShareGPT_V3_filtered_1000_prompts_only.json" \
         --output-lens-csv "$SHARED/traces/sharegpt_8k_filtered_stats_llama2_tokenizer.csv" \
-        --ignore-eos --max-concurrency 64 --num-prompts 300 --server-tokenize || rc=1
+        --ignore-eos --max-concurrency 64 --num-prompts 300 --server-tokenize "${extra[@]}" || rc=1
     kill -TERM $pid
     wait $pid
     return $rc
@@ -87,6 +89,7 @@ serving() {
 
 if [ "$WHAT" = checks ] || [ "$WHAT" = all ]; then
     step op_test "$B/duoserve-test-cuda"
+    step sampling_test "$B/duoserve-test-cuda-sampling"
     step golden_stories260k golden
     step parity python3 scripts/check_parity.py --bin "$B/duoserve" --device cuda --tol 0.05
     step invariance invariance
@@ -120,5 +123,9 @@ if [ "$WHAT" = bench ] || [ "$WHAT" = all ]; then
         step "bench_gpu_$g" bench "$g"
         step "bench_serving_$g" serving "$g"
     done
+    # one request decoding at a 32k context (split-KV decode), and sampled (not greedy) serving
+    step bench_long_context timeout 120 "$B/bench_gpu" "$LLAMA8B" cuda --decode 1 --decode-ctx 32000 --prefill 0
+    step bench_serving_sampled serving invariant sampled --temperature 0.8 --extra-body '{"top_p": 0.95, "top_k": 50}'
+
 fi
 exit $fails

@@ -655,6 +655,45 @@ static void test_forks_keep_their_reserved_seats(void **state) {
     free(pat);
 }
 
+/* The sample op (logits left in backend memory) and the host path (logprobs requested: the
+ * logits come to the host) draw the same tokens for a seed, with every stage of the pipeline
+ * on, n = 3 forks drawing from one row, and a plain greedy request batched with them. */
+static void test_sample_op_matches_host_path(void **state) {
+    int32_t prompt[6] = {1, 50, 60, 70, 80, 50};
+    static struct collect a[2], g[2];
+    int32_t bias_id = 60;
+    float bias_val = 2.0f;
+    for (int rep = 0; rep < 2; rep++) {
+        memset(&a[rep], 0, sizeof a[rep]);
+        memset(&g[rep], 0, sizeof g[rep]);
+        struct core *c = make_core("tests/fixtures/hf/qwen2", 64, 0, NULL, 0, 4, 8);
+        struct engine_sampling sp = greedy(20);
+        sp.temperature = 0.9f;
+        sp.top_p = 0.9f;
+        sp.top_k = 40;
+        sp.min_p = 0.02f;
+        sp.presence_penalty = 0.4f;
+        sp.frequency_penalty = 0.3f;
+        sp.repetition_penalty = 1.2f;
+        sp.n_logit_bias = 1;
+        sp.logit_bias_ids = &bias_id;
+        sp.logit_bias_vals = &bias_val;
+        sp.min_tokens = 5;
+        sp.has_seed = true;
+        sp.seed = 99;
+        sp.n = 3;
+        sp.logprobs = rep ? 0 : -1;
+        submit(c, prompt, 6, sp, &a[rep]);
+        submit(c, prompt, 6, greedy(20), &g[rep]);
+        run_all(c);
+        core_free(c);
+    }
+    assert_memory_equal(a[0].ids, a[1].ids, sizeof a[0].ids);
+    assert_memory_equal(g[0].ids, g[1].ids, sizeof g[0].ids);
+    for (int k = 0; k < 3; k++) assert_int_equal(a[0].n[k], 20);
+    assert_true(memcmp(a[0].ids[0], a[0].ids[1], sizeof(int32_t) * 20) != 0);
+}
+
 /* A temperature too small to divide by is greedy, not the last token of the vocabulary. */
 static void test_tiny_temperature_is_greedy(void **state) {
     struct core *c = make_core("tests/fixtures/hf/qwen2", 64, 0, NULL, 0, 4, 8);
@@ -687,6 +726,7 @@ int main(void) {
         cmocka_unit_test(test_requests_that_cannot_fit_are_rejected),
         cmocka_unit_test(test_forks_keep_their_reserved_seats),
         cmocka_unit_test(test_tiny_temperature_is_greedy),
+        cmocka_unit_test(test_sample_op_matches_host_path),
     };
     return cmocka_run_group_tests_name("engine", tests, NULL, NULL);
 }

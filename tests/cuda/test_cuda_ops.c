@@ -456,6 +456,12 @@ int main(void) {
     attention_invariance(8, 2, 16, 0, 300, 70, 30, 0, 1, 48);
     /* a prompt from position 0: the sink inside chunk 1, chunk 1 longer than the ring */
     attention_invariance(32, 8, 128, 3, 0, 300, 100, 64, 96, 0);
+    /* contexts over several 1024-key partitions: the last, single-token chunk is a decode step
+     * whose partitions run in parallel (split) and merge from memory; a sliding window that
+     * leaves the first partitions empty */
+    attention_invariance(32, 8, 128, 3, 2500, 100, 40, 16, 64, 0);
+    attention_invariance(8, 2, 64, 0, 3000, 60, 21, 0, 1, 1500);
+    attention_invariance(16, 2, 128, 1, 5030, 30, 9, 4, 300, 0);
     /* mask edges against the CPU: keys near-equal in score, values large, so one key more or less
      * at the sink, recent or window boundary moves the output far past the tolerance */
     struct attn_opts edges = {16, 0.01f, 8.0f};
