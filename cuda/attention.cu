@@ -577,7 +577,7 @@ static bool getenv_flag(const char *name) {
 }
 
 extern "C" int cuda_attention(void *out, const void *qkv, int rs, const struct cuda_attn_args *a, int n_tokens,
-                              bool decode, cudaStream_t st) {
+                              bool split, cudaStream_t st) {
     const __nv_bfloat16 *q = (const __nv_bfloat16 *)qkv;
     const __nv_bfloat16 *kb = q + (size_t)a->n_heads * a->head_dim, *vb = kb + (size_t)a->n_kv_heads * a->head_dim;
     if (a->n_full) CUDA_CHECK(cuda_launch(append_full_kernel, dim3(n_tokens), dim3(128), 0, st, kb, vb, rs, *a));
@@ -585,10 +585,10 @@ extern "C" int cuda_attention(void *out, const void *qkv, int rs, const struct c
     const __nv_bfloat16 *qb = q;
     int G = a->n_heads / a->n_kv_heads;
     if (a->head_dim % 8 == 0 && a->head_dim <= 128 && G <= 16 && !getenv_flag("DUOSERVE_ATTN_SIMPLE")) {
-        // decode: partitions in parallel when the step alone would leave SMs idle (a speed
-        // choice only: the partition states are merged in the same order either way)
+        // split (decode steps): partitions in parallel when the step alone would leave SMs idle
+        // (a speed choice only: the partition states are merged in the same order either way)
         int Z = 1;
-        if (decode && a->ws && a->part_off && !getenv_flag("DUOSERVE_ATTN_NO_SPLIT")) Z = max(1, min(32, (2 * g_attn_sms + n_tokens * a->n_kv_heads - 1) / (n_tokens * a->n_kv_heads)));
+        if (split && a->ws && a->part_off && !getenv_flag("DUOSERVE_ATTN_NO_SPLIT")) Z = max(1, min(32, (2 * g_attn_sms + n_tokens * a->n_kv_heads - 1) / (n_tokens * a->n_kv_heads)));
         dim3 fgrid(n_tokens, a->n_kv_heads, Z);
         const int T = 32 * FA_WARPS;
         if (a->head_dim <= 16) CUDA_CHECK(cuda_launch(flash_kernel<16>, fgrid, dim3(T), fa_smem<16>::BYTES, st, o, qb, kb, vb, rs, *a));

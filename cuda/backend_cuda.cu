@@ -58,6 +58,7 @@ struct cuda_ctx {
     struct meta_caps caps;
     const int32_t *tokens, *pos, *tok_seq, *seq_start, *indptr, *blocks, *slots, *rows, *part_off;
     float *attn_ws; // split-decode partition states (cuda/attention.cu)
+    bool split_decode; // this step: every sequence one token, and one past the first partition
     size_t attn_ws_floats;
     int n_tokens, n_seqs, n_logits;
     float *d_logits;
@@ -75,7 +76,8 @@ struct cuda_ctx {
     struct cuda_sampler *sampler; // the sample op's buffers (cuda/sampling.cu)
     // CUDA graphs of decode steps, by batch size (and whether the logits go to the host); all
     // invalid when a buffer they use moves
-    cudaGraphExec_t graphs[2][CUDA_MAX_GRAPHS + 1];
+    // [ids only][split decode][batch size]
+    cudaGraphExec_t graphs[2][2][CUDA_MAX_GRAPHS + 1];
     bool graphs_off;
     uint16_t *stage;   // weight upload staging, [2][32 Mi] bf16
     bool stage_pinned;
@@ -87,11 +89,12 @@ struct cuda_ctx {
 
 static void drop_graphs(struct cuda_ctx *c) {
     for (int k = 0; k < 2; k++)
-        for (int i = 0; i <= CUDA_MAX_GRAPHS; i++)
-            if (c->graphs[k][i]) {
-                cudaGraphExecDestroy(c->graphs[k][i]);
-                c->graphs[k][i] = NULL;
-            }
+        for (int sp = 0; sp < 2; sp++)
+            for (int i = 0; i <= CUDA_MAX_GRAPHS; i++)
+                if (c->graphs[k][sp][i]) {
+                    cudaGraphExecDestroy(c->graphs[k][sp][i]);
+                    c->graphs[k][sp][i] = NULL;
+                }
 }
 
 // Records the first failure of a void op; file:line goes to stderr.
@@ -290,6 +293,9 @@ static int cu_begin_step(struct backend *b, const struct fwd_batch *bt) {
     /* each token's first slot of split-decode partition states (attention.cu) */
     h[off[7]] = 0;
     for (size_t t = 0; t < T; t++) h[off[7] + t + 1] = h[off[7] + t] + bt->pos[t] / CUDA_ATTN_PART + 1;
+    /* decode steps split attention only when a context spans partitions (the result is the same
+     * either way; short contexts skip the merge kernel) */
+    c->split_decode = T == S && (size_t)h[off[7] + T] > T;
     if (NB) memcpy(h + off[8], bt->block_ids, 4 * NB);
     c->n_tokens = (int)T;
     c->n_seqs = (int)S;
@@ -343,7 +349,7 @@ static void cu_attention(struct backend *b, void *out, const void *qkv, int row_
                                (__nv_bfloat16 *)L->k_stream, (__nv_bfloat16 *)L->v_stream,
                                c->pos, c->tok_seq, c->seq_start, c->indptr, c->blocks, c->slots,
                                c->part_off, c->attn_ws, c->attn_ws_floats};
-    CKI(b, cuda_attention(out, qkv, row_stride, &a, c->n_tokens, c->n_tokens == c->n_seqs, c->stream));
+    CKI(b, cuda_attention(out, qkv, row_stride, &a, c->n_tokens, c->split_decode, c->stream));
 }
 
 static void cu_silu_mul(struct backend *b, void *out, const void *gu, int n, int F) {
@@ -431,7 +437,7 @@ static int cu_graph_begin(struct backend *b, int key, float *host_logits, size_t
     int ids_only = key < 0, T = key < 0 ? -key : key;
     if (c->graphs_off || T < 1 || T > CUDA_MAX_GRAPHS || getenv("DUOSERVE_NO_CUDA_GRAPHS")) return BACKEND_GRAPH_OFF;
     if (!c->h_logits || n_floats > c->h_logits_cap) return BACKEND_GRAPH_OFF; /* first run sizes the buffers */
-    cudaGraphExec_t *slot = &c->graphs[ids_only][T];
+    cudaGraphExec_t *slot = &c->graphs[ids_only][c->split_decode][T];
     if (*slot) {
         if (cudaGraphLaunch(*slot, c->stream) != cudaSuccess) {
             cudaGetLastError();
@@ -473,7 +479,7 @@ static int cu_graph_end(struct backend *b, int key) {
         c->graphs_off = true;
         return -1;
     }
-    c->graphs[ids_only][T] = ge;
+    c->graphs[ids_only][c->split_decode][T] = ge;
     return 0;
 }
 

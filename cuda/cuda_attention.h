@@ -28,9 +28,9 @@ struct cuda_attn_args {
 #ifdef __cplusplus
 extern "C" {
 #endif
-/* decode: every sequence has one token in the step (partitions may then run in parallel) */
+/* split: every sequence has one token in the step (its partitions may then run in parallel) */
 int cuda_attention(void *out, const void *qkv, int row_stride, const struct cuda_attn_args *a, int n_tokens,
-                   bool decode, cudaStream_t st);
+                   bool split, cudaStream_t st);
 #ifdef __cplusplus
 }
 #endif
