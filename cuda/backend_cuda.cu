@@ -181,9 +181,12 @@ static int cu_weight_upload(struct backend *b, const struct st_tensor *t, void *
     size_t n = (size_t)st_tensor_numel(t);
     const bool packed = t->n_dims == 2 && packed_weight(c, (int)t->shape[1]);
     const int64_t K = packed ? t->shape[1] : 1;
-    /* packed: chunks of whole 16-row blocks */
+    /* packed: chunks of whole 16-row blocks (16 rows must fit a staging buffer) */
+    if (packed && (size_t)16 * (size_t)K > chunk) {
+        fprintf(stderr, "duoserve: weight rows of %lld elements are too long to upload\n", (long long)K);
+        return BACKEND_ERR_ARG;
+    }
     size_t step = packed ? (size_t)((chunk / (size_t)K) / 16 * 16) * (size_t)K : chunk;
-    if (packed && step == 0) step = (size_t)16 * K;
     enum backend_status st;
     void *d = cu_alloc(b, packed ? cuda_gemm_weight_bytes(t->shape[0], K) : n * 2, &st);
     if (!d) return st;
@@ -295,7 +298,9 @@ static int cu_begin_step(struct backend *b, const struct fwd_batch *bt) {
     for (size_t t = 0; t < T; t++) h[off[7] + t + 1] = h[off[7] + t] + bt->pos[t] / CUDA_ATTN_PART + 1;
     /* decode steps split attention only when a context spans partitions (the result is the same
      * either way; short contexts skip the merge kernel) */
-    c->split_decode = T == S && (size_t)h[off[7] + T] > T;
+    bool one_each = T == S; /* every sequence exactly one token (not merely T == S) */
+    for (size_t s = 0; one_each && s < S; s++) one_each = bt->seq_start[s + 1] - bt->seq_start[s] == 1;
+    c->split_decode = one_each && (size_t)h[off[7] + T] > T;
     if (NB) memcpy(h + off[8], bt->block_ids, 4 * NB);
     c->n_tokens = (int)T;
     c->n_seqs = (int)S;
@@ -479,7 +484,12 @@ static int cu_graph_end(struct backend *b, int key) {
         c->graphs_off = true;
         return -1;
     }
-    c->graphs[ids_only][c->split_decode][T] = ge;
+    cudaGraphExec_t *slot = &c->graphs[ids_only][c->split_decode][T];
+    if (*slot) { // cannot happen (a capture starts only for an empty slot); never leak one
+        cudaStreamSynchronize(c->stream);
+        cudaGraphExecDestroy(*slot);
+    }
+    *slot = ge;
     return 0;
 }
 

@@ -405,12 +405,13 @@ int model_forward(struct model *m, struct kv_cache *kv, const struct fwd_batch *
     int rc = op->begin_step(b, batch);
     if (rc) return rc;
     int g = BACKEND_GRAPH_OFF;
+    /* graphs by batch size, negative when only the argmax ids go to the host */
+    int key = batch->argmax_out && batch->skip_logits ? -T : T;
     if (op->graph_begin && batch->n_seqs == T && batch->n_logits == T)
-        g = op->graph_begin(b, batch->argmax_out && batch->skip_logits ? -T : T, logits, (size_t)T * m->cfg.vocab_size,
-                            batch->argmax_out);
+        g = op->graph_begin(b, key, logits, (size_t)T * m->cfg.vocab_size, batch->argmax_out);
     if (g != BACKEND_GRAPH_REPLAYED) {
         forward_ops(m, kv, batch, logits);
-        if (g == BACKEND_GRAPH_CAPTURING && op->graph_end(b, T) != 0) forward_ops(m, kv, batch, logits);
+        if (g == BACKEND_GRAPH_CAPTURING && op->graph_end(b, key) != 0) forward_ops(m, kv, batch, logits);
     }
     return op->sync(b);
 }

@@ -231,6 +231,60 @@ static void test_batched_forward_equals_separate_forwards(void **state) {
     backend_destroy(b);
 }
 
+/* Decode steps reach a backend's graph cache under one key for both calls: graph_begin and
+ * graph_end get the same key (negative when only argmax ids go to the host), so a second
+ * ids-only step finds the graph the first captured, and a step that needs the logits on the
+ * host never finds an ids-only graph. A fake graph cache over the CPU ops records it. */
+static bool fake_graph[2][9];
+static int fake_found[2][9], fake_captured[2][9];
+static int fake_graph_begin(struct backend *b, int key, float *host_logits, size_t n, int32_t *host_ids) {
+    int ids = key < 0, T = key < 0 ? -key : key;
+    if (T > 8) return BACKEND_GRAPH_OFF;
+    if (fake_graph[ids][T]) {
+        fake_found[ids][T]++;
+        return BACKEND_GRAPH_OFF; /* a real backend replays; the CPU runs the ops again */
+    }
+    return BACKEND_GRAPH_CAPTURING;
+}
+static int fake_graph_end(struct backend *b, int key) {
+    int ids = key < 0, T = key < 0 ? -key : key;
+    fake_graph[ids][T] = true;
+    fake_captured[ids][T]++;
+    return 0;
+}
+
+static void test_decode_graph_keys(void **state) {
+    struct backend *cpu = backend_cpu_create();
+    struct backend_ops ops = *cpu->ops;
+    ops.graph_begin = fake_graph_begin;
+    ops.graph_end = fake_graph_end;
+    struct backend b = {&ops, "cpu+fake-graphs", cpu->ctx};
+    struct model *m = load_or_fail(&b, "tests/fixtures/hf/qwen2", 64);
+    int V = m->cfg.vocab_size;
+    struct kv_cache kv;
+    assert_int_equal(test_kv_init(&kv, &b, m, 8, 6), 0);
+    int32_t toks[8] = {3, 14, 25, 36, 47, 58, 69, 70}, pos[8] = {0, 1, 2, 3, 4, 5, 6, 7}, blocks[1] = {2};
+    int32_t ip[2] = {0, 1}, ss_pre[2] = {0, 4}, row_pre = 3, ss1[2] = {0, 1}, row = 0, id = -1;
+    float *logits = malloc(sizeof(float) * V);
+    struct fwd_batch pre = {4, 1, toks, pos, ss_pre, ip, blocks, NULL, 1, &row_pre, NULL, false};
+    assert_int_equal(model_forward(m, &kv, &pre, logits), 0); /* a prefill: no graph */
+    /* two greedy decode steps (ids only), then one that needs the logits on the host */
+    for (int i = 4; i < 7; i++) {
+        bool ids_only = i < 6;
+        struct fwd_batch dec = {1, 1, toks + i, pos + i, ss1, ip, blocks, NULL, 1, &row, &id, ids_only};
+        assert_int_equal(model_forward(m, &kv, &dec, logits), 0);
+        if (!ids_only) assert_int_equal(id, sampler_argmax(logits, V)); /* the logits reached the host */
+    }
+    assert_int_equal(fake_captured[1][1], 1); /* the ids-only graph: captured once, found once */
+    assert_int_equal(fake_found[1][1], 1);
+    assert_int_equal(fake_captured[0][1], 1); /* the logits step: its own graph, not the ids-only one */
+    assert_int_equal(fake_found[0][1], 0);
+    free(logits);
+    kv_cache_free(&kv);
+    model_free(m);
+    backend_destroy(cpu);
+}
+
 /* Decode after prefill reads the cache: one step of 1 token equals that row of a full pass. */
 static void test_decode_step_matches_full_forward(void **state) {
     struct backend *b = backend_cpu_create();
@@ -270,6 +324,7 @@ int main(void) {
         cmocka_unit_test(test_greedy_ids_identical_across_prefill_chunks),
         cmocka_unit_test(test_batched_forward_equals_separate_forwards),
         cmocka_unit_test(test_decode_step_matches_full_forward),
+        cmocka_unit_test(test_decode_graph_keys),
     };
     return cmocka_run_group_tests_name("model", tests, NULL, NULL);
 }
