@@ -15,7 +15,7 @@ struct cpu_ctx {
     size_t own_cap;
     float *scores;          // attention scratch, grown as needed
     size_t scores_cap;
-    float *samp;            // sample op scratch: a row and sampler_run's 2 rows, grown as needed
+    float *samp;            // sample op scratch: a row and sampler_run's scratch rows, grown as needed
     size_t samp_cap;
 };
 
@@ -323,7 +323,7 @@ static void cpu_argmax(struct backend *b, int32_t *host_ids, int n, int vocab) {
  * that draw from the same one. */
 static int cpu_sample(struct backend *b, int32_t *host_ids, const struct sample_row *rows, int n, int vocab) {
     struct cpu_ctx *c = b->ctx;
-    size_t need = (size_t)3 * vocab;
+    size_t need = (size_t)(1 + SAMPLER_SCRATCH_ROWS) * vocab;
     if (need > c->samp_cap) {
         free(c->samp);
         c->samp = malloc(need * sizeof(float));

@@ -80,7 +80,7 @@ struct core {
     int b_blocks_cap;
     struct core_seq **b_seqs;
     int *b_want;
-    float *logits, *work, *scratch, *lp; // scratch: [2 * vocab]
+    float *logits, *work, *scratch, *lp; // scratch: [SAMPLER_SCRATCH_ROWS * vocab]
     int32_t *greedy_ids; // [max_num_seqs] argmax of each logits row, when the step needs no more
     struct core_draw *draws;  // [draws_cap] this step's tokens, in accept order
     struct sample_row *srows; // [draws_cap] the draws the sample op makes
@@ -339,7 +339,7 @@ int core_create(struct core **out, const struct engine_config *cfg_in, char *err
     c->logits = malloc(sizeof(float) * (size_t)S * V);
     c->greedy_ids = malloc(sizeof(int32_t) * S);
     c->work = malloc(sizeof(float) * V);
-    c->scratch = malloc(sizeof(float) * 2 * (size_t)V);
+    c->scratch = malloc(sizeof(float) * SAMPLER_SCRATCH_ROWS * (size_t)V);
     c->lp = malloc(sizeof(float) * V);
     c->draws_cap = S;
     c->draws = malloc(sizeof *c->draws * S);

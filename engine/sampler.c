@@ -112,9 +112,46 @@ void sampler_row(struct sample_row *p, struct sampler_seq *s, const struct engin
     if (sp->temperature >= 1e-5f) p->u = util_rng_uniform(&s->rng);
 }
 
-static int cmp_desc(const void *a, const void *b) {
-    float x = *(const float *)a, y = *(const float *)b;
-    return (x < y) - (x > y);
+/* The k-th largest (k >= 1) of a[n], the value a descending sort puts at index k - 1:
+ * quickselect with a three-way partition (masked -inf runs stay cheap); a is reordered. */
+static float kth_largest(float *a, int n, int k) {
+    int lo = 0, hi = n - 1, want = k - 1;
+    while (lo < hi) {
+        float x = a[lo], y = a[lo + (hi - lo) / 2], z = a[hi]; /* median of three */
+        float pivot = x < y ? (y < z ? y : (x < z ? z : x)) : (x < z ? x : (y < z ? z : y));
+        int lt = lo, i = lo, gt = hi; /* [lo, lt) > pivot, [lt, i) == pivot, (gt, hi] < pivot */
+        while (i <= gt) {
+            float v = a[i];
+            if (v > pivot) a[i++] = a[lt], a[lt++] = v;
+            else if (v < pivot) a[i] = a[gt], a[gt--] = v;
+            else i++;
+        }
+        if (want < lt) hi = lt - 1;
+        else if (want > gt) lo = gt + 1;
+        else return pivot;
+    }
+    return a[lo];
+}
+
+static uint32_t float_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+
+/* Sorts n positive finite floats into descending order: a radix sort on their bits (for positive
+ * floats, the bits order as the values do), four 8-bit passes through tmp[n]. */
+static void sort_desc_positive(float *a, int n, float *tmp) {
+    for (int shift = 0; shift < 32; shift += 8) {
+        int count[256] = {0}, start[256];
+        for (int i = 0; i < n; i++) count[(float_bits(a[i]) >> shift) & 255]++;
+        start[255] = 0;
+        for (int d = 254; d >= 0; d--) start[d] = start[d + 1] + count[d + 1];
+        for (int i = 0; i < n; i++) tmp[start[(float_bits(a[i]) >> shift) & 255]++] = a[i];
+        float *t = a;
+        a = tmp, tmp = t;
+    }
+    /* four passes: the result is back in the caller's a */
 }
 
 int sampler_run(const struct sample_row *p, float *l, int V, float *scratch) {
@@ -137,13 +174,12 @@ int sampler_run(const struct sample_row *p, float *l, int V, float *scratch) {
     /* top-k: keep logits >= the k-th largest */
     if (p->top_k > 0 && p->top_k < V) {
         memcpy(scratch, l, sizeof(float) * V);
-        qsort(scratch, V, sizeof(float), cmp_desc);
-        float kth = scratch[p->top_k - 1];
+        float kth = kth_largest(scratch, V, p->top_k);
         for (int i = 0; i < V; i++)
             if (l[i] < kth) l[i] = -INFINITY;
     }
     /* softmax */
-    float *pr = scratch, *sorted = scratch + V;
+    float *pr = scratch, *sorted = scratch + V, *tmp = scratch + 2 * (size_t)V;
     float mx = l[sampler_argmax(l, V)];
     double sum = 0.0;
     for (int i = 0; i < V; i++) {
@@ -161,12 +197,16 @@ int sampler_run(const struct sample_row *p, float *l, int V, float *scratch) {
     }
     /* top-p: the smallest set of most likely tokens whose mass reaches top_p */
     if (p->top_p < 1.0f) {
-        memcpy(sorted, pr, sizeof(float) * V);
-        qsort(sorted, V, sizeof(float), cmp_desc);
+        /* the kept (non-zero) probabilities, largest first: zeros would come last in the sorted
+         * row and change neither sum, and the cut is reached by the last non-zero at the latest */
+        int n = 0;
+        for (int i = 0; i < V; i++)
+            if (pr[i] > 0.0f) sorted[n++] = pr[i];
+        sort_desc_positive(sorted, n, tmp);
         double tot = 0.0, acc = 0.0;
-        for (int i = 0; i < V; i++) tot += sorted[i];
-        float cut = sorted[0];
-        for (int i = 0; i < V; i++) {
+        for (int i = 0; i < n; i++) tot += sorted[i];
+        float cut = n ? sorted[0] : 0.0f;
+        for (int i = 0; i < n; i++) {
             acc += sorted[i];
             cut = sorted[i];
             if (acc >= p->top_p * tot) break;

@@ -47,11 +47,14 @@ void sampler_seq_accept(struct sampler_seq *s, int32_t id);
 void sampler_row(struct sample_row *p, struct sampler_seq *s, const struct engine_sampling *sp, int n_generated,
                  const int32_t *mask, int n_mask);
 
-/* The draw p on one row of logits (modified in place); scratch[2 * vocab] is working space.
- * Returns the id. */
+/* Working space of sampler_run, in rows of vocab floats. */
+#define SAMPLER_SCRATCH_ROWS 3
+
+/* The draw p on one row of logits (modified in place); scratch[SAMPLER_SCRATCH_ROWS * vocab] is
+ * working space. Returns the id. */
 int sampler_run(const struct sample_row *p, float *logits, int vocab, float *scratch);
 
-/* sampler_row, then sampler_run on logits (modified in place; scratch[2 * vocab]). */
+/* sampler_row, then sampler_run on logits (modified in place; scratch[SAMPLER_SCRATCH_ROWS * vocab]). */
 int sampler_pick(struct sampler_seq *s, const struct engine_sampling *sp, float *logits, int vocab, int n_generated,
                  const int32_t *mask, int n_mask, float *scratch);
 

@@ -20,7 +20,7 @@ static struct sample_row plain(float temperature, float u) {
 
 /* sampler_run on a copy of logits[V]; the modified row is left in out when given. */
 static int run(const struct sample_row *p, const float *logits, int V, float *out) {
-    float l[MAXV], scratch[2 * MAXV];
+    float l[MAXV], scratch[SAMPLER_SCRATCH_ROWS * MAXV];
     memcpy(l, logits, sizeof(float) * V);
     int id = sampler_run(p, l, V, scratch);
     if (out) memcpy(out, l, sizeof(float) * V);
@@ -203,7 +203,7 @@ static void test_bias_and_min_tokens_mask(void **state) {
     struct sampler_seq s;
     assert_int_equal(sampler_seq_init(&s, &sp, 1, 0, 4, NULL, 0), 0);
     int32_t eos[2] = {3, 1};
-    float scratch[8], w[4];
+    float scratch[SAMPLER_SCRATCH_ROWS * 4], w[4];
     for (int g = 0; g < 3; g++) {
         memcpy(w, l, sizeof w);
         int id = sampler_pick(&s, &sp, w, 4, g, eos, 2, scratch);
@@ -259,6 +259,100 @@ static void test_seq_state_and_rng(void **state) {
 
 /* The CPU backend's op: logits() through an identity weight leaves the rows as given; draws
  * match sampler_run, and two draws from one row (forks) see it unchanged. */
+/* The filters by sorting the whole row (qsort), as the pipeline first did: the oracle for the
+ * selection and radix sort sampler_run uses, which must pick exactly the same ids. */
+static int cmp_desc_f(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x < y) - (x > y);
+}
+static int oracle_draw(const struct sample_row *p, const float *logits, int V, float *l, float *pr, float *sorted) {
+    memcpy(l, logits, sizeof(float) * V);
+    for (int i = 0; i < V; i++) l[i] /= p->temperature;
+    if (p->top_k > 0 && p->top_k < V) {
+        memcpy(sorted, l, sizeof(float) * V);
+        qsort(sorted, V, sizeof(float), cmp_desc_f);
+        float kth = sorted[p->top_k - 1];
+        for (int i = 0; i < V; i++)
+            if (l[i] < kth) l[i] = -INFINITY;
+    }
+    float mx = l[sampler_argmax(l, V)];
+    double sum = 0.0;
+    for (int i = 0; i < V; i++) {
+        pr[i] = isinf(l[i]) && l[i] < 0 ? 0.0f : expf(l[i] - mx);
+        sum += pr[i];
+    }
+    for (int i = 0; i < V; i++) pr[i] = (float)(pr[i] / sum);
+    if (p->min_p > 0.0f) {
+        float pmax = 0.0f;
+        for (int i = 0; i < V; i++) pmax = pr[i] > pmax ? pr[i] : pmax;
+        for (int i = 0; i < V; i++)
+            if (pr[i] < p->min_p * pmax) pr[i] = 0.0f;
+    }
+    if (p->top_p < 1.0f) {
+        memcpy(sorted, pr, sizeof(float) * V);
+        qsort(sorted, V, sizeof(float), cmp_desc_f);
+        double tot = 0.0, acc = 0.0;
+        for (int i = 0; i < V; i++) tot += sorted[i];
+        float cut = sorted[0];
+        for (int i = 0; i < V; i++) {
+            acc += sorted[i];
+            cut = sorted[i];
+            if (acc >= p->top_p * tot) break;
+        }
+        for (int i = 0; i < V; i++)
+            if (pr[i] < cut) pr[i] = 0.0f;
+    }
+    double tot = 0.0;
+    for (int i = 0; i < V; i++) tot += pr[i];
+    double r = (double)p->u * tot, acc = 0.0;
+    int last = -1;
+    for (int i = 0; i < V; i++) {
+        if (pr[i] <= 0.0f) continue;
+        acc += pr[i];
+        last = i;
+        if (r < acc) return i;
+    }
+    return last;
+}
+
+/* Random rows (flat, peaked, many ties, masked runs; vocab to 128256) and parameters: sampler_run
+ * draws exactly the oracle's id for every u tried. */
+static void test_filters_match_full_sort_oracle(void **state) {
+    enum { BIG = 128256 };
+    float *logits = malloc(sizeof(float) * BIG), *l = malloc(sizeof(float) * BIG);
+    float *scratch = malloc(sizeof(float) * SAMPLER_SCRATCH_ROWS * BIG), *o1 = malloc(sizeof(float) * BIG);
+    float *o2 = malloc(sizeof(float) * BIG), *o3 = malloc(sizeof(float) * BIG);
+    struct util_rng rng;
+    util_rng_seed(&rng, 11);
+    int sizes[] = {5, 64, 1000, 32000, BIG}, draws = 0;
+    for (int c = 0; c < 40; c++) {
+        int V = sizes[c % 5], kind = c % 4;
+        for (int i = 0; i < V; i++) {
+            float u = util_rng_uniform(&rng);
+            logits[i] = kind == 0   ? u * 4.0f                              /* flat */
+                        : kind == 1 ? (u < 0.001f ? 12.0f : 0.0f) + u * 8.0f /* peaked */
+                        : kind == 2 ? (float)(int)(u * 6.0f)                 /* ties */
+                                    : (u < 0.3f ? -INFINITY : u * 10.0f);    /* masked runs */
+        }
+        logits[c % V] = 9.0f; /* at least one finite logit */
+        struct sample_row p = plain(0.5f + util_rng_uniform(&rng), 0.0f);
+        p.top_k = c % 3 == 0 ? 0 : 1 + (int)(util_rng_next(&rng) % (uint64_t)(c % 3 == 1 ? 50 : V));
+        p.top_p = c % 5 == 4 ? 1.0f : 0.3f + 0.69f * util_rng_uniform(&rng);
+        p.min_p = c % 7 == 3 ? 0.05f : 0.0f;
+        for (int k = 0; k < 16; k++, draws++) {
+            p.u = k / 16.0f + util_rng_uniform(&rng) / 16.0f;
+            memcpy(l, logits, sizeof(float) * V);
+            int got = sampler_run(&p, l, V, scratch);
+            int want = oracle_draw(&p, logits, V, o1, o2, o3);
+            if (got != want) print_error("row %d (V %d, kind %d, top_k %d, top_p %g, min_p %g, u %g): %d, oracle %d\n", c,
+                                         V, kind, p.top_k, p.top_p, p.min_p, p.u, got, want);
+            assert_int_equal(got, want);
+        }
+    }
+    assert_int_equal(draws, 640);
+    free(logits), free(l), free(scratch), free(o1), free(o2), free(o3);
+}
+
 static void test_cpu_backend_sample_op(void **state) {
     enum { V = 8, N = 2 };
     struct backend *b = backend_cpu_create();
@@ -301,6 +395,7 @@ int main(void) {
         cmocka_unit_test(test_bias_and_min_tokens_mask),
         cmocka_unit_test(test_seq_state_and_rng),
         cmocka_unit_test(test_cpu_backend_sample_op),
+        cmocka_unit_test(test_filters_match_full_sort_oracle),
     };
     return cmocka_run_group_tests_name("sampler", tests, NULL, NULL);
 }

@@ -148,7 +148,7 @@ static void run_case(const char *name, int V, int n, int R, float scale, int dup
     struct sample_row *rows = malloc(sizeof *rows * n);
     struct lists *L = malloc(sizeof *L * n);
     int32_t *ids = malloc(sizeof(int32_t) * n);
-    float *work = malloc(sizeof(float) * V), *scratch = malloc(sizeof(float) * 2 * V);
+    float *work = malloc(sizeof(float) * V), *scratch = malloc(sizeof(float) * SAMPLER_SCRATCH_ROWS * V);
     for (int i = 0; i < n; i++) {
         if (fixed) {
             rows[i] = *fixed;
@@ -205,7 +205,7 @@ static void timing(void) {
                                    .seen = seen}},
     };
     int batches[3] = {1, 64, 256};
-    float *work = malloc(sizeof(float) * V), *scratch = malloc(sizeof(float) * 2 * V);
+    float *work = malloc(sizeof(float) * V), *scratch = malloc(sizeof(float) * SAMPLER_SCRATCH_ROWS * V);
     for (size_t s = 0; s < sizeof sets / sizeof sets[0]; s++) {
         double t0 = util_now();
         cpu_draw(&sets[s].p, host, V, work, scratch);
