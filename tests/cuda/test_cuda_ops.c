@@ -271,11 +271,12 @@ static void test_rope(void) {
 struct attn_opts {
     int window;
     float kscale, vscale;
+    const int *starts; /* when set: sequence s starts at starts[s] (<= ctx), not ctx - 7 s */
 };
 
 static void attention_case(int H, int KV, int hd, int n_stream, int ctx, int T, int n_seqs, int sink, int recent,
                            const struct attn_opts *opt) {
-    struct attn_opts o = opt ? *opt : (struct attn_opts){0, 1.0f, 1.0f};
+    struct attn_opts o = opt ? *opt : (struct attn_opts){0, 1.0f, 1.0f, NULL};
     int bs = 16, n_full = KV - n_stream;
     int blocks_per_seq = (ctx + T + bs - 1) / bs, NB = blocks_per_seq * n_seqs;
     size_t full_n = (size_t)NB * bs * n_full * hd, slot_n = (size_t)n_seqs * (sink + recent) * n_stream * hd;
@@ -307,7 +308,7 @@ static void attention_case(int H, int KV, int hd, int n_stream, int ctx, int T, 
     }
     int32_t *toks = calloc(TT, 4), *pos = malloc(4 * TT), ss[9], ip[9], slots[8];
     for (int s = 0; s < n_seqs; s++) {
-        int start = ctx - s * 7; /* sequences of different lengths */
+        int start = o.starts ? o.starts[s] : ctx - s * 7; /* sequences of different lengths */
         ss[s] = s * T;
         ip[s] = s * blocks_per_seq;
         slots[s] = n_seqs - 1 - s;
@@ -327,7 +328,7 @@ static void attention_case(int H, int KV, int hd, int n_stream, int ctx, int T, 
     gpu->ops->attention(gpu, og, qg, rs, &Lg);
     char what[128];
     snprintf(what, sizeof what, "attention H%d/KV%d hd%d %d streaming, ctx %d, %d x %d tok%s%s", H, KV, hd, n_stream,
-             ctx, n_seqs, T, n_stream ? " (sink/recent)" : "", opt ? " (mask edges)" : "");
+             ctx, n_seqs, T, n_stream ? " (sink/recent)" : "", o.starts ? " (mixed contexts)" : opt ? " (mask edges)" : "");
     compare(what, oc, og, (size_t)TT * H * hd, 2e-2f, 2e-2f);
     /* the pools the step wrote must agree too */
     snprintf(what, sizeof what, "  ... full pool after the step's K append");
@@ -464,10 +465,16 @@ int main(void) {
     attention_invariance(16, 2, 128, 1, 5030, 30, 9, 4, 300, 0);
     /* mask edges against the CPU: keys near-equal in score, values large, so one key more or less
      * at the sink, recent or window boundary moves the output far past the tolerance */
-    struct attn_opts edges = {16, 0.01f, 8.0f};
+    struct attn_opts edges = {16, 0.01f, 8.0f, NULL};
     attention_case(8, 2, 64, 1, 40, 1, 2, 4, 8, &edges);
     attention_case(8, 2, 64, 1, 20, 24, 2, 4, 8, &edges);
     attention_case(8, 4, 128, 2, 3, 40, 1, 6, 10, &edges);
+    /* a decode step mixing short and long contexts (the split path with 1 to 5 partitions a
+     * token), and a sink longer than a partition */
+    static const int mixed[3] = {100, 1500, 5000};
+    struct attn_opts mix = {0, 1.0f, 1.0f, mixed};
+    attention_case(32, 8, 128, 3, 5000, 1, 3, 16, 64, &mix);
+    attention_case(16, 4, 64, 2, 3000, 1, 2, 1100, 200, NULL);
     /* the CUDA-core kernel: head dim 256, GQA 32 */
     attention_case(32, 1, 256, 0, 300, 3, 2, 0, 1, NULL);
     printf("\ncuda ops: %d passed, %d failed\n", n_pass, n_fail);
