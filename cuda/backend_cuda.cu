@@ -6,6 +6,7 @@
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,6 +44,24 @@ void cuda_sampler_free(struct cuda_sampler *sp);
 
 #define CUDA_MAX_GRAPHS 512 /* decode batch sizes that get a graph */
 
+/* DUOSERVE_OP_TIMING=1: the GPU time of each op of every forward pass, from CUDA events recorded
+ * after each op (captured into decode graphs as event nodes, so replays are timed too); each
+ * op's share is the time from the previous event to its own, launch gaps included. A table
+ * goes to stderr when the backend is destroyed. Off by default. */
+#define TM_MAX_EV 2048
+#define TM_MAX_LABELS 96
+struct op_timing {
+    cudaEvent_t ev[TM_MAX_EV]; // ev[0]: the step's start (begin_step)
+    int label[TM_MAX_EV];      // the op that ended at ev[i]
+    int n;                     // events of the step in flight
+    char *names[TM_MAX_LABELS];
+    int n_names;
+    double ms[TM_MAX_LABELS];
+    long calls[TM_MAX_LABELS];
+    long steps;
+    bool capturing;
+};
+
 struct meta_caps {
     size_t T, S, B; /* capacities of the segments of d_meta */
 };
@@ -79,6 +98,9 @@ struct cuda_ctx {
     // [ids only][split decode][batch size]
     cudaGraphExec_t graphs[2][2][CUDA_MAX_GRAPHS + 1];
     bool graphs_off;
+    struct op_timing *tm;             // DUOSERVE_OP_TIMING=1, else NULL
+    int *graph_labels[2][2][CUDA_MAX_GRAPHS + 1]; // per graph: the labels of its event nodes
+    int graph_n_ev[2][2][CUDA_MAX_GRAPHS + 1];
     uint16_t *stage;   // weight upload staging, [2][32 Mi] bf16
     bool stage_pinned;
     bool cublas; // BACKEND_CUDA_CUBLAS: cuBLAS GEMMs (faster at large batches, not batch-invariant)
@@ -94,6 +116,8 @@ static void drop_graphs(struct cuda_ctx *c) {
                 if (c->graphs[k][sp][i]) {
                     cudaGraphExecDestroy(c->graphs[k][sp][i]);
                     c->graphs[k][sp][i] = NULL;
+                    free(c->graph_labels[k][sp][i]);
+                    c->graph_labels[k][sp][i] = NULL;
                 }
 }
 
@@ -119,6 +143,65 @@ static void drop_graphs(struct cuda_ctx *c) {
             if (!CTX(b)->err) CTX(b)->err = BACKEND_ERR_DEVICE;                                          \
         }                                                                                                 \
     } while (0)
+
+// Op timing: an event after an op, labelled with the op (and its shape).
+static void tm_mark(struct cuda_ctx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void tm_mark(struct cuda_ctx *c, const char *fmt, ...) {
+    struct op_timing *t = c->tm;
+    if (!t || t->n < 1 || t->n >= TM_MAX_EV) return;
+    char name[64];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(name, sizeof name, fmt, ap);
+    va_end(ap);
+    int k = 0;
+    while (k < t->n_names && strcmp(t->names[k], name)) k++;
+    if (k == t->n_names) {
+        if (k == TM_MAX_LABELS) return;
+        t->names[t->n_names++] = strdup(name);
+    }
+    if (cudaEventRecordWithFlags(t->ev[t->n], c->stream, t->capturing ? cudaEventRecordExternal : 0) != cudaSuccess) {
+        cudaGetLastError();
+        return;
+    }
+    t->label[t->n++] = k;
+}
+
+// After the step's sync: the time between consecutive events goes to the op that ended each.
+static void tm_collect(struct cuda_ctx *c) {
+    struct op_timing *t = c->tm;
+    if (!t) return;
+    for (int i = 1; i < t->n; i++) {
+        float ms = 0.0f;
+        if (cudaEventElapsedTime(&ms, t->ev[i - 1], t->ev[i]) != cudaSuccess) {
+            cudaGetLastError();
+            continue;
+        }
+        t->ms[t->label[i]] += ms;
+        t->calls[t->label[i]]++;
+    }
+    if (t->n > 1) t->steps++;
+    t->n = 0;
+}
+
+static void tm_report(struct cuda_ctx *c) {
+    struct op_timing *t = c->tm;
+    if (!t || !t->steps) return;
+    double total = 0.0;
+    for (int k = 0; k < t->n_names; k++) total += t->ms[k];
+    fprintf(stderr, "duoserve: op timing over %ld forward passes (%.3f ms each on average):\n", t->steps,
+            total / (double)t->steps);
+    bool done[TM_MAX_LABELS] = {false};
+    for (int r = 0; r < t->n_names; r++) { // largest total first
+        int best = -1;
+        for (int k = 0; k < t->n_names; k++)
+            if (!done[k] && (best < 0 || t->ms[k] > t->ms[best])) best = k;
+        done[best] = true;
+        fprintf(stderr, "  %-28s %8ld calls %10.3f ms %8.1f us/call %6.1f%%\n", t->names[best], t->calls[best],
+                t->ms[best], t->calls[best] ? 1e3 * t->ms[best] / (double)t->calls[best] : 0.0,
+                total > 0.0 ? 100.0 * t->ms[best] / total : 0.0);
+    }
+}
 
 static void *cu_alloc(struct backend *b, size_t bytes, enum backend_status *st) {
     void *p = NULL;
@@ -308,6 +391,7 @@ static int cu_begin_step(struct backend *b, const struct fwd_batch *bt) {
     /* segments are copied whole up to what this step uses (one call) */
     size_t used = off[8] + NB;
     if (cudaMemcpyAsync(c->d_meta, h, used * 4, cudaMemcpyHostToDevice, c->stream) != cudaSuccess) return BACKEND_ERR_DEVICE;
+    if (c->tm && cudaEventRecord(c->tm->ev[0], c->stream) == cudaSuccess) c->tm->n = 1;
     return BACKEND_OK;
 }
 
@@ -315,10 +399,12 @@ static void cu_embed(struct backend *b, void *out, const void *table, int dim) {
     struct cuda_ctx *c = CTX(b);
     if (packed_weight(c, dim)) CKI(b, cuda_embed_packed(out, table, c->tokens, c->n_tokens, dim, c->stream));
     else CKI(b, cuda_embed(out, table, c->tokens, c->n_tokens, dim, c->stream));
+    tm_mark(c, "embed");
 }
 
 static void cu_rmsnorm(struct backend *b, void *out, const void *x, const void *w, int n, int dim, float eps) {
     CKI(b, cuda_rmsnorm(out, x, w, n, dim, eps, CTX(b)->stream));
+    tm_mark(CTX(b), "rmsnorm");
 }
 
 /* out[n][n_out] = x[n][n_in] @ w[n_out][n_in]^T: in cuBLAS's column-major terms
@@ -335,15 +421,17 @@ static void cu_matmul(struct backend *b, void *out, const void *x, const void *w
                       int n_in) {
     if (!CTX(b)->cublas) {
         CKI(b, cuda_gemm_bf16(out, x, w, bias, n, n_out, n_in, CTX(b)->stream));
-        return;
+    } else {
+        gemm(b, out, CUDA_R_16BF, x, w, n, n_out, n_in);
+        if (bias) CKI(b, cuda_add_bias(out, bias, n, n_out, CTX(b)->stream));
     }
-    gemm(b, out, CUDA_R_16BF, x, w, n, n_out, n_in);
-    if (bias) CKI(b, cuda_add_bias(out, bias, n, n_out, CTX(b)->stream));
+    tm_mark(CTX(b), "matmul N %d K %d", n_out, n_in);
 }
 
 static void cu_rope(struct backend *b, void *qk, int n_heads, int head_dim, int row_stride, const void *inv_freq) {
     struct cuda_ctx *c = CTX(b);
     CKI(b, cuda_rope(qk, c->pos, (const float *)inv_freq, c->n_tokens, n_heads, head_dim, row_stride, c->stream));
+    tm_mark(c, "rope");
 }
 
 static void cu_attention(struct backend *b, void *out, const void *qkv, int row_stride, const struct attn_layer *L) {
@@ -355,21 +443,25 @@ static void cu_attention(struct backend *b, void *out, const void *qkv, int row_
                                c->pos, c->tok_seq, c->seq_start, c->indptr, c->blocks, c->slots,
                                c->part_off, c->attn_ws, c->attn_ws_floats};
     CKI(b, cuda_attention(out, qkv, row_stride, &a, c->n_tokens, c->split_decode, c->stream));
+    tm_mark(c, "attention%s", c->split_decode ? " (split)" : "");
 }
 
 static void cu_silu_mul(struct backend *b, void *out, const void *gu, int n, int F) {
     CKI(b, cuda_silu_mul(out, gu, n, F, CTX(b)->stream));
+    tm_mark(CTX(b), "silu_mul");
 }
 
 static void cu_add_rmsnorm(struct backend *b, void *out, void *x, const void *y, const void *w, int n, int dim,
                            float eps) {
     CKI(b, cuda_add_rmsnorm(out, x, y, w, n, dim, eps, CTX(b)->stream));
+    tm_mark(CTX(b), "add_rmsnorm");
 }
 
 
 static void cu_get_rows(struct backend *b, void *out, const void *x, int dim) {
     struct cuda_ctx *c = CTX(b);
     CKI(b, cuda_get_rows(out, x, c->rows, c->n_logits, dim, c->stream));
+    tm_mark(c, "get_rows");
 }
 
 static int cu_logits(struct backend *b, float *host_logits, const void *x, const void *w, int n, int vocab, int dim) {
@@ -398,6 +490,7 @@ static int cu_logits(struct backend *b, float *host_logits, const void *x, const
     if (c->cublas) gemm(b, c->d_logits, CUDA_R_32F, x, w, n, vocab, dim);
     else CKI(b, cuda_gemm_f32out(c->d_logits, x, w, n, vocab, dim, c->stream));
     c->n_logit_rows = n;
+    tm_mark(c, "logits");
     if (host_logits) {
         CK(b, cudaMemcpyAsync(c->h_logits, c->d_logits, need * sizeof(float), cudaMemcpyDeviceToHost, c->stream));
         c->pending_dst = host_logits;
@@ -409,6 +502,7 @@ static int cu_logits(struct backend *b, float *host_logits, const void *x, const
 static void cu_argmax(struct backend *b, int32_t *host_ids, int n, int vocab) {
     struct cuda_ctx *c = CTX(b);
     CKI(b, cuda_argmax_rows(c->d_ids, c->d_logits, n, vocab, c->stream));
+    tm_mark(c, "argmax");
     CK(b, cudaMemcpyAsync(c->h_ids, c->d_ids, (size_t)n * sizeof(int32_t), cudaMemcpyDeviceToHost, c->stream));
     c->pending_ids = host_ids;
     c->pending_n_ids = n;
@@ -425,6 +519,7 @@ static int cu_sample(struct backend *b, int32_t *host_ids, const struct sample_r
 static int cu_sync(struct backend *b) {
     struct cuda_ctx *c = CTX(b);
     CK(b, cudaStreamSynchronize(c->stream));
+    tm_collect(c);
     if (c->pending_dst && !c->err) memcpy(c->pending_dst, c->h_logits, c->pending_n * sizeof(float));
     if (c->pending_ids && !c->err) memcpy(c->pending_ids, c->h_ids, (size_t)c->pending_n_ids * sizeof(int32_t));
     c->pending_dst = NULL;
@@ -458,6 +553,12 @@ static int cu_graph_begin(struct backend *b, int key, float *host_logits, size_t
             c->pending_ids = host_ids;
             c->pending_n_ids = T;
         }
+        const int *labels = c->graph_labels[ids_only][c->split_decode][T];
+        if (c->tm && c->tm->n == 1 && labels) { // the graph's event nodes record ev[1..n)
+            int n = c->graph_n_ev[ids_only][c->split_decode][T];
+            memcpy(c->tm->label, labels, sizeof(int) * (size_t)n);
+            c->tm->n = n;
+        }
         return BACKEND_GRAPH_REPLAYED;
     }
     if (cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
@@ -465,6 +566,7 @@ static int cu_graph_begin(struct backend *b, int key, float *host_logits, size_t
         c->graphs_off = true;
         return BACKEND_GRAPH_OFF;
     }
+    if (c->tm) c->tm->capturing = true;
     return BACKEND_GRAPH_CAPTURING;
 }
 
@@ -474,6 +576,7 @@ static int cu_graph_end(struct backend *b, int key) {
     cudaGraph_t g = NULL;
     cudaGraphExec_t ge = NULL;
     cudaError_t e = cudaStreamEndCapture(c->stream, &g);
+    if (c->tm) c->tm->capturing = false;
     if (e == cudaSuccess && !c->err) e = cudaGraphInstantiate(&ge, g, 0);
     if (g) cudaGraphDestroy(g);
     if (e != cudaSuccess || c->err || cudaGraphLaunch(ge, c->stream) != cudaSuccess) {
@@ -482,6 +585,7 @@ static int cu_graph_end(struct backend *b, int key) {
         if (ge) cudaGraphExecDestroy(ge);
         c->err = 0;
         c->graphs_off = true;
+        if (c->tm) c->tm->n = c->tm->n > 0 ? 1 : 0; // the ops run again, outside a graph
         return -1;
     }
     cudaGraphExec_t *slot = &c->graphs[ids_only][c->split_decode][T];
@@ -490,6 +594,13 @@ static int cu_graph_end(struct backend *b, int key) {
         cudaGraphExecDestroy(*slot);
     }
     *slot = ge;
+    if (c->tm && c->tm->n > 0) { // which op each of the graph's event nodes follows
+        int *labels = (int *)malloc(sizeof(int) * (size_t)c->tm->n);
+        if (labels) memcpy(labels, c->tm->label, sizeof(int) * (size_t)c->tm->n);
+        free(c->graph_labels[ids_only][c->split_decode][T]);
+        c->graph_labels[ids_only][c->split_decode][T] = labels;
+        c->graph_n_ev[ids_only][c->split_decode][T] = labels ? c->tm->n : 0;
+    }
     return 0;
 }
 
@@ -497,6 +608,12 @@ static void cu_destroy(struct backend *b) {
     struct cuda_ctx *c = CTX(b);
     cudaStreamSynchronize(c->stream);
     drop_graphs(c);
+    if (c->tm) {
+        tm_report(c);
+        for (int i = 0; i < TM_MAX_EV; i++) cudaEventDestroy(c->tm->ev[i]);
+        for (int k = 0; k < c->tm->n_names; k++) free(c->tm->names[k]);
+        free(c->tm);
+    }
     cuda_sampler_free(c->sampler);
     if (c->stage_pinned) cudaFreeHost(c->stage);
     else free(c->stage);
@@ -582,6 +699,17 @@ extern "C" struct backend *backend_cuda_create(int device, int flags, char *err,
         cudaGetLastError();
         c->attn_ws = NULL;
         c->attn_ws_floats = 0;
+    }
+    const char *tmv = getenv("DUOSERVE_OP_TIMING");
+    if (tmv && tmv[0] == '1' && (c->tm = (struct op_timing *)calloc(1, sizeof *c->tm))) {
+        for (int i = 0; i < TM_MAX_EV; i++)
+            if (cudaEventCreate(&c->tm->ev[i]) != cudaSuccess) {
+                cudaGetLastError();
+                for (int j = 0; j < i; j++) cudaEventDestroy(c->tm->ev[j]);
+                free(c->tm);
+                c->tm = NULL;
+                break;
+            }
     }
     c->device = device;
     c->cublas = (flags & BACKEND_CUDA_CUBLAS) != 0;

@@ -10,8 +10,9 @@
 #         /tmp/llama8b), bench_gpu (load, memory plan, decode at batch 1/8/64/256, prefill 2k/8k/32k,
 #         batch-1 decode at a 32k context) and bench_serving on the ShareGPT trace against
 #         `duoserve serve`, greedy and sampled (temperature 0.8, top-p 0.95, top-k 50).
-# profile: per-op times at batch 1 (BENCH_PROFILE), the decode kernels' time by kernel (nsys, when
-#         installed) and with NCU=1 their speed-of-light, occupancy and warp-stall sections (ncu).
+# profile: per-op times at batch 1 (BENCH_PROFILE), every op's GPU time inside the decode graphs
+#         (DUOSERVE_OP_TIMING), the kernels' time (nsys, when installed) and with NCU=1 their
+#         speed-of-light, occupancy and warp-stall sections (ncu).
 # Shared fixtures come from $SHARED (default ../shared, or .device/ where it was copied).
 # Logs go to OUT_DIR (default $OUT, else /tmp/gpu_check). Exit status: the number of failed steps.
 set -u
@@ -97,6 +98,8 @@ fi
 profile() {
     llama8b || return 1
     BENCH_PROFILE=1 timeout 120 "$B/bench_gpu" "$LLAMA8B" cuda --decode 1 --prefill 2048 || return 1
+    # the GPU time of every op of the decode steps, graphs included (CUDA events after each op)
+    DUOSERVE_OP_TIMING=1 timeout 120 "$B/bench_gpu" "$LLAMA8B" cuda --decode 1 --prefill 0 || return 1
     # the decode kernels' time (Nsight Systems: cheap, every kernel of the graphs)
     local nsys
     nsys=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -n 1)
