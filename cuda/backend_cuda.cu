@@ -157,8 +157,9 @@ static void tm_mark(struct cuda_ctx *c, const char *fmt, ...) {
     int k = 0;
     while (k < t->n_names && strcmp(t->names[k], name)) k++;
     if (k == t->n_names) {
-        if (k == TM_MAX_LABELS) return;
-        t->names[t->n_names++] = strdup(name);
+        char *d = k < TM_MAX_LABELS ? strdup(name) : NULL;
+        if (!d) return;
+        t->names[t->n_names++] = d;
     }
     if (cudaEventRecordWithFlags(t->ev[t->n], c->stream, t->capturing ? cudaEventRecordExternal : 0) != cudaSuccess) {
         cudaGetLastError();
