@@ -30,6 +30,16 @@ static inline unsigned cuda_blocks(size_t n, unsigned threads) { return (unsigne
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 __device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;\n" ::); }
 
+// argmax pairs (value, index): keep the larger value, the lower index on ties (torch.argmax's
+// rule); a warp's pairs combined into every lane's.
+__device__ __forceinline__ void argmax_take(float &best, int &bi, float v, int i) {
+    if (v > best || (v == best && i < bi)) best = v, bi = i;
+}
+__device__ __forceinline__ void warp_argmax(float &best, int &bi) {
+    for (int o = 16; o > 0; o >>= 1)
+        argmax_take(best, bi, __shfl_xor_sync(0xffffffffu, best, o), __shfl_xor_sync(0xffffffffu, bi, o));
+}
+
 static inline bool cuda_pdl_on(void) {
     static int on = -1;
     if (on < 0) {

@@ -217,26 +217,15 @@ __global__ void argmax_kernel(int32_t *ids, const float *x, int vocab) {
     const float *row = x + (size_t)blockIdx.x * vocab;
     float best = -INFINITY;
     int bi = 0x7fffffff;
-    for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
-        float v = row[i];
-        if (v > best || (v == best && i < bi)) best = v, bi = i;
-    }
-    for (int o = 16; o > 0; o >>= 1) {
-        float ov = __shfl_xor_sync(0xffffffffu, best, o);
-        int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-        if (ov > best || (ov == best && oi < bi)) best = ov, bi = oi;
-    }
+    for (int i = threadIdx.x; i < vocab; i += blockDim.x) argmax_take(best, bi, row[i], i);
+    warp_argmax(best, bi);
     if ((threadIdx.x & 31) == 0) sv[threadIdx.x >> 5] = best, si[threadIdx.x >> 5] = bi;
     __syncthreads();
     if (threadIdx.x < 32) {
         int nw = (blockDim.x + 31) / 32;
         best = threadIdx.x < nw ? sv[threadIdx.x] : -INFINITY;
         bi = threadIdx.x < nw ? si[threadIdx.x] : 0x7fffffff;
-        for (int o = 16; o > 0; o >>= 1) {
-            float ov = __shfl_xor_sync(0xffffffffu, best, o);
-            int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (ov > best || (ov == best && oi < bi)) best = ov, bi = oi;
-        }
+        warp_argmax(best, bi);
         if (threadIdx.x == 0) ids[blockIdx.x] = bi == 0x7fffffff ? 0 : bi;
     }
 }

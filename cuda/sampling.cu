@@ -142,25 +142,14 @@ __device__ u64 block_excl_scan(u64 v, samp_smem &sm, u64 *total) {
 __device__ int block_argmax(const float *x, int V, samp_smem &sm) {
     float best = -INFINITY;
     int bi = INT_MAX;
-    for (int i = threadIdx.x; i < V; i += SAMP_THREADS) {
-        float v = x[i];
-        if (v > best || (v == best && i < bi)) best = v, bi = i;
-    }
-    for (int o = 16; o > 0; o >>= 1) {
-        float ov = __shfl_xor_sync(0xffffffffu, best, o);
-        int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-        if (ov > best || (ov == best && oi < bi)) best = ov, bi = oi;
-    }
+    for (int i = threadIdx.x; i < V; i += SAMP_THREADS) argmax_take(best, bi, x[i], i);
+    warp_argmax(best, bi);
     __syncthreads();
     if (lane_id() == 0) sm.red_f[warp_id()] = best, sm.red_i[warp_id()] = bi;
     __syncthreads();
     best = sm.red_f[0];
     bi = sm.red_i[0];
-    for (int w = 1; w < SAMP_WARPS; w++) {
-        float ov = sm.red_f[w];
-        int oi = sm.red_i[w];
-        if (ov > best || (ov == best && oi < bi)) best = ov, bi = oi;
-    }
+    for (int w = 1; w < SAMP_WARPS; w++) argmax_take(best, bi, sm.red_f[w], sm.red_i[w]);
     return bi == INT_MAX ? 0 : bi;
 }
 
