@@ -88,6 +88,14 @@ __device__ __forceinline__ __nv_bfloat16 packed_at(const __nv_bfloat16 *w, int n
     return w[packed_index(n, k, (K + 15) / 16)];
 }
 
+// Split-K: output (t, n) of the partials ws[chunk][M][N], added in chunk order from zero (the
+// same sum the unsplit kernels make in registers). Every split reduction goes through here.
+__device__ __forceinline__ float partials_in_order(const float *ws, int chunks, int M, int N, int t, int n) {
+    float sum = 0.0f;
+    for (int c = 0; c < chunks; c++) sum += __ldcg(ws + ((size_t)c * M + t) * N + n);
+    return sum;
+}
+
 __device__ __forceinline__ float out_value(float total, const __nv_bfloat16 *bias, int n) {
     return total + (bias ? __bfloat162float(bias[n]) : 0.0f);
 }
@@ -235,11 +243,7 @@ __global__ void __launch_bounds__(32 * WMW * WNW)
         __syncthreads();
         if (!last) return;
         __threadfence();
-        each_out([&](int n, int t, float &v) {
-            float sum = 0.0f;
-            for (int c = 0; c < (int)gridDim.z; c++) sum += __ldcg(ws + ((size_t)c * M + t) * N + n);
-            v = sum;
-        });
+        each_out([&](int n, int t, float &v) { v = partials_in_order(ws, (int)gridDim.z, M, N, t, n); });
         if (tid == 0) counters[tile] = 0;
     }
     each_out([&](int n, int t, float &v) { store_out(y + (size_t)t * N + n, out_value(v, bias, n)); });
@@ -349,11 +353,7 @@ __global__ void __launch_bounds__(32 * GEMM_STREAM_WARPS)
         if (lane == 0) last = atomicAdd(&counters[strip], 1) == chunks - 1;
         if (!__shfl_sync(0xffffffffu, last, 0)) return;
         __threadfence();
-        each_out([&](int n, int t, float &v) {
-            float sum = 0.0f;
-            for (int c = 0; c < chunks; c++) sum += __ldcg(ws + ((size_t)c * M + t) * N + n);
-            v = sum;
-        });
+        each_out([&](int n, int t, float &v) { v = partials_in_order(ws, chunks, M, N, t, n); });
         if (lane == 0) counters[strip] = 0;
     }
     each_out([&](int n, int t, float &v) { store_out(y + (size_t)t * N + n, out_value(v, bias, n)); });
