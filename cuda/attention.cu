@@ -21,6 +21,14 @@
 #define ATTN_UNROLL 4
 
 static int g_attn_sms = 132; // SMs of the device (split decode sizing)
+// debugging switches, read once (cuda_attention_init): DUOSERVE_ATTN_SIMPLE=1 (the CUDA-core
+// kernel for every shape), DUOSERVE_ATTN_NO_SPLIT=1 (decode steps never split)
+static bool g_attn_simple, g_attn_no_split;
+
+static bool getenv_flag(const char *name) {
+    const char *v = getenv(name);
+    return v && v[0] == '1';
+}
 
 __device__ __forceinline__ const __nv_bfloat16 *full_row(const __nv_bfloat16 *cache, const struct cuda_attn_args &a,
                                                          int s, int p, int h) {
@@ -534,6 +542,8 @@ template <int HDP> static int fa_allow_smem() {
 
 /* Once per process, before any launch: the opt-in shared memory of the attention kernels. */
 extern "C" int cuda_attention_init(void) {
+    g_attn_simple = getenv_flag("DUOSERVE_ATTN_SIMPLE");
+    g_attn_no_split = getenv_flag("DUOSERVE_ATTN_NO_SPLIT");
     int dev = 0;
     if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&g_attn_sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
         return -2;
@@ -571,11 +581,6 @@ __global__ void append_stream_kernel(const __nv_bfloat16 *kb, const __nv_bfloat1
     }
 }
 
-static bool getenv_flag(const char *name) {
-    const char *v = getenv(name);
-    return v && v[0] == '1';
-}
-
 extern "C" int cuda_attention(void *out, const void *qkv, int rs, const struct cuda_attn_args *a, int n_tokens,
                               bool split, cudaStream_t st) {
     const __nv_bfloat16 *q = (const __nv_bfloat16 *)qkv;
@@ -584,11 +589,11 @@ extern "C" int cuda_attention(void *out, const void *qkv, int rs, const struct c
     __nv_bfloat16 *o = (__nv_bfloat16 *)out;
     const __nv_bfloat16 *qb = q;
     int G = a->n_heads / a->n_kv_heads;
-    if (a->head_dim % 8 == 0 && a->head_dim <= 128 && G <= 16 && !getenv_flag("DUOSERVE_ATTN_SIMPLE")) {
+    if (a->head_dim % 8 == 0 && a->head_dim <= 128 && G <= 16 && !g_attn_simple) {
         // split (decode steps): partitions in parallel when the step alone would leave SMs idle
         // (a speed choice only: the partition states are merged in the same order either way)
         int Z = 1;
-        if (split && a->ws && a->part_off && !getenv_flag("DUOSERVE_ATTN_NO_SPLIT")) Z = max(1, min(32, (2 * g_attn_sms + n_tokens * a->n_kv_heads - 1) / (n_tokens * a->n_kv_heads)));
+        if (split && a->ws && a->part_off && !g_attn_no_split) Z = max(1, min(32, (2 * g_attn_sms + n_tokens * a->n_kv_heads - 1) / (n_tokens * a->n_kv_heads)));
         dim3 fgrid(n_tokens, a->n_kv_heads, Z);
         const int T = 32 * FA_WARPS;
         if (a->head_dim <= 16) CUDA_CHECK(cuda_launch(flash_kernel<16>, fgrid, dim3(T), fa_smem<16>::BYTES, st, o, qb, kb, vb, rs, *a));

@@ -536,7 +536,7 @@ static int cu_sync(struct backend *b) {
 static int cu_graph_begin(struct backend *b, int key, float *host_logits, size_t n_floats, int32_t *host_ids) {
     struct cuda_ctx *c = CTX(b);
     int ids_only = key < 0, T = key < 0 ? -key : key;
-    if (c->graphs_off || T < 1 || T > CUDA_MAX_GRAPHS || getenv("DUOSERVE_NO_CUDA_GRAPHS")) return BACKEND_GRAPH_OFF;
+    if (c->graphs_off || T < 1 || T > CUDA_MAX_GRAPHS) return BACKEND_GRAPH_OFF;
     if (!c->h_logits || n_floats > c->h_logits_cap) return BACKEND_GRAPH_OFF; /* first run sizes the buffers */
     cudaGraphExec_t *slot = &c->graphs[ids_only][c->split_decode][T];
     if (*slot) {
@@ -712,6 +712,7 @@ extern "C" struct backend *backend_cuda_create(int device, int flags, char *err,
                 break;
             }
     }
+    c->graphs_off = getenv("DUOSERVE_NO_CUDA_GRAPHS") != NULL;
     c->device = device;
     c->cublas = (flags & BACKEND_CUDA_CUBLAS) != 0;
     b->ops = &cuda_ops;
