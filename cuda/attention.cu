@@ -53,8 +53,8 @@ template <int PER>
 __global__ void attn_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *q, const __nv_bfloat16 *kb,
                             const __nv_bfloat16 *vb, int rs, struct cuda_attn_args a) {
     // lane owns dims lane, lane + 32, ... (PER of them, the last ones masked when hd < 32 * PER)
-    pdl_wait();
     pdl_trigger();
+    pdl_wait();
     const int HD = a.head_dim;
     int t = blockIdx.x, h = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     int group = a.n_heads / a.n_kv_heads, kvh = h / group;
@@ -237,8 +237,8 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
                                                               const __nv_bfloat16 *kb, const __nv_bfloat16 *vb, int rs,
                                                               struct cuda_attn_args a) {
     constexpr int LD = fa_smem<HDP>::LD;
-    pdl_wait();
     pdl_trigger();
+    pdl_wait();
     extern __shared__ __align__(16) unsigned char fa_raw[];
     __nv_bfloat16 *sk = reinterpret_cast<__nv_bfloat16 *>(fa_raw), *sv = sk + 2 * FA_KT * LD;
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, tb = blockIdx.x, kvh = blockIdx.y;
@@ -509,8 +509,8 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
 // Split decode: one warp per (token, head) merges the token's partition states in order, as the
 // flash kernel does in registers, and writes out = O / L.
 __global__ void fa_merge_kernel(__nv_bfloat16 *out, struct cuda_attn_args a) {
-    pdl_wait();
     pdl_trigger();
+    pdl_wait();
     if (!fa_split_fits(a, gridDim.x)) return; // the flash kernel wrote the output itself
     const int t = blockIdx.x, head = blockIdx.y * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (head >= a.n_heads) return;
@@ -552,8 +552,8 @@ extern "C" int cuda_attention_init(void) {
 
 // Retrieval heads: this step's K/V rows into their blocks (before attention reads them).
 __global__ void append_full_kernel(const __nv_bfloat16 *kb, const __nv_bfloat16 *vb, int rs, struct cuda_attn_args a) {
-    pdl_wait();
     pdl_trigger();
+    pdl_wait();
     int t = blockIdx.x, s = a.tok_seq[t], pos = a.pos[t];
     for (int x = threadIdx.x; x < a.n_full * a.head_dim; x += blockDim.x) {
         int h = x / a.head_dim, d = x % a.head_dim;
@@ -564,11 +564,38 @@ __global__ void append_full_kernel(const __nv_bfloat16 *kb, const __nv_bfloat16 
     }
 }
 
+// RoPE of q and k in place (as rope_kernel) and, for retrieval heads, the rotated k and the v
+// of this step into their blocks: one kernel instead of rope_kernel + append_full_kernel.
+// One thread per (token, pair (i, i + hd/2) of a q or k head).
+__global__ void rope_append_kernel(__nv_bfloat16 *qkv, int rs, const float *inv_freq, struct cuda_attn_args a) {
+    pdl_trigger();
+    pdl_wait();
+    const int t = blockIdx.x, hd = a.head_dim, half = hd / 2;
+    const int j = blockIdx.y * blockDim.x + threadIdx.x;
+    if (j >= (a.n_heads + a.n_kv_heads) * half) return;
+    const int h = j / half, i = j % half, pos = a.pos[t];
+    __nv_bfloat16 *v = qkv + (size_t)t * rs + (size_t)h * hd;
+    float ra, rb;
+    rope_pair(__bfloat162float(v[i]), __bfloat162float(v[i + half]), pos, inv_freq[i], ra, rb);
+    const __nv_bfloat16 bra = __float2bfloat16(ra), brb = __float2bfloat16(rb);
+    v[i] = bra;
+    v[i + half] = brb;
+    const int kh = h - a.n_heads; // a k head: its retrieval rows go to the pool too
+    if (kh >= 0 && kh < a.n_full) {
+        size_t dst = full_row(a.k_full, a, a.tok_seq[t], pos, kh) - a.k_full;
+        const __nv_bfloat16 *vs = v + (size_t)a.n_kv_heads * hd;
+        a.k_full[dst + i] = bra;
+        a.k_full[dst + i + half] = brb;
+        a.v_full[dst + i] = vs[i];
+        a.v_full[dst + i + half] = vs[i + half];
+    }
+}
+
 // Streaming heads: sink rows and the recent ring, after attention. Of a chunk longer than the
 // ring only its last `recent` positions are written, so no two threads share a row.
 __global__ void append_stream_kernel(const __nv_bfloat16 *kb, const __nv_bfloat16 *vb, int rs, struct cuda_attn_args a) {
-    pdl_wait();
     pdl_trigger();
+    pdl_wait();
     int t = blockIdx.x, s = a.tok_seq[t], pos = a.pos[t];
     int last = a.pos[a.seq_start[s + 1] - 1];
     if (pos >= a.sink && last - pos >= a.recent) return;
@@ -581,11 +608,18 @@ __global__ void append_stream_kernel(const __nv_bfloat16 *kb, const __nv_bfloat1
     }
 }
 
-extern "C" int cuda_attention(void *out, const void *qkv, int rs, const struct cuda_attn_args *a, int n_tokens,
-                              bool split, cudaStream_t st) {
+extern "C" int cuda_attention(void *out, void *qkv, int rs, const struct cuda_attn_args *a, int n_tokens, bool split,
+                              const float *inv_freq, cudaStream_t st) {
     const __nv_bfloat16 *q = (const __nv_bfloat16 *)qkv;
     const __nv_bfloat16 *kb = q + (size_t)a->n_heads * a->head_dim, *vb = kb + (size_t)a->n_kv_heads * a->head_dim;
-    if (a->n_full) CUDA_CHECK(cuda_launch(append_full_kernel, dim3(n_tokens), dim3(128), 0, st, kb, vb, rs, *a));
+    if (inv_freq) { // RoPE and the retrieval heads' append in one kernel
+        if (a->head_dim % 2) return -3;
+        unsigned pairs = (unsigned)((a->n_heads + a->n_kv_heads) * (a->head_dim / 2));
+        CUDA_CHECK(cuda_launch(rope_append_kernel, dim3(n_tokens, cuda_blocks(pairs, 128)), dim3(128), 0, st,
+                               (__nv_bfloat16 *)qkv, rs, inv_freq, *a));
+    } else if (a->n_full) {
+        CUDA_CHECK(cuda_launch(append_full_kernel, dim3(n_tokens), dim3(128), 0, st, kb, vb, rs, *a));
+    }
     __nv_bfloat16 *o = (__nv_bfloat16 *)out;
     const __nv_bfloat16 *qb = q;
     int G = a->n_heads / a->n_kv_heads;

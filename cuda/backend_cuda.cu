@@ -35,7 +35,8 @@ int cuda_gemm_f32out(float *y, const void *x, const void *w, int M, int N, int K
 size_t cuda_gemm_weight_bytes(int64_t N, int64_t K);
 int cuda_gemm_pack(void *dst, const void *src, int64_t row0, int rows, int K, cudaStream_t s);
 int cuda_embed_packed(void *out, const void *table, const int32_t *tokens, int n, int dim, cudaStream_t s);
-int cuda_argmax_rows(int32_t *ids, const float *x, int n, int vocab, cudaStream_t s);
+size_t cuda_argmax_ws_bytes(int ws_rows);
+int cuda_argmax_rows(int32_t *ids, const float *x, int n, int vocab, int32_t *ws, int ws_rows, cudaStream_t s);
 struct cuda_sampler;
 int cuda_sample(struct cuda_sampler **state, int32_t *host_ids, const struct sample_row *rows, int n,
                 const float *logits, int n_rows, int vocab, cudaStream_t s);
@@ -58,8 +59,9 @@ struct op_timing {
     int n_names;
     double ms[TM_MAX_LABELS];
     long calls[TM_MAX_LABELS];
-    long steps;
+    long steps, dropped;
     bool capturing;
+    bool dirty; // this step captured a graph or grew a buffer: host time between its events
 };
 
 struct meta_caps {
@@ -90,6 +92,8 @@ struct cuda_ctx {
     int n_logit_rows;
     size_t pending_n;
     int32_t *d_ids, *h_ids;   // argmax ids (device, pinned), [logits rows]
+    int32_t *d_amax_ws;       // the argmax kernel's workspace (in the d_ids allocation)
+    int ids_rows;
     int32_t *pending_ids;     // where sync() delivers them
     int pending_n_ids;
     struct cuda_sampler *sampler; // the sample op's buffers (cuda/sampling.cu)
@@ -172,6 +176,12 @@ static void tm_mark(struct cuda_ctx *c, const char *fmt, ...) {
 static void tm_collect(struct cuda_ctx *c) {
     struct op_timing *t = c->tm;
     if (!t) return;
+    if (t->dirty) { // not a steady-state step: its first events include host work
+        t->dropped += t->n > 1;
+        t->n = 0;
+        t->dirty = false;
+        return;
+    }
     for (int i = 1; i < t->n; i++) {
         float ms = 0.0f;
         if (cudaEventElapsedTime(&ms, t->ev[i - 1], t->ev[i]) != cudaSuccess) {
@@ -190,8 +200,10 @@ static void tm_report(struct cuda_ctx *c) {
     if (!t || !t->steps) return;
     double total = 0.0;
     for (int k = 0; k < t->n_names; k++) total += t->ms[k];
-    fprintf(stderr, "duoserve: op timing over %ld forward passes (%.3f ms each on average):\n", t->steps,
-            total / (double)t->steps);
+    fprintf(stderr,
+            "duoserve: op timing over %ld forward passes (%.3f ms each on average; %ld passes that captured a "
+            "graph or grew a buffer left out):\n",
+            t->steps, total / (double)t->steps, t->dropped);
     bool done[TM_MAX_LABELS] = {false};
     for (int r = 0; r < t->n_names; r++) { // largest total first
         int best = -1;
@@ -235,6 +247,7 @@ static float *tmp_f32(struct backend *b, size_t n) {
             return NULL;
         }
         c->tmp_cap = n;
+        if (c->tm) c->tm->dirty = true;
     }
     return c->d_tmp;
 }
@@ -349,6 +362,7 @@ static int cu_begin_step(struct backend *b, const struct fwd_batch *bt) {
         }
         c->meta_cap = cap;
         g_caps = nc;
+        if (c->tm) c->tm->dirty = true;
         drop_graphs(c);
     }
     // the previous step's copy must be done before the staging buffer is rewritten
@@ -435,7 +449,8 @@ static void cu_rope(struct backend *b, void *qk, int n_heads, int head_dim, int 
     tm_mark(c, "rope");
 }
 
-static void cu_attention(struct backend *b, void *out, const void *qkv, int row_stride, const struct attn_layer *L) {
+static void attention(struct backend *b, void *out, void *qkv, int row_stride, const struct attn_layer *L,
+                      const float *inv_freq) {
     struct cuda_ctx *c = CTX(b);
     struct cuda_attn_args a = {L->n_heads, L->n_kv_heads, L->head_dim, L->n_full, L->n_stream, L->block_size,
                                L->sink, L->recent, L->sliding_window, L->scale,
@@ -443,8 +458,17 @@ static void cu_attention(struct backend *b, void *out, const void *qkv, int row_
                                (__nv_bfloat16 *)L->k_stream, (__nv_bfloat16 *)L->v_stream,
                                c->pos, c->tok_seq, c->seq_start, c->indptr, c->blocks, c->slots,
                                c->part_off, c->attn_ws, c->attn_ws_floats};
-    CKI(b, cuda_attention(out, qkv, row_stride, &a, c->n_tokens, c->split_decode, c->stream));
-    tm_mark(c, "attention%s", c->split_decode ? " (split)" : "");
+    CKI(b, cuda_attention(out, qkv, row_stride, &a, c->n_tokens, c->split_decode, inv_freq, c->stream));
+    tm_mark(c, "%sattention%s", inv_freq ? "rope+" : "", c->split_decode ? " (split)" : "");
+}
+
+static void cu_attention(struct backend *b, void *out, const void *qkv, int row_stride, const struct attn_layer *L) {
+    attention(b, out, (void *)qkv, row_stride, L, NULL); // qkv is only read without inv_freq
+}
+
+static void cu_rope_attention(struct backend *b, void *out, void *qkv, int row_stride, const struct attn_layer *L,
+                              const void *inv_freq) {
+    attention(b, out, qkv, row_stride, L, (const float *)inv_freq);
 }
 
 static void cu_silu_mul(struct backend *b, void *out, const void *gu, int n, int F) {
@@ -482,11 +506,15 @@ static int cu_logits(struct backend *b, float *host_logits, const void *x, const
         size_t rows = cap / vocab;
         if (cudaMalloc(&c->d_logits, cap * sizeof(float)) != cudaSuccess ||
             cudaMallocHost(&c->h_logits, cap * sizeof(float)) != cudaSuccess ||
-            cudaMalloc(&c->d_ids, rows * sizeof(int32_t)) != cudaSuccess ||
+            cudaMalloc(&c->d_ids, rows * sizeof(int32_t) + cuda_argmax_ws_bytes((int)rows)) != cudaSuccess ||
             cudaMallocHost(&c->h_ids, rows * sizeof(int32_t)) != cudaSuccess)
             return c->err = BACKEND_ERR_OOM;
+        c->d_amax_ws = c->d_ids + rows;
+        c->ids_rows = (int)rows;
+        CK(b, cudaMemsetAsync(c->d_amax_ws, 0, cuda_argmax_ws_bytes((int)rows), c->stream));
         c->logits_cap = c->h_logits_cap = cap;
         drop_graphs(c);
+        if (c->tm) c->tm->dirty = true;
     }
     if (c->cublas) gemm(b, c->d_logits, CUDA_R_32F, x, w, n, vocab, dim);
     else CKI(b, cuda_gemm_f32out(c->d_logits, x, w, n, vocab, dim, c->stream));
@@ -502,7 +530,7 @@ static int cu_logits(struct backend *b, float *host_logits, const void *x, const
 
 static void cu_argmax(struct backend *b, int32_t *host_ids, int n, int vocab) {
     struct cuda_ctx *c = CTX(b);
-    CKI(b, cuda_argmax_rows(c->d_ids, c->d_logits, n, vocab, c->stream));
+    CKI(b, cuda_argmax_rows(c->d_ids, c->d_logits, n, vocab, c->d_amax_ws, c->ids_rows, c->stream));
     tm_mark(c, "argmax");
     CK(b, cudaMemcpyAsync(c->h_ids, c->d_ids, (size_t)n * sizeof(int32_t), cudaMemcpyDeviceToHost, c->stream));
     c->pending_ids = host_ids;
@@ -567,7 +595,7 @@ static int cu_graph_begin(struct backend *b, int key, float *host_logits, size_t
         c->graphs_off = true;
         return BACKEND_GRAPH_OFF;
     }
-    if (c->tm) c->tm->capturing = true;
+    if (c->tm) c->tm->capturing = c->tm->dirty = true;
     return BACKEND_GRAPH_CAPTURING;
 }
 
@@ -651,6 +679,7 @@ static struct backend_ops make_ops(void) {
     o.matmul = cu_matmul;
     o.rope = cu_rope;
     o.attention = cu_attention;
+    o.rope_attention = cu_rope_attention;
     o.silu_mul = cu_silu_mul;
     o.add_rmsnorm = cu_add_rmsnorm;
     o.get_rows = cu_get_rows;

@@ -28,9 +28,11 @@ struct cuda_attn_args {
 #ifdef __cplusplus
 extern "C" {
 #endif
-/* split: every sequence has one token in the step (its partitions may then run in parallel) */
-int cuda_attention(void *out, const void *qkv, int row_stride, const struct cuda_attn_args *a, int n_tokens,
-                   bool split, cudaStream_t st);
+/* split: every sequence has one token in the step (its partitions may then run in parallel);
+ * inv_freq: RoPE q and k first (in place, as cuda_rope), fused with the KV append; NULL: qkv is
+ * already rotated */
+int cuda_attention(void *out, void *qkv, int row_stride, const struct cuda_attn_args *a, int n_tokens, bool split,
+                   const float *inv_freq, cudaStream_t st);
 #ifdef __cplusplus
 }
 #endif

@@ -22,13 +22,25 @@ static inline unsigned cuda_blocks(size_t n, unsigned threads) { return (unsigne
 #include <stdlib.h>
 
 // Programmatic dependent launch (PDL), opt-in with DUOSERVE_PDL=1: kernels queued with
-// cuda_launch may then start while the kernel before them drains. Each kernel calls
-// pdl_trigger() (its successor may launch once every block of this one has started) and
-// pdl_wait() before it touches memory an earlier kernel writes or reads (weights excepted: a
-// GEMM streams its first weight tiles before waiting). Without PDL both are no-ops. Off by
-// default: on the H200 it made decode steps slower (batch 1: 11.0 ms with, 9.7 ms without).
+// cuda_launch may then launch while the kernel before them drains. pdl_trigger() lets the next
+// kernel launch once every block of this one has called it (or exited); pdl_wait() blocks until
+// the kernel before has finished and its writes are visible, and comes before any access to
+// memory an earlier kernel writes or reads (weights excepted). Short kernels trigger first, so
+// the GEMM after them launches at once and streams its first weights while they run; GEMMs
+// trigger after their main loop, so at most one GEMM's weights are in flight early. Every
+// kernel waits in at least one block, so a kernel's end implies the end of all before it.
+// Without PDL both are no-ops.
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 __device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;\n" ::); }
+
+// RoPE of one pair (a, b) = (v[i], v[i + hd/2]) at angle pos * inv_freq (HF rotate_half); the
+// rope kernel and the fused rope + KV append share it, so both round alike.
+__device__ __forceinline__ void rope_pair(float a, float b, int pos, float inv_freq, float &ra, float &rb) {
+    float s, c;
+    sincosf((float)pos * inv_freq, &s, &c);
+    ra = a * c - b * s;
+    rb = b * c + a * s;
+}
 
 // argmax pairs (value, index): keep the larger value, the lower index on ties (torch.argmax's
 // rule); a warp's pairs combined into every lane's.

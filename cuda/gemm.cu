@@ -161,7 +161,6 @@ __global__ void __launch_bounds__(32 * WMW * WNW)
 
     // the first weight tiles stream in while the kernel before this one finishes (PDL); x and
     // every write wait for it
-    pdl_trigger();
     for (int s = 0; s < STAGES - 1; s++)
         if (s < nk) load_w(s, s);
     pdl_wait();
@@ -215,6 +214,7 @@ __global__ void __launch_bounds__(32 * WMW * WNW)
                     for (int e = 0; e < 4; e++) total[i][j][e] += acc[i][j][e], acc[i][j][e] = 0.0f;
     }
     cp_async_wait<0>();
+    pdl_trigger(); // the next kernel may launch (and stream its weights) while the tiles drain
 
     // f(n, t, total) for each output this thread holds: total[i][j] covers rows (weight n) g and
     // g + 8 of m tile i, columns (token t) 2q and 2q + 1 of n tile j
@@ -264,7 +264,6 @@ __global__ void __launch_bounds__(32 * GEMM_STREAM_WARPS)
     const int lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
     const int strip = blockIdx.x * GEMM_STREAM_WARPS + threadIdx.x / 32;
     const int NB = (N + 15) / 16, KB = (K + 15) / 16, chunks = (K + GEMM_KC - 1) / GEMM_KC;
-    pdl_trigger();
     if (strip >= NB) return;
     const bool split = gridDim.y > 1;
     const int c_lo = split ? blockIdx.y : 0, c_hi = split ? c_lo + 1 : chunks;
@@ -333,6 +332,7 @@ __global__ void __launch_bounds__(32 * GEMM_STREAM_WARPS)
 #pragma unroll
             for (int e = 0; e < 4; e++) total[j][e] += acc[j][e];
     }
+    pdl_trigger(); // the next kernel may launch (and stream its weights) while the strips drain
 
     // f(n, t, v) for each output this lane holds: rows g, g + 8; tokens j * 8 + 2q, +1
     auto each_out = [&](auto &&f) {
@@ -363,8 +363,8 @@ __global__ void __launch_bounds__(32 * GEMM_STREAM_WARPS)
 template <typename OUT>
 __global__ void gemm_plain_kernel(OUT *y, const __nv_bfloat16 *x, const __nv_bfloat16 *w, const __nv_bfloat16 *bias,
                                   int M, int N, int K) {
-    pdl_wait();
     pdl_trigger();
+    pdl_wait();
     int n = blockIdx.x * blockDim.x + threadIdx.x, t = blockIdx.y;
     if (n >= N) return;
     const __nv_bfloat16 *xr = x + (size_t)t * K, *wr = w + (size_t)n * K;
@@ -442,8 +442,8 @@ static int gemm(OUT *y, const void *x, const void *w, const void *bias, int M, i
 }
 
 __global__ void embed_packed_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *table, const int32_t *tokens, int dim) {
-    pdl_wait();
     pdl_trigger();
+    pdl_wait();
     int t = blockIdx.x, row = tokens[t];
     for (int i = threadIdx.x; i < dim; i += blockDim.x) out[(size_t)t * dim + i] = packed_at(table, row, i, dim);
 }

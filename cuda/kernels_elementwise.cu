@@ -7,8 +7,8 @@
 #include "cuda/cuda_common.h"
 
 __global__ void embed_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *table, const int32_t *tokens, int dim) {
-    pdl_wait();
     pdl_trigger();
+    pdl_wait();
     int t = blockIdx.x;
     const __nv_bfloat16 *row = table + (size_t)tokens[t] * dim;
     for (int i = threadIdx.x; i < dim; i += blockDim.x) out[(size_t)t * dim + i] = row[i];
@@ -32,8 +32,8 @@ __device__ float block_sum(float v) {
 
 // One block per row; f32 sum of squares reduced through shared memory.
 __global__ void rmsnorm_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *x, const __nv_bfloat16 *w, int dim, float eps) {
-    pdl_wait();
     pdl_trigger();
+    pdl_wait();
     const __nv_bfloat16 *xr = x + (size_t)blockIdx.x * dim;
     float ss = 0.0f;
     for (int i = threadIdx.x; i < dim; i += blockDim.x) {
@@ -53,8 +53,8 @@ __global__ void rmsnorm_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *x, const
 #define RMS_CH 4
 __global__ void rmsnorm_vec_kernel(__nv_bfloat16 *out, __nv_bfloat16 *x, const __nv_bfloat16 *y,
                                    const __nv_bfloat16 *w, int dim, float eps) {
-    pdl_wait();
     pdl_trigger();
+    pdl_wait();
     const int nch = dim / 8;
     uint4 *xr = reinterpret_cast<uint4 *>(x + (size_t)blockIdx.x * dim);
     const uint4 *yr = y ? reinterpret_cast<const uint4 *>(y + (size_t)blockIdx.x * dim) : NULL;
@@ -114,25 +114,24 @@ static unsigned rms_threads(int dim, const void *a, const void *b, const void *c
 // One thread per (token, pair (i, i + hd/2) of a head): one round trip per element pair.
 __global__ void rope_kernel(__nv_bfloat16 *x, const int32_t *pos, const float *inv_freq, int n_heads, int hd,
                             int row_stride) {
-    pdl_wait();
     pdl_trigger();
+    pdl_wait();
     int t = blockIdx.x, half = hd / 2;
     int j = blockIdx.y * blockDim.x + threadIdx.x;
     if (j < n_heads * half) {
         int h = j / half, i = j % half;
-        float s, c;
-        sincosf((float)pos[t] * inv_freq[i], &s, &c);
         __nv_bfloat16 *v = x + (size_t)t * row_stride + (size_t)h * hd;
-        float a = __bfloat162float(v[i]), b = __bfloat162float(v[i + half]);
-        v[i] = __float2bfloat16(a * c - b * s);
-        v[i + half] = __float2bfloat16(b * c + a * s);
+        float ra, rb;
+        rope_pair(__bfloat162float(v[i]), __bfloat162float(v[i + half]), pos[t], inv_freq[i], ra, rb);
+        v[i] = __float2bfloat16(ra);
+        v[i + half] = __float2bfloat16(rb);
     }
 }
 
 // out[t][i] = silu(gu[t][i]) * gu[t][F + i]
 __global__ void silu_mul_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *gu, int F, size_t n) {
-    pdl_wait();
     pdl_trigger();
+    pdl_wait();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) {
         size_t t = i / F, c = i % F;
@@ -143,8 +142,8 @@ __global__ void silu_mul_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *gu, int
 
 // The same for F % 8 == 0, eight outputs (16 bytes) a thread.
 __global__ void silu_mul_vec_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *gu, int F, size_t n8) {
-    pdl_wait();
     pdl_trigger();
+    pdl_wait();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n8) return;
     size_t t = i * 8 / F, c = i * 8 % F;
@@ -162,8 +161,8 @@ __global__ void silu_mul_vec_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *gu,
 // x += y, then out = rmsnorm(x) * w; one block per row.
 __global__ void add_rmsnorm_kernel(__nv_bfloat16 *out, __nv_bfloat16 *x, const __nv_bfloat16 *y,
                                    const __nv_bfloat16 *w, int dim, float eps) {
-    pdl_wait();
     pdl_trigger();
+    pdl_wait();
     __nv_bfloat16 *xr = x + (size_t)blockIdx.x * dim;
     const __nv_bfloat16 *yr = y + (size_t)blockIdx.x * dim;
     float ss = 0.0f;
@@ -181,60 +180,92 @@ __global__ void add_rmsnorm_kernel(__nv_bfloat16 *out, __nv_bfloat16 *x, const _
 
 
 __global__ void add_bias_kernel(__nv_bfloat16 *x, const __nv_bfloat16 *bias, int dim, size_t n) {
-    pdl_wait();
     pdl_trigger();
+    pdl_wait();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] = __float2bfloat16(__bfloat162float(x[i]) + __bfloat162float(bias[i % dim]));
 }
 
 __global__ void get_rows_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *x, const int32_t *rows, int dim) {
-    pdl_wait();
     pdl_trigger();
+    pdl_wait();
     const __nv_bfloat16 *src = x + (size_t)rows[blockIdx.x] * dim;
     for (int i = threadIdx.x; i < dim; i += blockDim.x) out[(size_t)blockIdx.x * dim + i] = src[i];
 }
 
 __global__ void f32_to_bf16_kernel(__nv_bfloat16 *dst, const float *src, size_t n) {
-    pdl_wait();
     pdl_trigger();
+    pdl_wait();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) dst[i] = __float2bfloat16(src[i]);
 }
 
 __global__ void bf16_to_f32_kernel(float *dst, const __nv_bfloat16 *src, size_t n) {
-    pdl_wait();
     pdl_trigger();
+    pdl_wait();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) dst[i] = __bfloat162float(src[i]);
 }
 
-// One block per row: the first index of the row's maximum (torch.argmax's tie rule).
-__global__ void argmax_kernel(int32_t *ids, const float *x, int vocab) {
-    pdl_wait();
+// The first index of each row's maximum (torch.argmax's tie rule): ARGMAX_SLICES blocks a row,
+// each reducing a slice to a (value, index) pair; the row's last block to finish combines the
+// pairs (the rule is a total order, so the combination order does not matter). ws holds a
+// counter per row of its capacity (zero between launches), then [rows][ARGMAX_SLICES] pairs.
+#define ARGMAX_SLICES 16
+__global__ void argmax_kernel(int32_t *ids, const float *x, int vocab, int32_t *ws, int ws_rows) {
     pdl_trigger();
+    pdl_wait();
     __shared__ float sv[32];
     __shared__ int si[32];
-    const float *row = x + (size_t)blockIdx.x * vocab;
+    __shared__ bool last;
+    const int r = blockIdx.x, p = blockIdx.y, per = (vocab + ARGMAX_SLICES - 1) / ARGMAX_SLICES;
+    const float *row = x + (size_t)r * vocab;
     float best = -INFINITY;
     int bi = 0x7fffffff;
-    for (int i = threadIdx.x; i < vocab; i += blockDim.x) argmax_take(best, bi, row[i], i);
-    warp_argmax(best, bi);
-    if ((threadIdx.x & 31) == 0) sv[threadIdx.x >> 5] = best, si[threadIdx.x >> 5] = bi;
-    __syncthreads();
-    if (threadIdx.x < 32) {
-        int nw = (blockDim.x + 31) / 32;
-        best = threadIdx.x < nw ? sv[threadIdx.x] : -INFINITY;
-        bi = threadIdx.x < nw ? si[threadIdx.x] : 0x7fffffff;
+    for (int i = p * per + threadIdx.x; i < min(vocab, (p + 1) * per); i += blockDim.x) argmax_take(best, bi, row[i], i);
+    // the block's pair into sv[0], si[0]
+    auto block_argmax = [&]() {
         warp_argmax(best, bi);
-        if (threadIdx.x == 0) ids[blockIdx.x] = bi == 0x7fffffff ? 0 : bi;
+        if ((threadIdx.x & 31) == 0) sv[threadIdx.x >> 5] = best, si[threadIdx.x >> 5] = bi;
+        __syncthreads();
+        if (threadIdx.x < 32) {
+            int nw = (blockDim.x + 31) / 32;
+            best = threadIdx.x < nw ? sv[threadIdx.x] : -INFINITY;
+            bi = threadIdx.x < nw ? si[threadIdx.x] : 0x7fffffff;
+            warp_argmax(best, bi);
+        }
+        __syncthreads();
+    };
+    block_argmax();
+    int32_t *pairs = ws + ws_rows + (size_t)r * 2 * ARGMAX_SLICES, *counter = ws + r;
+    if (threadIdx.x == 0) {
+        pairs[2 * p] = __float_as_int(best);
+        pairs[2 * p + 1] = bi;
+        __threadfence();
+        last = atomicAdd(counter, 1) == ARGMAX_SLICES - 1;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    best = -INFINITY, bi = 0x7fffffff;
+    if (threadIdx.x < ARGMAX_SLICES)
+        best = __int_as_float(__ldcg(pairs + 2 * threadIdx.x)), bi = __ldcg(pairs + 2 * threadIdx.x + 1);
+    block_argmax();
+    if (threadIdx.x == 0) {
+        ids[r] = bi == 0x7fffffff ? 0 : bi;
+        *counter = 0;
     }
 }
 
 extern "C" {
 
-int cuda_argmax_rows(int32_t *ids, const float *x, int n, int vocab, cudaStream_t s) {
+/* Bytes of the workspace of cuda_argmax_rows for up to ws_rows rows (zeroed before first use). */
+size_t cuda_argmax_ws_bytes(int ws_rows) { return (size_t)ws_rows * (2 * ARGMAX_SLICES + 1) * sizeof(int32_t); }
+
+int cuda_argmax_rows(int32_t *ids, const float *x, int n, int vocab, int32_t *ws, int ws_rows, cudaStream_t s) {
     if (n == 0) return 0;
-    CUDA_CHECK(cuda_launch(argmax_kernel, dim3(n), dim3(1024), 0, s, ids, x, vocab));
+    if (n > ws_rows) return -1;
+    CUDA_CHECK(cuda_launch(argmax_kernel, dim3(n, ARGMAX_SLICES), dim3(256), 0, s, ids, x, vocab, ws, ws_rows));
     return 0;
 }
 

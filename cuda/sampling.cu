@@ -202,8 +202,8 @@ __device__ bool radix_top(Each each, u64 need, samp_smem &sm, uint32_t *key_out)
 __global__ void __launch_bounds__(SAMP_THREADS)
     sample_kernel(int32_t *ids, const float *logits, float *work, const samp_param *params,
                   const int32_t *__restrict__ pool, int V, int chunk_len, int n_chunks) {
-    pdl_wait();
     pdl_trigger();
+    pdl_wait();
     __shared__ samp_smem sm;
     const samp_param p = params[blockIdx.x];
     const float *src = logits + (size_t)p.row * V;

@@ -118,6 +118,10 @@ struct backend_ops {
      * above); rows of qkv[T][row_stride] hold q (n_heads*hd), k then v (n_kv*hd each); the batch's
      * k/v are appended to the pools */
     void (*attention)(struct backend *b, void *out, const void *qkv, int row_stride, const struct attn_layer *layer);
+    /* optional (NULL: rope() then attention()): the same two ops in one call, rope over the
+     * layer's n_heads + n_kv_heads heads of qkv; a backend fuses the rotation with the KV append */
+    void (*rope_attention)(struct backend *b, void *out, void *qkv, int row_stride, const struct attn_layer *layer,
+                           const void *inv_freq);
     /* out[t][i] = silu(gu[t][i]) * gu[t][F + i] for n rows (gate | up stacked per row) */
     void (*silu_mul)(struct backend *b, void *out, const void *gu, int n, int F);
     /* x += y, then out = rmsnorm(x) * w, for n rows of dim */

@@ -378,8 +378,12 @@ static void forward_ops(struct model *m, struct kv_cache *kv, const struct fwd_b
                                .k_stream = kv->k_stream[l], .v_stream = kv->v_stream[l]};
         // attention block (h = rmsnorm(x) on entry): x += o(attn(rope(q), rope(k), v)), h = rmsnorm(x)
         op->matmul(b, m->qkv, m->h, w->wqkv, w->bqkv, T, QKV, D);
-        op->rope(b, m->qkv, H + KV, hd, QKV, m->inv_freq);
-        op->attention(b, m->att, m->qkv, QKV, &L);
+        if (op->rope_attention) {
+            op->rope_attention(b, m->att, m->qkv, QKV, &L, m->inv_freq);
+        } else {
+            op->rope(b, m->qkv, H + KV, hd, QKV, m->inv_freq);
+            op->attention(b, m->att, m->qkv, QKV, &L);
+        }
         op->matmul(b, m->o, m->att, w->wo, w->bo, T, D, H * hd);
         op->add_rmsnorm(b, m->h, m->x, m->o, w->ffn_norm, T, D, c->norm_eps);
         // MLP block: x += down(silu(gate(h)) * up(h)), then h = rmsnorm(x) for the next layer

@@ -136,6 +136,45 @@ static void test_embed_rows_logits(void) {
     free(table), free(zero), free(lc), free(lg);
 }
 
+/* argmax over exact logits (x one-hot, so logit v of row r is W[v][r]): ties across the
+ * kernel's slices, a constant row, the maximum at the last index; the GPU's ids must be the
+ * CPU's (the first index of the maximum), launch after launch at several row counts. */
+static void test_argmax(void) {
+    const int V = 128256, D = 16, R = 5;
+    float *w = malloc(sizeof(float) * (size_t)V * D), *x = calloc((size_t)R * D, 4);
+    for (int v = 0; v < V; v++) {
+        float *wr = w + (size_t)v * D;
+        for (int d = 0; d < D; d++) wr[d] = 0.0f;
+        wr[0] = util_bf16_to_f32(util_f32_to_bf16(util_rng_normal(&rng)));        /* random */
+        wr[1] = v == 130 || v == 77777 || v == V - 1 ? 2.0f : 0.0f;                /* tie: 130 */
+        wr[2] = 1.0f;                                                              /* constant: 0 */
+        wr[3] = v == V - 1 ? 5.0f : -3.0f;                                          /* the last */
+        wr[4] = v >= 64000 && v % 1000 == 7 ? 9.0f : (float)(v % 13) - 6.0f;        /* tie in slice 7 */
+    }
+    for (int r = 0; r < R; r++) x[(size_t)r * D + r] = 1.0f;
+    void *wc, *wg, *xc, *xg;
+    weight2(&wc, &wg, w, V, D);
+    up2(&xc, &xg, x, (size_t)R * D);
+    int counts[4] = {5, 1, 3, 5}, bad = 0, rc = 0;
+    for (int k = 0; k < 4; k++) {
+        int n = counts[k];
+        int32_t ic[5], ig[5];
+        cpu->ops->logits(cpu, NULL, xc, wc, n, V, D);
+        cpu->ops->argmax(cpu, ic, n, V);
+        rc |= gpu->ops->logits(gpu, NULL, xg, wg, n, V, D);
+        gpu->ops->argmax(gpu, ig, n, V);
+        rc |= gpu->ops->sync(gpu);
+        for (int r = 0; r < n; r++) bad += ic[r] != ig[r];
+        if (k == 0) printf("     argmax ids cpu %d %d %d %d %d, gpu %d %d %d %d %d\n", ic[0], ic[1], ic[2], ic[3], ic[4],
+                           ig[0], ig[1], ig[2], ig[3], ig[4]);
+    }
+    int ok = bad == 0 && rc == 0;
+    printf("%-4s %-58s %d ids differ (want 0)\n", ok ? "ok" : "FAIL", "argmax 128256 wide, 5/1/3/5 rows, ties", bad);
+    ok ? n_pass++ : n_fail++;
+    free2(wc, wg), free2(xc, xg);
+    free(w), free(x);
+}
+
 const char *cuda_gemm_kind(int M, int N, int K);
 
 static void test_matmul(void) {
@@ -272,11 +311,14 @@ struct attn_opts {
     int window;
     float kscale, vscale;
     const int *starts; /* when set: sequence s starts at starts[s] (<= ctx), not ctx - 7 s */
+    int rope;          /* 1: the GPU runs rope_attention (fused RoPE + append), the CPU rope() then
+                        * attention(); and a second GPU run of rope() then attention() must give the
+                        * same bits */
 };
 
 static void attention_case(int H, int KV, int hd, int n_stream, int ctx, int T, int n_seqs, int sink, int recent,
                            const struct attn_opts *opt) {
-    struct attn_opts o = opt ? *opt : (struct attn_opts){0, 1.0f, 1.0f, NULL};
+    struct attn_opts o = opt ? *opt : (struct attn_opts){0, 1.0f, 1.0f, NULL, 0};
     int bs = 16, n_full = KV - n_stream;
     int blocks_per_seq = (ctx + T + bs - 1) / bs, NB = blocks_per_seq * n_seqs;
     size_t full_n = (size_t)NB * bs * n_full * hd, slot_n = (size_t)n_seqs * (sink + recent) * n_stream * hd;
@@ -324,15 +366,68 @@ static void attention_case(int H, int KV, int hd, int n_stream, int ctx, int T, 
     struct attn_layer Lc = L, Lg = L;
     Lc.k_full = kfc, Lc.v_full = vfc, Lc.k_stream = ksc, Lc.v_stream = vsc;
     Lg.k_full = kfg, Lg.v_full = vfg, Lg.k_stream = ksg, Lg.v_stream = vsg;
-    cpu->ops->attention(cpu, oc, qc, rs, &Lc);
-    gpu->ops->attention(gpu, og, qg, rs, &Lg);
     char what[128];
-    snprintf(what, sizeof what, "attention H%d/KV%d hd%d %d streaming, ctx %d, %d x %d tok%s%s", H, KV, hd, n_stream,
-             ctx, n_seqs, T, n_stream ? " (sink/recent)" : "", o.starts ? " (mixed contexts)" : opt ? " (mask edges)" : "");
+    void *ic = NULL, *ig = NULL, *q2 = NULL, *o2 = NULL, *kf2 = NULL, *vf2 = NULL, *ks2 = NULL, *vs2 = NULL;
+    if (o.rope) { /* llama3 RoPE tables; the unfused GPU run gets its own copies of q and the pools */
+        struct model_config rc = {.rope_type = ROPE_TYPE_LLAMA3, .rope_theta = 500000.0f, .rope_factor = 8.0f,
+                                  .rope_low_freq_factor = 1.0f, .rope_high_freq_factor = 4.0f,
+                                  .rope_orig_max_pos = 8192, .head_dim = hd};
+        float inv[128];
+        model_rope_inv_freq(&rc, inv);
+        enum backend_status st;
+        ic = cpu->ops->alloc(cpu, sizeof inv, &st);
+        ig = gpu->ops->alloc(gpu, sizeof inv, &st);
+        cpu->ops->upload_f32(cpu, ic, inv, hd / 2);
+        gpu->ops->upload_f32(gpu, ig, inv, hd / 2);
+        void *dummy;
+        up2(&dummy, &q2, q, (size_t)TT * rs), cpu->ops->free(cpu, dummy);
+        up2(&dummy, &o2, z, (size_t)TT * H * hd), cpu->ops->free(cpu, dummy);
+        up2(&dummy, &kf2, kf, full_n + 1), cpu->ops->free(cpu, dummy);
+        up2(&dummy, &vf2, vf, full_n + 1), cpu->ops->free(cpu, dummy);
+        up2(&dummy, &ks2, ks, slot_n + 1), cpu->ops->free(cpu, dummy);
+        up2(&dummy, &vs2, vs, slot_n + 1), cpu->ops->free(cpu, dummy);
+        cpu->ops->rope(cpu, qc, H + KV, hd, rs, ic);
+        cpu->ops->attention(cpu, oc, qc, rs, &Lc);
+        gpu->ops->rope_attention(gpu, og, qg, rs, &Lg, ig);
+        struct attn_layer L2 = L;
+        L2.k_full = kf2, L2.v_full = vf2, L2.k_stream = ks2, L2.v_stream = vs2;
+        gpu->ops->rope(gpu, q2, H + KV, hd, rs, ig);
+        gpu->ops->attention(gpu, o2, q2, rs, &L2);
+    } else {
+        cpu->ops->attention(cpu, oc, qc, rs, &Lc);
+        gpu->ops->attention(gpu, og, qg, rs, &Lg);
+    }
+    snprintf(what, sizeof what, "%sattention H%d/KV%d hd%d %d streaming, ctx %d, %d x %d tok%s%s", o.rope ? "rope+" : "",
+             H, KV, hd, n_stream, ctx, n_seqs, T, n_stream ? " (sink/recent)" : "",
+             o.starts ? " (mixed contexts)" : opt && !o.rope ? " (mask edges)" : "");
     compare(what, oc, og, (size_t)TT * H * hd, 2e-2f, 2e-2f);
+    if (o.rope) {
+        snprintf(what, sizeof what, "  ... q|k rows after the fused RoPE");
+        compare(what, qc, qg, (size_t)TT * rs, 2e-2f, 1e-2f);
+        snprintf(what, sizeof what, "  ... full V pool after the fused append");
+        compare(what, vfc, vfg, full_n, 0, 0);
+        /* fused and unfused on the GPU: the same bits */
+        size_t n_cmp[4] = {(size_t)TT * H * hd, (size_t)TT * rs, full_n, full_n};
+        void *fa[4] = {og, qg, kfg, vfg}, *fb[4] = {o2, q2, kf2, vf2};
+        size_t differ = 0;
+        for (int k = 0; k < 4; k++) {
+            float *x = malloc(n_cmp[k] * 4), *y = malloc(n_cmp[k] * 4);
+            gpu->ops->download_act(gpu, x, fa[k], n_cmp[k]);
+            gpu->ops->download_act(gpu, y, fb[k], n_cmp[k]);
+            for (size_t i = 0; i < n_cmp[k]; i++) differ += memcmp(&x[i], &y[i], 4) != 0;
+            free(x), free(y);
+        }
+        int ok = differ == 0 && gpu->ops->sync(gpu) == 0;
+        printf("%-4s   ... fused vs rope() then attention() on the GPU: %zu values differ (want 0)\n",
+               ok ? "ok" : "FAIL", differ);
+        ok ? n_pass++ : n_fail++;
+        cpu->ops->free(cpu, ic);
+        gpu->ops->free(gpu, ig), gpu->ops->free(gpu, q2), gpu->ops->free(gpu, o2), gpu->ops->free(gpu, kf2);
+        gpu->ops->free(gpu, vf2), gpu->ops->free(gpu, ks2), gpu->ops->free(gpu, vs2);
+    }
     /* the pools the step wrote must agree too */
     snprintf(what, sizeof what, "  ... full pool after the step's K append");
-    compare(what, kfc, kfg, full_n, 0, 0);
+    compare(what, kfc, kfg, full_n, o.rope ? 2e-2f : 0, o.rope ? 1e-2f : 0); /* rotated K: bf16 on the GPU */
     if (n_stream) {
         snprintf(what, sizeof what, "  ... streaming slots after the step's K/V append");
         compare(what, vsc, vsg, slot_n, 0, 0);
@@ -438,6 +533,7 @@ int main(void) {
     test_matmul();
     test_matmul_invariance();
     test_rope();
+    test_argmax();
     /* GQA ratios 1, 4, 8; head dims 64 and 128; decode and prefill; contexts to 32k */
     attention_case(8, 8, 64, 0, 1000, 1, 3, 0, 1, NULL);
     attention_case(32, 8, 128, 0, 4096, 1, 4, 0, 1, NULL);
@@ -465,16 +561,22 @@ int main(void) {
     attention_invariance(16, 2, 128, 1, 5030, 30, 9, 4, 300, 0);
     /* mask edges against the CPU: keys near-equal in score, values large, so one key more or less
      * at the sink, recent or window boundary moves the output far past the tolerance */
-    struct attn_opts edges = {16, 0.01f, 8.0f, NULL};
+    struct attn_opts edges = {16, 0.01f, 8.0f, NULL, 0};
     attention_case(8, 2, 64, 1, 40, 1, 2, 4, 8, &edges);
     attention_case(8, 2, 64, 1, 20, 24, 2, 4, 8, &edges);
     attention_case(8, 4, 128, 2, 3, 40, 1, 6, 10, &edges);
     /* a decode step mixing short and long contexts (the split path with 1 to 5 partitions a
      * token), and a sink longer than a partition */
     static const int mixed[3] = {100, 1500, 5000};
-    struct attn_opts mix = {0, 1.0f, 1.0f, mixed};
+    struct attn_opts mix = {0, 1.0f, 1.0f, mixed, 0};
     attention_case(32, 8, 128, 3, 5000, 1, 3, 16, 64, &mix);
     attention_case(16, 4, 64, 2, 3000, 1, 2, 1100, 200, NULL);
+    /* RoPE fused with the KV append (the engine's path on the GPU): decode and a prefill chunk,
+     * with and without streaming heads */
+    struct attn_opts fused = {0, 1.0f, 1.0f, NULL, 1};
+    attention_case(32, 8, 128, 0, 2000, 1, 3, 0, 1, &fused);
+    attention_case(32, 8, 128, 3, 700, 100, 2, 16, 64, &fused);
+    attention_case(14, 2, 64, 1, 300, 33, 3, 4, 40, &fused);
     /* the CUDA-core kernel: head dim 256, GQA 32 */
     attention_case(32, 1, 256, 0, 300, 3, 2, 0, 1, NULL);
     printf("\ncuda ops: %d passed, %d failed\n", n_pass, n_fail);
