@@ -195,10 +195,11 @@ __device__ __forceinline__ void split_p(float x0, float x1, uint32_t &hi, uint32
 // share every K/V tile through shared memory (loaded by all threads), each warp computing its
 // own rows; a warp skips tiles none of its rows can see, which changes nothing for them.
 #define FA_WARPS 4
+#define FA_STAGES 3 // K/V tiles in flight: the one summed and the next two loading
 template <int HDP> struct fa_smem {
     static constexpr int LD = HDP + 8; // padded smem rows: conflict-free ldmatrix
-    // K, V x 2 buffers; Q per warp; then each warp's partition total O (f32, lane-private slots)
-    static constexpr size_t BF16_BYTES = (size_t)(4 * FA_KT + 16 * FA_WARPS) * LD * 2;
+    // K, V x FA_STAGES buffers; Q per warp; then each warp's partition total O (f32, lane-private)
+    static constexpr size_t BF16_BYTES = (size_t)(2 * FA_STAGES * FA_KT + 16 * FA_WARPS) * LD * 2;
     static constexpr size_t BYTES = BF16_BYTES + (size_t)FA_WARPS * 16 * HDP * 4;
 };
 
@@ -240,12 +241,12 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
     pdl_trigger();
     pdl_wait();
     extern __shared__ __align__(16) unsigned char fa_raw[];
-    __nv_bfloat16 *sk = reinterpret_cast<__nv_bfloat16 *>(fa_raw), *sv = sk + 2 * FA_KT * LD;
+    __nv_bfloat16 *sk = reinterpret_cast<__nv_bfloat16 *>(fa_raw), *sv = sk + FA_STAGES * FA_KT * LD;
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, tb = blockIdx.x, kvh = blockIdx.y;
     const bool split = gridDim.z > 1 && fa_split_fits(a, gridDim.x);
     const int Z = split ? (int)gridDim.z : 1, z = split ? (int)blockIdx.z : 0;
     if (!split && blockIdx.z > 0) return;
-    __nv_bfloat16 *sq = sv + 2 * FA_KT * LD + warp * 16 * LD;
+    __nv_bfloat16 *sq = sv + FA_STAGES * FA_KT * LD + warp * 16 * LD;
     // the total O of this thread's outputs o[d][e]: sO[(d * 4 + e) * 32] (lane-private, no conflicts)
     float *sO = reinterpret_cast<float *>(fa_raw + fa_smem<HDP>::BF16_BYTES) + (size_t)warp * 16 * HDP + lane;
     const int HD = a.head_dim;
@@ -396,15 +397,19 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
     };
 
     bool q_loaded = false;
-    int buf = 0;
+    // tile (in buffer buf) and the next one (nxt, in buf + 1) are loading; each iteration starts
+    // the one after (nxt2) and sums tile
+    int buf = 0, nxt = tile != INT_MAX ? next_tile(tile) : INT_MAX;
+    if (nxt != INT_MAX) load_tile(1, nxt);
+    asm volatile("cp.async.commit_group;\n" ::);
     while (tile != INT_MAX) { // partition by partition, each closed after its last tile
       const int part = tile / FA_PT;
       bool has_state = false; // the warp summed keys of this partition
       do {
-        int nxt = next_tile(tile);
-        if (nxt != INT_MAX) load_tile(buf ^ 1, nxt);
+        int nxt2 = nxt != INT_MAX ? next_tile(nxt) : INT_MAX;
+        if (nxt2 != INT_MAX) load_tile((buf + 2) % FA_STAGES, nxt2);
         asm volatile("cp.async.commit_group;\n" ::);
-        asm volatile("cp.async.wait_group 1;\n" ::);
+        asm volatile("cp.async.wait_group 2;\n" ::); // this tile's group (and Q) landed
         __syncthreads();
         if (!q_loaded)
             for (int k = 0; k < HDP / 16; k++) fa_ldsm_x4(qa[k], sq + (lane % 16) * LD + k * 16 + (lane / 16) * 8);
@@ -481,7 +486,8 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
         }
         __syncthreads(); // every warp done with buf before the next iteration refills it
         tile = nxt;
-        buf ^= 1;
+        nxt = nxt2;
+        buf = (buf + 1) % FA_STAGES;
       } while (tile != INT_MAX && tile / FA_PT == part);
       if (has_state) close_partition(part);
     }

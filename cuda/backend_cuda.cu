@@ -23,6 +23,8 @@ int cuda_rmsnorm(void *out, const void *x, const void *w, int n, int dim, float 
 int cuda_rope(void *x, const int32_t *pos, const float *inv_freq, int n, int n_heads, int hd, int row_stride,
               cudaStream_t s);
 int cuda_silu_mul(void *out, const void *gu, int rows, int F, cudaStream_t s);
+int cuda_silu_mul_grouped(void *out, const void *gu, int rows, int F, cudaStream_t s);
+int cuda_gemm_swiglu(void *act, const void *x, const void *w, int M, int F, int K, cudaStream_t s);
 int cuda_add_rmsnorm(void *out, void *x, const void *y, const void *w, int n, int dim, float eps, cudaStream_t s);
 int cuda_add_bias(void *x, const void *bias, int n, int dim, cudaStream_t s);
 int cuda_get_rows(void *out, const void *x, const int32_t *rows, int n, int dim, cudaStream_t s);
@@ -476,6 +478,21 @@ static void cu_silu_mul(struct backend *b, void *out, const void *gu, int n, int
     tm_mark(CTX(b), "silu_mul");
 }
 
+/* Packed weights: one GEMM whose epilogue applies SwiGLU to each gate/up row pair. Row-major
+ * weights (cuBLAS, or rows not made of 16-byte units): the GEMM into gu, then the same SwiGLU. */
+static void cu_matmul_swiglu(struct backend *b, void *out, void *gu, const void *x, const void *w, int n, int F,
+                             int n_in) {
+    struct cuda_ctx *c = CTX(b);
+    if (packed_weight(c, n_in)) {
+        CKI(b, cuda_gemm_swiglu(out, x, w, n, F, n_in, c->stream));
+    } else {
+        if (c->cublas) gemm(b, gu, CUDA_R_16BF, x, w, n, 2 * F, n_in);
+        else CKI(b, cuda_gemm_bf16(gu, x, w, NULL, n, 2 * F, n_in, c->stream));
+        CKI(b, cuda_silu_mul_grouped(out, gu, n, F, c->stream));
+    }
+    tm_mark(c, "matmul_swiglu N %d K %d", 2 * F, n_in);
+}
+
 static void cu_add_rmsnorm(struct backend *b, void *out, void *x, const void *y, const void *w, int n, int dim,
                            float eps) {
     CKI(b, cuda_add_rmsnorm(out, x, y, w, n, dim, eps, CTX(b)->stream));
@@ -661,7 +678,7 @@ static void cu_destroy(struct backend *b) {
     free(b);
 }
 
-static struct backend_ops make_ops(void) {
+static struct backend_ops make_ops(bool fused_swiglu) {
     struct backend_ops o;
     memset(&o, 0, sizeof o);
     o.alloc = cu_alloc;
@@ -681,6 +698,7 @@ static struct backend_ops make_ops(void) {
     o.attention = cu_attention;
     o.rope_attention = cu_rope_attention;
     o.silu_mul = cu_silu_mul;
+    o.matmul_swiglu = fused_swiglu ? cu_matmul_swiglu : NULL;
     o.add_rmsnorm = cu_add_rmsnorm;
     o.get_rows = cu_get_rows;
     o.logits = cu_logits;
@@ -693,7 +711,8 @@ static struct backend_ops make_ops(void) {
     return o;
 }
 
-static const struct backend_ops cuda_ops = make_ops();
+/* DUOSERVE_NO_FUSED_SWIGLU=1 (A/B runs): the MLP as matmul + silu_mul, as before the fused op */
+static const struct backend_ops cuda_ops = make_ops(true), cuda_ops_unfused = make_ops(false);
 
 extern "C" struct backend *backend_cuda_create(int device, int flags, char *err, size_t errlen) {
     int n = 0;
@@ -744,7 +763,7 @@ extern "C" struct backend *backend_cuda_create(int device, int flags, char *err,
     c->graphs_off = getenv("DUOSERVE_NO_CUDA_GRAPHS") != NULL;
     c->device = device;
     c->cublas = (flags & BACKEND_CUDA_CUBLAS) != 0;
-    b->ops = &cuda_ops;
+    b->ops = getenv("DUOSERVE_NO_FUSED_SWIGLU") ? &cuda_ops_unfused : &cuda_ops;
     b->name = "cuda";
     b->ctx = c;
     return b;

@@ -42,6 +42,10 @@ __device__ __forceinline__ void rope_pair(float a, float b, int pos, float inv_f
     rb = b * c + a * s;
 }
 
+// SwiGLU of one gate and up value (f32 from bf16): the silu_mul kernels and the fused SwiGLU
+// GEMM epilogue share it, so both round alike.
+__device__ __forceinline__ float silu_mul_f(float g, float u) { return g / (1.0f + __expf(-g)) * u; }
+
 // argmax pairs (value, index): keep the larger value, the lower index on ties (torch.argmax's
 // rule); a warp's pairs combined into every lane's.
 __device__ __forceinline__ void argmax_take(float &best, int &bi, float v, int i) {

@@ -28,6 +28,7 @@
 static float *g_ws;      // partial sums [chunk][M][N]
 static int *g_counters;  // per tile: chunks done (back to 0 after each tile)
 static int g_sms = 132;
+static unsigned g_nosplit_strips; // weight streams of at least this many strips do not split K (0: always split)
 
 __device__ __forceinline__ void cp_async16(void *smem, const void *gmem, bool pred) {
     unsigned s = (unsigned)__cvta_generic_to_shared(smem);
@@ -100,6 +101,17 @@ __device__ __forceinline__ float out_value(float total, const __nv_bfloat16 *bia
     return total + (bias ? __bfloat162float(bias[n]) : 0.0f);
 }
 
+// The fused SwiGLU epilogue (SW kernels: weight rows interleaved by 8, gate rows 16j..16j+7 and
+// up rows 16j+8..16j+15 of group j): the gate and up outputs rounded to bf16 as the plain GEMM
+// stores them, then silu_mul's arithmetic, so the result is bit for bit the unfused one. A
+// thread's mma fragments hold rows r and r + 8 of a 16-row block, i.e. the gate and up of one
+// feature: y[t][N / 2] gets feature (n / 16) * 8 + n % 8 for the gate row n.
+__device__ __forceinline__ void store_swiglu(__nv_bfloat16 *y, int N, int n, int t, float gate, float up) {
+    float g = __bfloat162float(__float2bfloat16(out_value(gate, NULL, n)));
+    float u = __bfloat162float(__float2bfloat16(out_value(up, NULL, n + 8)));
+    y[(size_t)t * (N / 2) + (n / 16) * 8 + n % 8] = __float2bfloat16(silu_mul_f(g, u));
+}
+
 // The tile kernels (M > GEMM_STREAM_M). A block covers BM = WMW * WMT * 16 weight rows and
 // BN = WNW * WNT * 8 tokens; its warps form a WMW x WNW grid, each owning WMT m16 tiles x WNT
 // n8 tiles. K advances BK per pipeline stage: packed weight blocks and padded token rows are
@@ -110,7 +122,7 @@ template <int WMW, int WMT, int WNW, int WNT, int BK, int STAGES> struct gemm_cf
     static constexpr size_t SMEM = (size_t)STAGES * (BM * BK + BN * LD) * 2;
 };
 
-template <int WMW, int WMT, int WNW, int WNT, int BK, int STAGES, typename OUT>
+template <int WMW, int WMT, int WNW, int WNT, int BK, int STAGES, typename OUT, bool SW>
 __global__ void __launch_bounds__(32 * WMW * WNW)
     gemm_kernel(OUT *__restrict__ y, const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ w,
                 const __nv_bfloat16 *__restrict__ bias, int M, int N, int K, float *__restrict__ ws,
@@ -246,7 +258,19 @@ __global__ void __launch_bounds__(32 * WMW * WNW)
         each_out([&](int n, int t, float &v) { v = partials_in_order(ws, (int)gridDim.z, M, N, t, n); });
         if (tid == 0) counters[tile] = 0;
     }
-    each_out([&](int n, int t, float &v) { store_out(y + (size_t)t * N + n, out_value(v, bias, n)); });
+    if constexpr (SW) { // total[i][j][e] is row g of m tile i, total[i][j][2 + e] row g + 8
+#pragma unroll
+        for (int i = 0; i < WMT; i++)
+#pragma unroll
+            for (int j = 0; j < WNT; j++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    int n = n0 + (wm * WMT + i) * 16 + g, t = t0 + (wn * WNT + j) * 8 + 2 * q + e;
+                    if (n < N && t < M) store_swiglu(y, N, n, t, total[i][j][e], total[i][j][2 + e]);
+                }
+    } else {
+        each_out([&](int n, int t, float &v) { store_out(y + (size_t)t * N + n, out_value(v, bias, n)); });
+    }
 }
 
 // The weight stream (M <= 8 * NT): each warp owns one 16-row strip of packed weights and one K
@@ -255,7 +279,7 @@ __global__ void __launch_bounds__(32 * WMW * WNW)
 // steps at a time and the next U in flight; the tokens' B fragments come from global (L1).
 #define GEMM_STREAM_WARPS 4
 #define GEMM_STREAM_U 8
-template <int NT, typename OUT>
+template <int NT, typename OUT, bool SW>
 __global__ void __launch_bounds__(32 * GEMM_STREAM_WARPS)
     gemm_stream_kernel(OUT *__restrict__ y, const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ w,
                        const __nv_bfloat16 *__restrict__ bias, int M, int N, int K, float *__restrict__ ws,
@@ -356,7 +380,17 @@ __global__ void __launch_bounds__(32 * GEMM_STREAM_WARPS)
         each_out([&](int n, int t, float &v) { v = partials_in_order(ws, chunks, M, N, t, n); });
         if (lane == 0) counters[strip] = 0;
     }
-    each_out([&](int n, int t, float &v) { store_out(y + (size_t)t * N + n, out_value(v, bias, n)); });
+    if constexpr (SW) { // total[j][e] is row g, total[j][2 + e] row g + 8
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                int n = strip * 16 + g, t = j * 8 + 2 * q + e;
+                if (n < N && t < M) store_swiglu(y, N, n, t, total[j][e], total[j][2 + e]);
+            }
+    } else {
+        each_out([&](int n, int t, float &v) { store_out(y + (size_t)t * N + n, out_value(v, bias, n)); });
+    }
 }
 
 // K % 8 != 0 (row-major weights): one thread per output, k in order (tiny models only).
@@ -387,10 +421,10 @@ static bool split_fits(unsigned chunks, int M, int N, unsigned tiles) {
     return chunks > 1 && tiles <= GEMM_COUNTERS && (size_t)chunks * M * N <= GEMM_WS_FLOATS;
 }
 
-template <int WMW, int WMT, int WNW, int WNT, int BK, int STAGES, typename OUT>
+template <int WMW, int WMT, int WNW, int WNT, int BK, int STAGES, typename OUT, bool SW>
 static int launch(OUT *y, const void *x, const void *w, const void *bias, int M, int N, int K, cudaStream_t s) {
     using C = gemm_cfg<WMW, WMT, WNW, WNT, BK, STAGES>;
-    auto kern = gemm_kernel<WMW, WMT, WNW, WNT, BK, STAGES, OUT>;
+    auto kern = gemm_kernel<WMW, WMT, WNW, WNT, BK, STAGES, OUT, SW>;
     dim3 grid((M + C::BN - 1) / C::BN, (N + C::BM - 1) / C::BM, 1);
     // too few tiles to fill the GPU: one block per K chunk. The partials are real traffic (at
     // M = 64 half the weights' bytes, more above), so only nearly idle grids of M <= 64 split.
@@ -402,26 +436,31 @@ static int launch(OUT *y, const void *x, const void *w, const void *bias, int M,
     return 0;
 }
 
-template <int NT, typename OUT>
+template <int NT, typename OUT, bool SW>
 static int launch_stream(OUT *y, const void *x, const void *w, const void *bias, int M, int N, int K, cudaStream_t s) {
     unsigned strips = (unsigned)((N + 15) / 16), chunks = (unsigned)((K + GEMM_KC - 1) / GEMM_KC);
-    dim3 grid((strips + GEMM_STREAM_WARPS - 1) / GEMM_STREAM_WARPS, split_fits(chunks, M, N, strips) ? chunks : 1);
-    CUDA_CHECK(cuda_launch(gemm_stream_kernel<NT, OUT>, grid, dim3(32 * GEMM_STREAM_WARPS), 0, s, y,
+    // enough strips to fill the GPU with one warp each (DUOSERVE_STREAM_NOSPLIT_STRIPS, A/B):
+    // each warp sums its strip's chunks in registers, no partials (a speed choice only)
+    bool split = split_fits(chunks, M, N, strips) && !(g_nosplit_strips && strips >= g_nosplit_strips);
+    dim3 grid((strips + GEMM_STREAM_WARPS - 1) / GEMM_STREAM_WARPS, split ? chunks : 1);
+    CUDA_CHECK(cuda_launch(gemm_stream_kernel<NT, OUT, SW>, grid, dim3(32 * GEMM_STREAM_WARPS), 0, s, y,
                            (const __nv_bfloat16 *)x, (const __nv_bfloat16 *)w, (const __nv_bfloat16 *)bias, M, N, K,
                            g_ws, g_counters));
     return 0;
 }
 
-template <int WMW, int WMT, int WNW, int WNT, int BK, int STAGES, typename OUT> static int allow_smem() {
+template <int WMW, int WMT, int WNW, int WNT, int BK, int STAGES, typename OUT, bool SW> static int allow_smem() {
     using C = gemm_cfg<WMW, WMT, WNW, WNT, BK, STAGES>;
-    CUDA_CHECK(cudaFuncSetAttribute(gemm_kernel<WMW, WMT, WNW, WNT, BK, STAGES, OUT>,
+    CUDA_CHECK(cudaFuncSetAttribute(gemm_kernel<WMW, WMT, WNW, WNT, BK, STAGES, OUT, SW>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, (int)C::SMEM));
     return 0;
 }
 
-template <typename OUT>
+// SW: the fused SwiGLU epilogue (y is [M][N / 2], N % 16 == 0, no bias; packed weights only)
+template <typename OUT, bool SW = false>
 static int gemm(OUT *y, const void *x, const void *w, const void *bias, int M, int N, int K, cudaStream_t s) {
     if (M <= 0 || N <= 0) return 0;
+    if (SW && (K % 8 || N % 16 || bias)) return -1;
     if (K % 8) {
         dim3 grid(cuda_blocks((size_t)N, 128), (unsigned)M);
         CUDA_CHECK(cuda_launch(gemm_plain_kernel<OUT>, grid, dim3(128), 0, s, y, (const __nv_bfloat16 *)x,
@@ -432,13 +471,13 @@ static int gemm(OUT *y, const void *x, const void *w, const void *bias, int M, i
         fprintf(stderr, "duoserve: GEMM operands not 16-byte aligned (x %p, w %p)\n", x, w);
         return -1;
     }
-    if (M <= 8) return launch_stream<1>(y, x, w, bias, M, N, K, s);
-    if (M <= 16) return launch_stream<2>(y, x, w, bias, M, N, K, s);
-    if (M <= GEMM_STREAM_M) return launch_stream<4>(y, x, w, bias, M, N, K, s);
+    if (M <= 8) return launch_stream<1, OUT, SW>(y, x, w, bias, M, N, K, s);
+    if (M <= 16) return launch_stream<2, OUT, SW>(y, x, w, bias, M, N, K, s);
+    if (M <= GEMM_STREAM_M) return launch_stream<4, OUT, SW>(y, x, w, bias, M, N, K, s);
     // 128 x 128 tiles only when there are enough of them to fill the GPU
     if (M <= 64 || (unsigned)((M + 127) / 128) * (unsigned)((N + 127) / 128) < (unsigned)g_sms)
-        return launch<GEMM_MID>(y, x, w, bias, M, N, K, s);
-    return launch<GEMM_BIG>(y, x, w, bias, M, N, K, s);
+        return launch<GEMM_MID, OUT, SW>(y, x, w, bias, M, N, K, s);
+    return launch<GEMM_BIG, OUT, SW>(y, x, w, bias, M, N, K, s);
 }
 
 __global__ void embed_packed_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *table, const int32_t *tokens, int dim) {
@@ -455,13 +494,16 @@ int cuda_gemm_init(void) {
     int dev = 0;
     CUDA_CHECK(cudaGetDevice(&dev));
     CUDA_CHECK(cudaDeviceGetAttribute(&g_sms, cudaDevAttrMultiProcessorCount, dev));
+    const char *ns = getenv("DUOSERVE_STREAM_NOSPLIT_STRIPS");
+    g_nosplit_strips = ns ? (unsigned)atoi(ns) : 0;
     if (!g_ws) CUDA_CHECK(cudaMalloc(&g_ws, (size_t)GEMM_WS_FLOATS * sizeof(float)));
     if (!g_counters) {
         CUDA_CHECK(cudaMalloc(&g_counters, GEMM_COUNTERS * sizeof(int)));
         CUDA_CHECK(cudaMemset(g_counters, 0, GEMM_COUNTERS * sizeof(int)));
     }
-    int rc = allow_smem<GEMM_MID, __nv_bfloat16>() | allow_smem<GEMM_BIG, __nv_bfloat16>() |
-             allow_smem<GEMM_MID, float>() | allow_smem<GEMM_BIG, float>();
+    int rc = allow_smem<GEMM_MID, __nv_bfloat16, false>() | allow_smem<GEMM_BIG, __nv_bfloat16, false>() |
+             allow_smem<GEMM_MID, float, false>() | allow_smem<GEMM_BIG, float, false>() |
+             allow_smem<GEMM_MID, __nv_bfloat16, true>() | allow_smem<GEMM_BIG, __nv_bfloat16, true>();
     return rc ? -2 : 0;
 }
 
@@ -497,6 +539,12 @@ int cuda_gemm_bf16(void *y, const void *x, const void *w, const void *bias, int 
 
 int cuda_gemm_f32out(float *y, const void *x, const void *w, int M, int N, int K, cudaStream_t s) {
     return gemm(y, x, w, NULL, M, N, K, s);
+}
+
+/* act[M][F] = SwiGLU of x[M][K] @ w^T, w packed with 2F rows interleaved by 8 (gate rows 16j..,
+ * up rows 16j+8..); -1 when the shape cannot take the fused epilogue (K % 8, F % 8). */
+int cuda_gemm_swiglu(void *act, const void *x, const void *w, int M, int F, int K, cudaStream_t s) {
+    return gemm<__nv_bfloat16, true>((__nv_bfloat16 *)act, x, w, NULL, M, 2 * F, K, s);
 }
 
 /* Which kernel a shape takes (for the op test's labels). */

@@ -136,7 +136,7 @@ __global__ void silu_mul_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *gu, int
     if (i < n) {
         size_t t = i / F, c = i % F;
         float g = __bfloat162float(gu[t * 2 * F + c]);
-        out[i] = __float2bfloat16(g / (1.0f + __expf(-g)) * __bfloat162float(gu[t * 2 * F + F + c]));
+        out[i] = __float2bfloat16(silu_mul_f(g, __bfloat162float(gu[t * 2 * F + F + c])));
     }
 }
 
@@ -151,10 +151,22 @@ __global__ void silu_mul_vec_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *gu,
     const __nv_bfloat16 *ge = reinterpret_cast<const __nv_bfloat16 *>(&gv), *ue = reinterpret_cast<const __nv_bfloat16 *>(&uv);
     __nv_bfloat16 *oe = reinterpret_cast<__nv_bfloat16 *>(&ov);
 #pragma unroll
-    for (int e = 0; e < 8; e++) {
-        float g = __bfloat162float(ge[e]);
-        oe[e] = __float2bfloat16(g / (1.0f + __expf(-g)) * __bfloat162float(ue[e]));
-    }
+    for (int e = 0; e < 8; e++) oe[e] = __float2bfloat16(silu_mul_f(__bfloat162float(ge[e]), __bfloat162float(ue[e])));
+    *reinterpret_cast<uint4 *>(out + i * 8) = ov;
+}
+
+// The same over gate | up rows interleaved in groups of 8 (backend matmul_swiglu's layout): row t
+// of gu holds, for each group j, gate j*8..j*8+7 then up j*8..j*8+7. One group a thread.
+__global__ void silu_mul_grouped_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *gu, size_t groups) {
+    pdl_trigger();
+    pdl_wait();
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= groups) return;
+    uint4 gv = *reinterpret_cast<const uint4 *>(gu + i * 16), uv = *reinterpret_cast<const uint4 *>(gu + i * 16 + 8), ov;
+    const __nv_bfloat16 *ge = reinterpret_cast<const __nv_bfloat16 *>(&gv), *ue = reinterpret_cast<const __nv_bfloat16 *>(&uv);
+    __nv_bfloat16 *oe = reinterpret_cast<__nv_bfloat16 *>(&ov);
+#pragma unroll
+    for (int e = 0; e < 8; e++) oe[e] = __float2bfloat16(silu_mul_f(__bfloat162float(ge[e]), __bfloat162float(ue[e])));
     *reinterpret_cast<uint4 *>(out + i * 8) = ov;
 }
 
@@ -329,6 +341,16 @@ int cuda_silu_mul(void *out, const void *gu, int rows, int F, cudaStream_t s) {
         return 0;
     }
     CUDA_CHECK(cuda_launch(silu_mul_kernel, dim3(cuda_blocks(n, 256)), dim3(256), 0, s, (__nv_bfloat16 *)out, (const __nv_bfloat16 *)gu, F, n));
+    return 0;
+}
+
+/* out[rows][F] = SwiGLU of gu[rows][2F] in groups of 8 (F % 8 == 0, 16-byte aligned rows) */
+int cuda_silu_mul_grouped(void *out, const void *gu, int rows, int F, cudaStream_t s) {
+    size_t groups = (size_t)rows * (F / 8);
+    if (groups == 0) return 0;
+    if (F % 8 || ((uintptr_t)out | (uintptr_t)gu) % 16) return -1;
+    CUDA_CHECK(cuda_launch(silu_mul_grouped_kernel, dim3(cuda_blocks(groups, 128)), dim3(128), 0, s,
+                           (__nv_bfloat16 *)out, (const __nv_bfloat16 *)gu, groups));
     return 0;
 }
 

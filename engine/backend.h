@@ -124,6 +124,13 @@ struct backend_ops {
                            const void *inv_freq);
     /* out[t][i] = silu(gu[t][i]) * gu[t][F + i] for n rows (gate | up stacked per row) */
     void (*silu_mul)(struct backend *b, void *out, const void *gu, int n, int F);
+    /* optional (NULL: matmul() then silu_mul()): out[n][F] = silu(g) * u for the gate g and up u
+     * of x[n][n_in] @ w^T, where w's 2F rows are stacked in groups of 8: rows 16j..16j+7 are
+     * gate rows 8j..8j+7 and rows 16j+8..16j+15 the same up rows (F % 8 == 0). gu[n][2F] is
+     * scratch the backend may use. Each output is exactly silu_mul() of matmul()'s outputs for its
+     * gate and up rows (a backend fuses the two ops, it does not change their arithmetic) */
+    void (*matmul_swiglu)(struct backend *b, void *out, void *gu, const void *x, const void *w, int n, int F,
+                          int n_in);
     /* x += y, then out = rmsnorm(x) * w, for n rows of dim */
     void (*add_rmsnorm)(struct backend *b, void *out, void *x, const void *y, const void *w, int n, int dim, float eps);
     /* out[i][dim] = x[logit_rows[i]][dim] */

@@ -273,6 +273,21 @@ static void cpu_silu_mul(struct backend *b, void *out, const void *gu, int n, in
     }
 }
 
+/* gu (scratch) = x @ w^T with w's gate and up rows interleaved in groups of 8, then the same
+ * silu(g) * u as cpu_silu_mul for each (gate, up) row pair */
+static void cpu_matmul_swiglu(struct backend *b, void *out, void *gu, const void *x, const void *w, int n, int F,
+                              int n_in) {
+    cpu_matmul(b, gu, x, w, NULL, n, 2 * F, n_in);
+    for (int t = 0; t < n; t++) {
+        const float *y = (const float *)gu + (size_t)t * 2 * F;
+        float *o = (float *)out + (size_t)t * F;
+        for (int i = 0; i < F; i++) {
+            float g = y[i / 8 * 16 + i % 8], u = y[i / 8 * 16 + 8 + i % 8];
+            o[i] = g / (1.0f + expf(-g)) * u;
+        }
+    }
+}
+
 static void cpu_add(struct backend *b, void *x, const void *y, size_t n) {
     float *a = x;
     const float *c = y;
@@ -365,6 +380,7 @@ static const struct backend_ops cpu_ops = {
     .rope = cpu_rope,
     .attention = cpu_attention,
     .silu_mul = cpu_silu_mul,
+    .matmul_swiglu = cpu_matmul_swiglu,
     .add_rmsnorm = cpu_add_rmsnorm,
     .get_rows = cpu_get_rows,
     .logits = cpu_logits,

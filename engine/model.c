@@ -99,7 +99,17 @@ struct stack {
     size_t cap;          // bytes allocated
     enum st_dtype dtype;
     int64_t rows, cols, filled;
+    int group; // 0: parts one after another; else two halves interleaved in groups of this many rows
 };
+
+/* The data row of part row i (rows counted across the parts in stacking order). With a group,
+ * each `group` rows of the first half are followed by the same rows of the second half (gate |
+ * up for backend matmul_swiglu). */
+static int64_t stack_row(const struct stack *sk, int64_t i) {
+    if (!sk->group) return i;
+    int64_t half = sk->rows / 2, p = i >= half, r = p ? i - half : i;
+    return r / sk->group * 2 * sk->group + p * sk->group + r % sk->group;
+}
 
 /* Readies sk for layer l's tensors parts[n] stacked into rows x cols (0: a vector). A missing
  * part is reported when it is loaded. */
@@ -128,25 +138,40 @@ static int stack_init(const struct loader *ld, struct stack *sk, int l, const ch
     sk->rows = rows;
     sk->cols = cols;
     sk->filled = 0;
+    sk->group = 0;
     return 0;
 }
 
 /* Appends t's rows (head groups permuted) to sk, converting through f32 when the dtypes differ. */
 static int stack_append(struct stack *sk, const struct st_tensor *t, const struct head_perm *hp) {
-    size_t es = st_dtype_size(sk->dtype);
-    unsigned char *dst = sk->data + (size_t)(sk->filled * (sk->cols ? sk->cols : 1)) * es;
+    size_t es = st_dtype_size(sk->dtype), rb = (size_t)(sk->cols ? sk->cols : 1) * es;
+    int64_t first = sk->filled;
     sk->filled += t->shape[0];
-    if (t->dtype == sk->dtype) {
+    unsigned char *dst = sk->data + (size_t)first * rb;
+    if (t->dtype == sk->dtype && !sk->group) {
         permute_into(dst, t, hp);
         return BACKEND_OK;
     }
-    unsigned char *owned;
+    unsigned char *owned, *conv = NULL;
     struct st_tensor src = *t;
     src.data = permuted_data(t, hp, &owned);
     if (!src.data) return BACKEND_ERR_OOM;
-    int64_t n = st_tensor_numel(t);
-    if (sk->dtype == ST_DTYPE_F32) st_tensor_to_f32(&src, 0, n, (float *)dst);
-    else st_tensor_to_bf16(&src, 0, n, (uint16_t *)dst);
+    const unsigned char *rows = src.data; // t's rows in the stack's dtype
+    if (t->dtype != sk->dtype) {
+        int64_t n = st_tensor_numel(t);
+        unsigned char *to = sk->group ? (conv = malloc((size_t)n * es)) : dst;
+        if (!to) {
+            free(owned);
+            return BACKEND_ERR_OOM;
+        }
+        if (sk->dtype == ST_DTYPE_F32) st_tensor_to_f32(&src, 0, n, (float *)to);
+        else st_tensor_to_bf16(&src, 0, n, (uint16_t *)to);
+        rows = to;
+    }
+    if (sk->group) /* each row to its place among the other half's */
+        for (int64_t r = 0; r < t->shape[0]; r++)
+            memcpy(sk->data + (size_t)stack_row(sk, first + r) * rb, rows + (size_t)r * rb, rb);
+    free(conv);
     free(owned);
     return BACKEND_OK;
 }
@@ -225,6 +250,7 @@ static int load_weights(struct model *m, struct loader *ld) {
     struct stack qkv = {0}, qkvb = {0}, gu = {0};
     int *perm = malloc(sizeof(int) * (size_t)c->n_kv_heads);
     int rc = perm ? 0 : util_err(ld->err, ld->errlen, "out of memory");
+    m->fused_swiglu = ld->b->ops->matmul_swiglu && F % 8 == 0;
     for (int l = 0; !rc && l < c->n_layers; l++) {
         struct layer_weights *w = &m->layers[l];
         char n[160];
@@ -248,6 +274,7 @@ static int load_weights(struct model *m, struct loader *ld) {
         if (!rc && (stack_init(ld, &qkv, l, qkv_w, 3, QD + 2 * KD, D) || stack_init(ld, &gu, l, gu_w, 2, 2 * F, D) ||
                     (c->qkv_bias && stack_init(ld, &qkvb, l, qkv_b, 3, QD + 2 * KD, 0))))
             rc = util_err(ld->err, ld->errlen, "out of memory");
+        gu.group = m->fused_swiglu ? 8 : 0; /* the row order matmul_swiglu reads */
         for (int i = 0; i < 3; i++) LT(NULL, qkv_w[i], 2, i ? KD : QD, D, &rows, &qkv);
         LT(&w->wo, "self_attn.o_proj.weight", 2, D, QD, &cols, NULL);
         for (int i = 0; c->qkv_bias && i < 3; i++) LT(NULL, qkv_b[i], 1, i ? KD : QD, 0, &rows, &qkvb);
@@ -387,8 +414,12 @@ static void forward_ops(struct model *m, struct kv_cache *kv, const struct fwd_b
         op->matmul(b, m->o, m->att, w->wo, w->bo, T, D, H * hd);
         op->add_rmsnorm(b, m->h, m->x, m->o, w->ffn_norm, T, D, c->norm_eps);
         // MLP block: x += down(silu(gate(h)) * up(h)), then h = rmsnorm(x) for the next layer
-        op->matmul(b, m->gu, m->h, w->w_gateup, NULL, T, 2 * F, D);
-        op->silu_mul(b, m->act, m->gu, T, F);
+        if (m->fused_swiglu) {
+            op->matmul_swiglu(b, m->act, m->gu, m->h, w->w_gateup, T, F, D);
+        } else {
+            op->matmul(b, m->gu, m->h, w->w_gateup, NULL, T, 2 * F, D);
+            op->silu_mul(b, m->act, m->gu, T, F);
+        }
         op->matmul(b, m->o, m->act, w->w_down, NULL, T, D, F);
         const void *next_norm = l + 1 < c->n_layers ? m->layers[l + 1].attn_norm : m->final_norm;
         op->add_rmsnorm(b, m->h, m->x, m->o, next_norm, T, D, c->norm_eps);

@@ -15,7 +15,7 @@ struct layer_weights {
     void *bqkv;       // (n_heads*hd + 2*n_kv*hd) or NULL
     void *wo, *bo;    // (dim, n_heads*hd), bias (dim) or NULL
     void *ffn_norm;   // (dim)
-    void *w_gateup;   // (2*hidden_dim, dim): gate then up
+    void *w_gateup;   // (2*hidden_dim, dim): gate then up, or interleaved by 8 rows (fused_swiglu)
     void *w_down;     // (dim, hidden_dim)
 };
 
@@ -29,6 +29,7 @@ struct model {
     int *n_full, *n_stream;       // [n_layers] retrieval / streaming KV heads (retrieval first)
     void *inv_freq;               // (head_dim/2) f32 RoPE frequencies
     int max_tokens;               // activation buffers hold this many tokens per step
+    bool fused_swiglu;            // w_gateup's rows in matmul_swiglu's order, and the MLP runs through it
     // activations, backend memory, [max_tokens][...]
     void *x, *h;     // residual stream, normalised (dim)
     void *qkv;       // (n_heads*hd + 2*n_kv*hd): q | k | v of each token

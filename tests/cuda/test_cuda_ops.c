@@ -214,6 +214,55 @@ static void gpu_fill_nan(void *p, size_t n) {
     free(h);
 }
 
+/* The fused SwiGLU GEMM (matmul_swiglu, weights interleaved by 8 rows) against the CPU op, and bit
+ * for bit against the GPU's unfused path (matmul over the same weights stacked gate then up,
+ * then silu_mul) on every kernel: the weight stream with 1, 2 and 4 token tiles (split), 64-row
+ * tiles with and without split-K, 128-row tiles, and row-major weights (K % 8 != 0). */
+static void test_matmul_swiglu(void) {
+    int shapes[][3] = {{1, 2048, 4096}, {5, 1024, 512}, {12, 512, 1024}, {29, 1024, 4096}, {64, 1024, 4096},
+                       {200, 2048, 1024}, {2048, 2048, 512}, {3, 64, 100}};
+    for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
+        int n = shapes[k][0], F = shapes[k][1], ni = shapes[k][2];
+        float *x = rand_bf16((size_t)n * ni, 1.0f), *w = rand_bf16((size_t)2 * F * ni, 1.0f / sqrtf((float)ni));
+        float *wp = malloc(sizeof(float) * 2 * F * ni), *z = calloc((size_t)n * 2 * F, 4);
+        for (int r = 0; r < 2 * F; r++) { /* interleaved row r = gate or up row of feature f */
+            int f = r / 16 * 8 + r % 8, up = r % 16 >= 8;
+            memcpy(wp + (size_t)(up * F + f) * ni, w + (size_t)r * ni, sizeof(float) * ni);
+        }
+        void *xc, *xg, *wc, *wg, *guc, *gug, *oc, *og, *wpc, *wpg;
+        up2(&xc, &xg, x, (size_t)n * ni);
+        up2(&guc, &gug, z, (size_t)n * 2 * F);
+        up2(&oc, &og, z, (size_t)n * F);
+        weight2(&wc, &wg, w, 2 * F, ni);
+        weight2(&wpc, &wpg, wp, 2 * F, ni);
+        gpu_fill_nan(og, (size_t)n * F);
+        cpu->ops->matmul_swiglu(cpu, oc, guc, xc, wc, n, F, ni);
+        gpu->ops->matmul_swiglu(gpu, og, gug, xg, wg, n, F, ni);
+        char what[96];
+        snprintf(what, sizeof what, "matmul_swiglu %d x %d x %d (%s)", n, 2 * F, ni, cuda_gemm_kind(n, 2 * F, ni));
+        compare(what, oc, og, (size_t)n * F, 3e-2f, 2e-2f);
+        /* the unfused GPU path */
+        enum backend_status st;
+        void *ref = gpu->ops->alloc(gpu, (size_t)n * F * 2, &st);
+        gpu_fill_nan(ref, (size_t)n * F);
+        gpu->ops->matmul(gpu, gug, xg, wpg, NULL, n, 2 * F, ni);
+        gpu->ops->silu_mul(gpu, ref, gug, n, F);
+        int errs = gpu->ops->sync(gpu) != 0;
+        float *a = malloc(sizeof(float) * n * F), *b = malloc(sizeof(float) * n * F);
+        gpu->ops->download_act(gpu, a, og, (size_t)n * F);
+        gpu->ops->download_act(gpu, b, ref, (size_t)n * F);
+        size_t bad = 0;
+        for (size_t i = 0; i < (size_t)n * F; i++) bad += isnan(a[i]) || memcmp(&a[i], &b[i], 4) != 0;
+        int ok = bad == 0 && errs == 0;
+        printf("%-4s %-58s %zu differ from matmul + silu_mul (want 0)%s\n", ok ? "ok" : "FAIL", what, bad,
+               errs ? "  [device error]" : "");
+        ok ? n_pass++ : n_fail++;
+        gpu->ops->free(gpu, ref);
+        free2(xc, xg), free2(wc, wg), free2(wpc, wpg), free2(guc, gug), free2(oc, og);
+        free(x), free(w), free(wp), free(z), free(a), free(b);
+    }
+}
+
 /* Batch invariance, bit for bit: a token's GEMM output must not depend on how many tokens
  * share the call (every tile shape; split-K and in-register chunk sums: 4096 x 4096 splits at
  * small M only), and the f32 logits likewise. */
@@ -532,6 +581,7 @@ int main(void) {
     test_embed_rows_logits();
     test_matmul();
     test_matmul_invariance();
+    test_matmul_swiglu();
     test_rope();
     test_argmax();
     /* GQA ratios 1, 4, 8; head dims 64 and 128; decode and prefill; contexts to 32k */
