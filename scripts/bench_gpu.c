@@ -119,7 +119,7 @@ int main(int argc, char **argv) {
         }
     }
     static int32_t prompt[65536];
-    for (int i = 0; i < 65536; i++) prompt[i] = 1000 + (i * 7919) % (V - 2000);
+    for (int i = 0; i < 65536; i++) prompt[i] = V > 4000 ? 1000 + (i * 7919) % (V - 2000) : 3 + (i * 7919) % (V - 3);
 
     for (int k = 0; k < n_dec; k++) {
         int B = dec[k], steps = 64;
