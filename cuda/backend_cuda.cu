@@ -711,7 +711,8 @@ static struct backend_ops make_ops(bool fused_swiglu) {
     return o;
 }
 
-/* DUOSERVE_NO_FUSED_SWIGLU=1 (A/B runs): the MLP as matmul + silu_mul, as before the fused op */
+/* DUOSERVE_FUSED_SWIGLU=1: the MLP's gate|up GEMM applies SwiGLU in its epilogue (weights
+ * interleaved at load); off: matmul + silu_mul */
 static const struct backend_ops cuda_ops = make_ops(true), cuda_ops_unfused = make_ops(false);
 
 extern "C" struct backend *backend_cuda_create(int device, int flags, char *err, size_t errlen) {
@@ -763,7 +764,8 @@ extern "C" struct backend *backend_cuda_create(int device, int flags, char *err,
     c->graphs_off = getenv("DUOSERVE_NO_CUDA_GRAPHS") != NULL;
     c->device = device;
     c->cublas = (flags & BACKEND_CUDA_CUBLAS) != 0;
-    b->ops = getenv("DUOSERVE_NO_FUSED_SWIGLU") ? &cuda_ops_unfused : &cuda_ops;
+    const char *fs = getenv("DUOSERVE_FUSED_SWIGLU");
+    b->ops = fs && fs[0] == '1' ? &cuda_ops : &cuda_ops_unfused;
     b->name = "cuda";
     b->ctx = c;
     return b;

@@ -28,6 +28,8 @@
 static float *g_ws;      // partial sums [chunk][M][N]
 static int *g_counters;  // per tile: chunks done (back to 0 after each tile)
 static int g_sms = 132;
+static int g_mid_cfg, g_big_cfg; // A/B tile choices (0: GEMM_MID / GEMM_BIG)
+static unsigned g_split_tiles;   // 64-row tile grids below this many tiles split K (default: half the SMs)
 static unsigned g_nosplit_strips; // weight streams of at least this many strips do not split K (0: always split)
 
 __device__ __forceinline__ void cp_async16(void *smem, const void *gmem, bool pred) {
@@ -415,6 +417,9 @@ __global__ void gemm_plain_kernel(OUT *y, const __nv_bfloat16 *x, const __nv_bfl
 #define GEMM_STREAM_M 32           // M <= 32: the weight stream (n8 token tiles: 1, 2 or 4)
 #define GEMM_MID 4, 1, 1, 8, 64, 6 // M <= 64 (and larger M whose 128-row tiles are too few): 64 x 64, 4 warps
 #define GEMM_BIG 2, 4, 4, 4, 32, 4 // 128 rows x 128 tokens, 8 warps
+// A/B alternatives (DUOSERVE_GEMM_MID=1, DUOSERVE_GEMM_BIG=1): the same sums, other tiles
+#define GEMM_MID1 8, 1, 1, 8, 64, 4 // 128 rows x 64 tokens, 8 warps (x read once per 128 rows)
+#define GEMM_BIG1 2, 4, 4, 4, 64, 3 // 128 x 128 with 64-wide k steps (half the barriers)
 
 // Whether the chunks' partials fit the workspace (else every block sums all chunks itself).
 static bool split_fits(unsigned chunks, int M, int N, unsigned tiles) {
@@ -430,7 +435,7 @@ static int launch(OUT *y, const void *x, const void *w, const void *bias, int M,
     // M = 64 half the weights' bytes, more above), so only nearly idle grids of M <= 64 split.
     // (Only the split changes with the grid, never the order of a sum.)
     unsigned chunks = (unsigned)((K + GEMM_KC - 1) / GEMM_KC), tiles = grid.x * grid.y;
-    if (M <= 64 && tiles < (unsigned)g_sms / 2 && split_fits(chunks, M, N, tiles)) grid.z = chunks;
+    if (M <= 64 && tiles < g_split_tiles && split_fits(chunks, M, N, tiles)) grid.z = chunks;
     CUDA_CHECK(cuda_launch(kern, grid, dim3(C::THREADS), C::SMEM, s, y, (const __nv_bfloat16 *)x,
                            (const __nv_bfloat16 *)w, (const __nv_bfloat16 *)bias, M, N, K, g_ws, g_counters));
     return 0;
@@ -476,8 +481,10 @@ static int gemm(OUT *y, const void *x, const void *w, const void *bias, int M, i
     if (M <= GEMM_STREAM_M) return launch_stream<4, OUT, SW>(y, x, w, bias, M, N, K, s);
     // 128 x 128 tiles only when there are enough of them to fill the GPU
     if (M <= 64 || (unsigned)((M + 127) / 128) * (unsigned)((N + 127) / 128) < (unsigned)g_sms)
-        return launch<GEMM_MID, OUT, SW>(y, x, w, bias, M, N, K, s);
-    return launch<GEMM_BIG, OUT, SW>(y, x, w, bias, M, N, K, s);
+        return g_mid_cfg == 1 ? launch<GEMM_MID1, OUT, SW>(y, x, w, bias, M, N, K, s)
+                              : launch<GEMM_MID, OUT, SW>(y, x, w, bias, M, N, K, s);
+    return g_big_cfg == 1 ? launch<GEMM_BIG1, OUT, SW>(y, x, w, bias, M, N, K, s)
+                          : launch<GEMM_BIG, OUT, SW>(y, x, w, bias, M, N, K, s);
 }
 
 __global__ void embed_packed_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *table, const int32_t *tokens, int dim) {
@@ -494,8 +501,12 @@ int cuda_gemm_init(void) {
     int dev = 0;
     CUDA_CHECK(cudaGetDevice(&dev));
     CUDA_CHECK(cudaDeviceGetAttribute(&g_sms, cudaDevAttrMultiProcessorCount, dev));
-    const char *ns = getenv("DUOSERVE_STREAM_NOSPLIT_STRIPS");
+    const char *ns = getenv("DUOSERVE_STREAM_NOSPLIT_STRIPS"), *mc = getenv("DUOSERVE_GEMM_MID"),
+               *bc = getenv("DUOSERVE_GEMM_BIG"), *st = getenv("DUOSERVE_GEMM_SPLIT_TILES");
     g_nosplit_strips = ns ? (unsigned)atoi(ns) : 0;
+    g_mid_cfg = mc ? atoi(mc) : 0;
+    g_big_cfg = bc ? atoi(bc) : 0;
+    g_split_tiles = st ? (unsigned)atoi(st) : (unsigned)g_sms / 2;
     if (!g_ws) CUDA_CHECK(cudaMalloc(&g_ws, (size_t)GEMM_WS_FLOATS * sizeof(float)));
     if (!g_counters) {
         CUDA_CHECK(cudaMalloc(&g_counters, GEMM_COUNTERS * sizeof(int)));
@@ -503,7 +514,10 @@ int cuda_gemm_init(void) {
     }
     int rc = allow_smem<GEMM_MID, __nv_bfloat16, false>() | allow_smem<GEMM_BIG, __nv_bfloat16, false>() |
              allow_smem<GEMM_MID, float, false>() | allow_smem<GEMM_BIG, float, false>() |
-             allow_smem<GEMM_MID, __nv_bfloat16, true>() | allow_smem<GEMM_BIG, __nv_bfloat16, true>();
+             allow_smem<GEMM_MID, __nv_bfloat16, true>() | allow_smem<GEMM_BIG, __nv_bfloat16, true>() |
+             allow_smem<GEMM_MID1, __nv_bfloat16, false>() | allow_smem<GEMM_BIG1, __nv_bfloat16, false>() |
+             allow_smem<GEMM_MID1, float, false>() | allow_smem<GEMM_BIG1, float, false>() |
+             allow_smem<GEMM_MID1, __nv_bfloat16, true>() | allow_smem<GEMM_BIG1, __nv_bfloat16, true>();
     return rc ? -2 : 0;
 }
 
@@ -551,7 +565,8 @@ int cuda_gemm_swiglu(void *act, const void *x, const void *w, int M, int F, int 
 const char *cuda_gemm_kind(int M, int N, int K) {
     if (K % 8) return "plain kernel";
     if (M <= GEMM_STREAM_M) return "weight stream";
-    return M <= 64 || (M + 127) / 128 * ((N + 127) / 128) < g_sms ? "64x64 tiles" : "128x128 tiles";
+    if (M <= 64 || (M + 127) / 128 * ((N + 127) / 128) < g_sms) return g_mid_cfg == 1 ? "128x64 tiles" : "64x64 tiles";
+    return g_big_cfg == 1 ? "128x128 tiles, k 64" : "128x128 tiles";
 }
 
 }  // extern "C"

@@ -570,6 +570,7 @@ static void attention_invariance(int H, int KV, int hd, int n_stream, int ctx, i
 
 int main(void) {
     char err[256];
+    setenv("DUOSERVE_FUSED_SWIGLU", "1", 1); /* the op table with matmul_swiglu */
     gpu = backend_cuda_create(0, 0, err, sizeof err);
     if (!gpu) {
         printf("SKIP: %s\n0 passed, 0 failed\n", err);
