@@ -290,41 +290,52 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
         }
     };
 
-    // 4 threads per key row: one pool lookup each, then every 4th 16-byte chunk of the row
-    auto load_tile = [&](int buf, int tile) {
-        for (int i = tid; i < FA_KT * 4; i += 32 * FA_WARPS) {
-            int kr = i / 4, part = i % 4, j = tile * FA_KT + kr;
-            const __nv_bfloat16 *kp = NULL, *vp = NULL;
-            if (full) {
-                if (j <= pos_last) {
-                    kp = full_row(a.k_full, a, s, j, kvh);
-                    vp = a.v_full + (kp - a.k_full);
-                }
-            } else if (j >= pos0) {
-                if (j <= pos_last) {
-                    size_t off = (size_t)(row0 + j - pos0) * rs + (size_t)kvh * HD;
-                    kp = kb + off;
-                    vp = vb + off;
-                }
-            } else if (j < a.sink || j >= pos0 - a.recent) {
-                size_t off = stream_off(a, a.stream_slot[s], j, kvh - a.n_full);
-                kp = a.k_stream + off;
-                vp = a.v_stream + off;
+    // 4 threads per key row (one each): the row's pool block, then every 4th 16-byte chunk of
+    // the row. The block id of the tile loaded next is fetched one load ahead (lookup), so the
+    // block table's latency overlaps a tile's arithmetic instead of stalling every load.
+    static_assert(FA_KT * 4 == 32 * FA_WARPS, "one key row part a thread");
+    const int kr = tid / 4, part = tid % 4;
+    const int bbase = full ? a.block_indptr[s] : 0, sslot = full ? 0 : a.stream_slot[s];
+    int blk_next = 0; // the pool block of key row kr of the tile loaded next (full heads)
+    auto lookup = [&](int tile) {
+        int j = tile == INT_MAX ? INT_MAX : tile * FA_KT + kr;
+        if (full && j <= pos_last) blk_next = a.block_ids[bbase + j / a.block_size];
+    };
+    auto load_tile = [&](int buf, int tile) { // tile: the one lookup() last fetched
+        int j = tile * FA_KT + kr;
+        const __nv_bfloat16 *kp = NULL, *vp = NULL;
+        if (full) {
+            if (j <= pos_last) {
+                size_t row = ((size_t)blk_next * a.block_size + (size_t)(j % a.block_size)) * a.n_full + (size_t)kvh;
+                kp = a.k_full + row * HD;
+                vp = a.v_full + row * HD;
             }
-            __nv_bfloat16 *dk = sk + (buf * FA_KT + kr) * LD, *dv = sv + (buf * FA_KT + kr) * LD;
-            for (int c = part * 8; c < HDP; c += 32) {
-                if (c < HD) {
-                    fa_cp16(dk + c, kp ? kp + c : kb, kp != NULL);
-                    fa_cp16(dv + c, vp ? vp + c : vb, vp != NULL);
-                } else { // padded dims are zero
-                    *reinterpret_cast<uint4 *>(dk + c) = make_uint4(0, 0, 0, 0);
-                    *reinterpret_cast<uint4 *>(dv + c) = make_uint4(0, 0, 0, 0);
-                }
+        } else if (j >= pos0) {
+            if (j <= pos_last) {
+                size_t off = (size_t)(row0 + j - pos0) * rs + (size_t)kvh * HD;
+                kp = kb + off;
+                vp = vb + off;
+            }
+        } else if (j < a.sink || j >= pos0 - a.recent) {
+            size_t off = stream_off(a, sslot, j, kvh - a.n_full);
+            kp = a.k_stream + off;
+            vp = a.v_stream + off;
+        }
+        __nv_bfloat16 *dk = sk + (buf * FA_KT + kr) * LD, *dv = sv + (buf * FA_KT + kr) * LD;
+        for (int c = part * 8; c < HDP; c += 32) {
+            if (c < HD) {
+                fa_cp16(dk + c, kp ? kp + c : kb, kp != NULL);
+                fa_cp16(dv + c, vp ? vp + c : vb, vp != NULL);
+            } else { // padded dims are zero
+                *reinterpret_cast<uint4 *>(dk + c) = make_uint4(0, 0, 0, 0);
+                *reinterpret_cast<uint4 *>(dv + c) = make_uint4(0, 0, 0, 0);
             }
         }
+        lookup(next_tile(tile)); // the block of the next tile in the walk (loaded after this one)
     };
 
     int tile = next_tile(-1);
+    lookup(tile);
     if (tile != INT_MAX) {
         // this warp's Q rows into smem (zero rows/dims beyond the unit), then the first tile
         for (int i = lane; i < 16 * (HDP / 8); i += 32) {

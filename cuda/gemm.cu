@@ -28,9 +28,10 @@
 static float *g_ws;      // partial sums [chunk][M][N]
 static int *g_counters;  // per tile: chunks done (back to 0 after each tile)
 static int g_sms = 132;
-static int g_mid_cfg, g_big_cfg; // A/B tile choices (0: GEMM_MID / GEMM_BIG)
+static int g_mid_cfg, g_big_cfg; // tile choices (GEMM_MID1 / GEMM_BIG1 by default; 0: GEMM_MID / GEMM_BIG)
+static int g_stream_m = 32; // the largest M of the weight stream (8, 16 or 32; GEMM_STREAM_M by default)
 static unsigned g_split_tiles;   // 64-row tile grids below this many tiles split K (default: half the SMs)
-static unsigned g_nosplit_strips; // weight streams of at least this many strips do not split K (0: always split)
+static unsigned g_nosplit_strips; // weight streams of at least this many strips do not split K (default 1024)
 
 __device__ __forceinline__ void cp_async16(void *smem, const void *gmem, bool pred) {
     unsigned s = (unsigned)__cvta_generic_to_shared(smem);
@@ -91,12 +92,31 @@ __device__ __forceinline__ __nv_bfloat16 packed_at(const __nv_bfloat16 *w, int n
     return w[packed_index(n, k, (K + 15) / 16)];
 }
 
-// Split-K: output (t, n) of the partials ws[chunk][M][N], added in chunk order from zero (the
-// same sum the unsplit kernels make in registers). Every split reduction goes through here.
-__device__ __forceinline__ float partials_in_order(const float *ws, int chunks, int M, int N, int t, int n) {
-    float sum = 0.0f;
-    for (int c = 0; c < chunks; c++) sum += __ldcg(ws + ((size_t)c * M + t) * N + n);
-    return sum;
+// Split-K: a thread's NO outputs (idx(o, n, t) names output o; those outside M x N are skipped)
+// from the partials ws[chunk][M][N], each added in chunk order from zero into v[o] (the same sum
+// the unsplit kernels make in registers); every split reduction goes through here. The loads of
+// PB chunks of every output are issued together, so a split GEMM's tail waits on chunks / PB
+// round trips to L2, not one for each few chunks of each output.
+template <int NO, int PB, typename IDX>
+__device__ __forceinline__ void partials_in_order(const float *ws, int chunks, int M, int N, IDX idx, float *v) {
+#pragma unroll
+    for (int o = 0; o < NO; o++) v[o] = 0.0f;
+    for (int c0 = 0; c0 < chunks; c0 += PB) {
+        float p[PB][NO];
+#pragma unroll
+        for (int u = 0; u < PB; u++)
+#pragma unroll
+            for (int o = 0; o < NO; o++) {
+                int n, t;
+                idx(o, n, t);
+                p[u][o] = c0 + u < chunks && n < N && t < M ? __ldcg(ws + ((size_t)(c0 + u) * M + t) * N + n) : 0.0f;
+            }
+#pragma unroll
+        for (int u = 0; u < PB; u++)
+            if (c0 + u < chunks)
+#pragma unroll
+                for (int o = 0; o < NO; o++) v[o] += p[u][o];
+    }
 }
 
 __device__ __forceinline__ float out_value(float total, const __nv_bfloat16 *bias, int n) {
@@ -121,6 +141,9 @@ __device__ __forceinline__ void store_swiglu(__nv_bfloat16 *y, int N, int n, int
 template <int WMW, int WMT, int WNW, int WNT, int BK, int STAGES> struct gemm_cfg {
     static constexpr int BM = WMW * WMT * 16, BN = WNW * WNT * 8, THREADS = 32 * WMW * WNW;
     static constexpr int LD = BK + 8; // padded token rows (halves): ldmatrix rows hit distinct banks
+    // split-K only for tiles whose threads hold few outputs (the reduction's registers); launch()
+    // splits no other
+    static constexpr bool SPLITS = WMT * WNT <= 8;
     static constexpr size_t SMEM = (size_t)STAGES * (BM * BK + BN * LD) * 2;
 };
 
@@ -245,7 +268,7 @@ __global__ void __launch_bounds__(32 * WMW * WNW)
                         if (n < N && t < M) f(n, t, total[i][j][2 * h + e]);
                     }
     };
-    if (split) {
+    if constexpr (C::SPLITS) if (split) {
         // partials out; the tile's last block adds them in chunk order (the same sum as above)
         float *part = ws + (size_t)blockIdx.z * M * N;
         each_out([&](int n, int t, float &v) { part[(size_t)t * N + n] = v; });
@@ -257,7 +280,20 @@ __global__ void __launch_bounds__(32 * WMW * WNW)
         __syncthreads();
         if (!last) return;
         __threadfence();
-        each_out([&](int n, int t, float &v) { v = partials_in_order(ws, (int)gridDim.z, M, N, t, n); });
+        { // every partial of this thread's outputs, in chunk order
+            constexpr int NO = WMT * WNT * 4;
+            float v[NO];
+            partials_in_order<NO, 1>(ws, (int)gridDim.z, M, N, [&](int o, int &n, int &t) {
+                n = n0 + (wm * WMT + o / (WNT * 4)) * 16 + g + 8 * ((o % 4) >> 1);
+                t = t0 + (wn * WNT + o / 4 % WNT) * 8 + 2 * q + (o & 1);
+            }, v);
+#pragma unroll
+            for (int i = 0; i < WMT; i++)
+#pragma unroll
+                for (int j = 0; j < WNT; j++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) total[i][j][e] = v[(i * WNT + j) * 4 + e];
+        }
         if (tid == 0) counters[tile] = 0;
     }
     if constexpr (SW) { // total[i][j][e] is row g of m tile i, total[i][j][2 + e] row g + 8
@@ -282,7 +318,7 @@ __global__ void __launch_bounds__(32 * WMW * WNW)
 #define GEMM_STREAM_WARPS 4
 #define GEMM_STREAM_U 8
 template <int NT, typename OUT, bool SW>
-__global__ void __launch_bounds__(32 * GEMM_STREAM_WARPS)
+__global__ void __launch_bounds__(32 * GEMM_STREAM_WARPS, NT == 1 ? 4 : 1)
     gemm_stream_kernel(OUT *__restrict__ y, const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ w,
                        const __nv_bfloat16 *__restrict__ bias, int M, int N, int K, float *__restrict__ ws,
                        int *__restrict__ counters) {
@@ -379,7 +415,17 @@ __global__ void __launch_bounds__(32 * GEMM_STREAM_WARPS)
         if (lane == 0) last = atomicAdd(&counters[strip], 1) == chunks - 1;
         if (!__shfl_sync(0xffffffffu, last, 0)) return;
         __threadfence();
-        each_out([&](int n, int t, float &v) { v = partials_in_order(ws, chunks, M, N, t, n); });
+        { // every partial of this lane's outputs, in chunk order
+            float v[NT * 4];
+            partials_in_order<NT * 4, 8 / NT>(ws, chunks, M, N, [&](int o, int &n, int &t) {
+                n = strip * 16 + g + 8 * ((o % 4) >> 1);
+                t = o / 4 * 8 + 2 * q + (o & 1);
+            }, v);
+#pragma unroll
+            for (int j = 0; j < NT; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) total[j][e] = v[j * 4 + e];
+        }
         if (lane == 0) counters[strip] = 0;
     }
     if constexpr (SW) { // total[j][e] is row g, total[j][2 + e] row g + 8
@@ -418,8 +464,11 @@ __global__ void gemm_plain_kernel(OUT *y, const __nv_bfloat16 *x, const __nv_bfl
 #define GEMM_MID 4, 1, 1, 8, 64, 6 // M <= 64 (and larger M whose 128-row tiles are too few): 64 x 64, 4 warps
 #define GEMM_BIG 2, 4, 4, 4, 32, 4 // 128 rows x 128 tokens, 8 warps
 // A/B alternatives (DUOSERVE_GEMM_MID=1, DUOSERVE_GEMM_BIG=1): the same sums, other tiles
-#define GEMM_MID1 8, 1, 1, 8, 64, 4 // 128 rows x 64 tokens, 8 warps (x read once per 128 rows)
-#define GEMM_BIG1 2, 4, 4, 4, 64, 3 // 128 x 128 with 64-wide k steps (half the barriers)
+#define GEMM_MID1 8, 1, 1, 8, 64, 4   // 128 rows x 64 tokens, 8 warps (x read once per 128 rows)
+#define GEMM_MID2 8, 1, 1, 8, 128, 3  // the same with 128-wide k steps
+#define GEMM_MID3 16, 1, 1, 8, 64, 3  // 256 rows x 64 tokens, 16 warps
+#define GEMM_BIG1 2, 4, 4, 4, 64, 3   // 128 x 128 with 64-wide k steps (half the barriers)
+#define GEMM_BIG2 2, 4, 4, 4, 64, 4   // the same, 4 stages (one block an SM)
 
 // Whether the chunks' partials fit the workspace (else every block sums all chunks itself).
 static bool split_fits(unsigned chunks, int M, int N, unsigned tiles) {
@@ -435,7 +484,7 @@ static int launch(OUT *y, const void *x, const void *w, const void *bias, int M,
     // M = 64 half the weights' bytes, more above), so only nearly idle grids of M <= 64 split.
     // (Only the split changes with the grid, never the order of a sum.)
     unsigned chunks = (unsigned)((K + GEMM_KC - 1) / GEMM_KC), tiles = grid.x * grid.y;
-    if (M <= 64 && tiles < g_split_tiles && split_fits(chunks, M, N, tiles)) grid.z = chunks;
+    if (C::SPLITS && M <= 64 && tiles < g_split_tiles && split_fits(chunks, M, N, tiles)) grid.z = chunks;
     CUDA_CHECK(cuda_launch(kern, grid, dim3(C::THREADS), C::SMEM, s, y, (const __nv_bfloat16 *)x,
                            (const __nv_bfloat16 *)w, (const __nv_bfloat16 *)bias, M, N, K, g_ws, g_counters));
     return 0;
@@ -477,14 +526,22 @@ static int gemm(OUT *y, const void *x, const void *w, const void *bias, int M, i
         return -1;
     }
     if (M <= 8) return launch_stream<1, OUT, SW>(y, x, w, bias, M, N, K, s);
-    if (M <= 16) return launch_stream<2, OUT, SW>(y, x, w, bias, M, N, K, s);
-    if (M <= GEMM_STREAM_M) return launch_stream<4, OUT, SW>(y, x, w, bias, M, N, K, s);
+    if (M <= 16 && g_stream_m >= 16) return launch_stream<2, OUT, SW>(y, x, w, bias, M, N, K, s);
+    if (M <= 32 && g_stream_m >= 32) return launch_stream<4, OUT, SW>(y, x, w, bias, M, N, K, s);
     // 128 x 128 tiles only when there are enough of them to fill the GPU
-    if (M <= 64 || (unsigned)((M + 127) / 128) * (unsigned)((N + 127) / 128) < (unsigned)g_sms)
-        return g_mid_cfg == 1 ? launch<GEMM_MID1, OUT, SW>(y, x, w, bias, M, N, K, s)
-                              : launch<GEMM_MID, OUT, SW>(y, x, w, bias, M, N, K, s);
-    return g_big_cfg == 1 ? launch<GEMM_BIG1, OUT, SW>(y, x, w, bias, M, N, K, s)
-                          : launch<GEMM_BIG, OUT, SW>(y, x, w, bias, M, N, K, s);
+    if (M <= 64 || (unsigned)((M + 127) / 128) * (unsigned)((N + 127) / 128) < (unsigned)g_sms) {
+        switch (g_mid_cfg) {
+        case 1: return launch<GEMM_MID1, OUT, SW>(y, x, w, bias, M, N, K, s);
+        case 2: return launch<GEMM_MID2, OUT, SW>(y, x, w, bias, M, N, K, s);
+        case 3: return launch<GEMM_MID3, OUT, SW>(y, x, w, bias, M, N, K, s);
+        default: return launch<GEMM_MID, OUT, SW>(y, x, w, bias, M, N, K, s);
+        }
+    }
+    switch (g_big_cfg) {
+    case 1: return launch<GEMM_BIG1, OUT, SW>(y, x, w, bias, M, N, K, s);
+    case 2: return launch<GEMM_BIG2, OUT, SW>(y, x, w, bias, M, N, K, s);
+    default: return launch<GEMM_BIG, OUT, SW>(y, x, w, bias, M, N, K, s);
+    }
 }
 
 __global__ void embed_packed_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *table, const int32_t *tokens, int dim) {
@@ -502,10 +559,12 @@ int cuda_gemm_init(void) {
     CUDA_CHECK(cudaGetDevice(&dev));
     CUDA_CHECK(cudaDeviceGetAttribute(&g_sms, cudaDevAttrMultiProcessorCount, dev));
     const char *ns = getenv("DUOSERVE_STREAM_NOSPLIT_STRIPS"), *mc = getenv("DUOSERVE_GEMM_MID"),
-               *bc = getenv("DUOSERVE_GEMM_BIG"), *st = getenv("DUOSERVE_GEMM_SPLIT_TILES");
-    g_nosplit_strips = ns ? (unsigned)atoi(ns) : 0;
-    g_mid_cfg = mc ? atoi(mc) : 0;
-    g_big_cfg = bc ? atoi(bc) : 0;
+               *bc = getenv("DUOSERVE_GEMM_BIG"), *st = getenv("DUOSERVE_GEMM_SPLIT_TILES"),
+               *sm = getenv("DUOSERVE_GEMM_STREAM_M");
+    g_stream_m = sm ? atoi(sm) : GEMM_STREAM_M;
+    g_nosplit_strips = ns ? (unsigned)atoi(ns) : 1024;
+    g_mid_cfg = mc ? atoi(mc) : 1;
+    g_big_cfg = bc ? atoi(bc) : 1;
     g_split_tiles = st ? (unsigned)atoi(st) : (unsigned)g_sms / 2;
     if (!g_ws) CUDA_CHECK(cudaMalloc(&g_ws, (size_t)GEMM_WS_FLOATS * sizeof(float)));
     if (!g_counters) {
@@ -518,6 +577,10 @@ int cuda_gemm_init(void) {
              allow_smem<GEMM_MID1, __nv_bfloat16, false>() | allow_smem<GEMM_BIG1, __nv_bfloat16, false>() |
              allow_smem<GEMM_MID1, float, false>() | allow_smem<GEMM_BIG1, float, false>() |
              allow_smem<GEMM_MID1, __nv_bfloat16, true>() | allow_smem<GEMM_BIG1, __nv_bfloat16, true>();
+#define GEMM_ALLOW3(CFG) \
+    (allow_smem<CFG, __nv_bfloat16, false>() | allow_smem<CFG, float, false>() | allow_smem<CFG, __nv_bfloat16, true>())
+    rc |= GEMM_ALLOW3(GEMM_MID2) | GEMM_ALLOW3(GEMM_MID3) | GEMM_ALLOW3(GEMM_BIG2);
+#undef GEMM_ALLOW3
     return rc ? -2 : 0;
 }
 
@@ -564,9 +627,11 @@ int cuda_gemm_swiglu(void *act, const void *x, const void *w, int M, int F, int 
 /* Which kernel a shape takes (for the op test's labels). */
 const char *cuda_gemm_kind(int M, int N, int K) {
     if (K % 8) return "plain kernel";
-    if (M <= GEMM_STREAM_M) return "weight stream";
-    if (M <= 64 || (M + 127) / 128 * ((N + 127) / 128) < g_sms) return g_mid_cfg == 1 ? "128x64 tiles" : "64x64 tiles";
-    return g_big_cfg == 1 ? "128x128 tiles, k 64" : "128x128 tiles";
+    if (M <= 8 || (M <= 16 && g_stream_m >= 16) || (M <= 32 && g_stream_m >= 32)) return "weight stream";
+    static const char *const mid[] = {"64x64 tiles", "128x64 tiles", "128x64 tiles, k 128", "256x64 tiles"};
+    static const char *const big[] = {"128x128 tiles", "128x128 tiles, k 64", "128x128 tiles, k 64, 4 stages"};
+    if (M <= 64 || (M + 127) / 128 * ((N + 127) / 128) < g_sms) return mid[g_mid_cfg >= 0 && g_mid_cfg < 4 ? g_mid_cfg : 0];
+    return big[g_big_cfg >= 0 && g_big_cfg < 3 ? g_big_cfg : 0];
 }
 
 }  // extern "C"

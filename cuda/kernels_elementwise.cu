@@ -58,13 +58,15 @@ __global__ void rmsnorm_vec_kernel(__nv_bfloat16 *out, __nv_bfloat16 *x, const _
     const int nch = dim / 8;
     uint4 *xr = reinterpret_cast<uint4 *>(x + (size_t)blockIdx.x * dim);
     const uint4 *yr = y ? reinterpret_cast<const uint4 *>(y + (size_t)blockIdx.x * dim) : NULL;
-    uint4 xv[RMS_CH], yv[RMS_CH];
+    const uint4 *wr = reinterpret_cast<const uint4 *>(w);
+    uint4 xv[RMS_CH], yv[RMS_CH], wv[RMS_CH]; // w too, so the row costs one round trip
 #pragma unroll
     for (int j = 0; j < RMS_CH; j++) {
         int c = threadIdx.x + j * blockDim.x;
         if (c < nch) {
             xv[j] = xr[c];
             if (yr) yv[j] = yr[c];
+            wv[j] = wr[c];
         }
     }
     float ss = 0.0f;
@@ -87,14 +89,13 @@ __global__ void rmsnorm_vec_kernel(__nv_bfloat16 *out, __nv_bfloat16 *x, const _
     }
     float inv = rsqrtf(block_sum(ss) / dim + eps);
     uint4 *orow = reinterpret_cast<uint4 *>(out + (size_t)blockIdx.x * dim);
-    const uint4 *wr = reinterpret_cast<const uint4 *>(w);
 #pragma unroll
     for (int j = 0; j < RMS_CH; j++) {
         int c = threadIdx.x + j * blockDim.x;
         if (c >= nch) continue;
-        uint4 wv = wr[c], ov;
+        uint4 ov;
         const __nv_bfloat16 *xe = reinterpret_cast<const __nv_bfloat16 *>(&xv[j]);
-        const __nv_bfloat16 *we = reinterpret_cast<const __nv_bfloat16 *>(&wv);
+        const __nv_bfloat16 *we = reinterpret_cast<const __nv_bfloat16 *>(&wv[j]);
         __nv_bfloat16 *oe = reinterpret_cast<__nv_bfloat16 *>(&ov);
 #pragma unroll
         for (int e = 0; e < 8; e++) oe[e] = __float2bfloat16(__bfloat162float(we[e]) * (__bfloat162float(xe[e]) * inv));

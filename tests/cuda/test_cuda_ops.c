@@ -578,6 +578,18 @@ int main(void) {
     }
     cpu = backend_cpu_create();
     util_rng_seed(&rng, 7);
+    /* DUOSERVE_TEST_ONLY=matmul: the GEMM cases alone (checking another tile choice quickly) */
+    const char *only = getenv("DUOSERVE_TEST_ONLY");
+    if (only && !strcmp(only, "matmul")) {
+        printf("GEMM cases only (%s)\n", cuda_gemm_kind(64, 4096, 4096));
+        test_matmul();
+        test_matmul_invariance();
+        test_matmul_swiglu();
+        printf("\ncuda ops: %d passed, %d failed\n", n_pass, n_fail);
+        backend_destroy(cpu);
+        backend_destroy(gpu);
+        return n_fail ? 1 : 0;
+    }
     test_elementwise();
     test_embed_rows_logits();
     test_matmul();
