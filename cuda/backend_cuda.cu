@@ -25,6 +25,10 @@ int cuda_rope(void *x, const int32_t *pos, const float *inv_freq, int n, int n_h
 int cuda_silu_mul(void *out, const void *gu, int rows, int F, cudaStream_t s);
 int cuda_silu_mul_grouped(void *out, const void *gu, int rows, int F, cudaStream_t s);
 int cuda_gemm_swiglu(void *act, const void *x, const void *w, int M, int F, int K, cudaStream_t s);
+int cuda_gemm_norm(void *y_out, void *x_out, const void *x, const void *y, const void *nw, float eps, const void *w,
+                   const void *bias, int M, int N, int K, bool swiglu, cudaStream_t s);
+int cuda_add_rmsnorm_to(void *out, void *x_out, const void *x, const void *y, const void *w, int n, int dim, float eps,
+                        cudaStream_t s);
 int cuda_add_rmsnorm(void *out, void *x, const void *y, const void *w, int n, int dim, float eps, cudaStream_t s);
 int cuda_add_bias(void *x, const void *bias, int n, int dim, cudaStream_t s);
 int cuda_get_rows(void *out, const void *x, const int32_t *rows, int n, int dim, cudaStream_t s);
@@ -71,6 +75,7 @@ struct meta_caps {
 };
 
 struct cuda_ctx {
+    struct backend_ops ops; // the op table (cuda_ops, less the fused ops not switched on)
     int device;
     cudaStream_t stream;
     cublasHandle_t blas;
@@ -493,6 +498,27 @@ static void cu_matmul_swiglu(struct backend *b, void *out, void *gu, const void 
     tm_mark(c, "matmul_swiglu N %d K %d", 2 * F, n_in);
 }
 
+/* One token through packed weights: the GEMM normalises its own input (cuda_gemm_norm); else
+ * add_rmsnorm into h, then the GEMM (the same bits). */
+static void cu_norm_matmul(struct backend *b, void *out, void *gu, void *h, void *x_next, const void *x, const void *y,
+                           const void *norm_w, float eps, const void *w, const void *bias, int n, int n_out, int dim,
+                           bool swiglu) {
+    struct cuda_ctx *c = CTX(b);
+    if (packed_weight(c, dim) && x_next != x) {
+        int rc = cuda_gemm_norm(out, x_next, x, y, norm_w, eps, w, bias, n, swiglu ? 2 * n_out : n_out, dim, swiglu,
+                                c->stream);
+        if (rc <= 0) {
+            CKI(b, rc);
+            tm_mark(c, "norm+matmul%s N %d K %d", swiglu ? "_swiglu" : "", swiglu ? 2 * n_out : n_out, dim);
+            return;
+        }
+    }
+    CKI(b, cuda_add_rmsnorm_to(h, x_next, x, y, norm_w, n, dim, eps, c->stream));
+    tm_mark(c, "add_rmsnorm");
+    if (swiglu) cu_matmul_swiglu(b, out, gu, h, w, n, n_out, dim);
+    else cu_matmul(b, out, h, w, bias, n, n_out, dim);
+}
+
 static void cu_add_rmsnorm(struct backend *b, void *out, void *x, const void *y, const void *w, int n, int dim,
                            float eps) {
     CKI(b, cuda_add_rmsnorm(out, x, y, w, n, dim, eps, CTX(b)->stream));
@@ -678,7 +704,7 @@ static void cu_destroy(struct backend *b) {
     free(b);
 }
 
-static struct backend_ops make_ops(bool fused_swiglu) {
+static struct backend_ops make_ops(void) {
     struct backend_ops o;
     memset(&o, 0, sizeof o);
     o.alloc = cu_alloc;
@@ -698,7 +724,8 @@ static struct backend_ops make_ops(bool fused_swiglu) {
     o.attention = cu_attention;
     o.rope_attention = cu_rope_attention;
     o.silu_mul = cu_silu_mul;
-    o.matmul_swiglu = fused_swiglu ? cu_matmul_swiglu : NULL;
+    o.matmul_swiglu = cu_matmul_swiglu;
+    o.norm_matmul = cu_norm_matmul;
     o.add_rmsnorm = cu_add_rmsnorm;
     o.get_rows = cu_get_rows;
     o.logits = cu_logits;
@@ -711,9 +738,7 @@ static struct backend_ops make_ops(bool fused_swiglu) {
     return o;
 }
 
-/* DUOSERVE_FUSED_SWIGLU=1: the MLP's gate|up GEMM applies SwiGLU in its epilogue (weights
- * interleaved at load); off: matmul + silu_mul */
-static const struct backend_ops cuda_ops = make_ops(true), cuda_ops_unfused = make_ops(false);
+static const struct backend_ops cuda_ops = make_ops();
 
 extern "C" struct backend *backend_cuda_create(int device, int flags, char *err, size_t errlen) {
     int n = 0;
@@ -764,8 +789,14 @@ extern "C" struct backend *backend_cuda_create(int device, int flags, char *err,
     c->graphs_off = getenv("DUOSERVE_NO_CUDA_GRAPHS") != NULL;
     c->device = device;
     c->cublas = (flags & BACKEND_CUDA_CUBLAS) != 0;
-    const char *fs = getenv("DUOSERVE_FUSED_SWIGLU");
-    b->ops = fs && fs[0] == '1' ? &cuda_ops : &cuda_ops_unfused;
+    /* the fused ops, opt-in until measured (A/B): DUOSERVE_FUSED_SWIGLU=1 (SwiGLU in the gate|up
+     * GEMM's epilogue, weights interleaved at load), DUOSERVE_FUSED_NORM=1 (one-token GEMMs make
+     * their own normalised input); off: the ops they fuse */
+    c->ops = cuda_ops;
+    const char *fs = getenv("DUOSERVE_FUSED_SWIGLU"), *fn = getenv("DUOSERVE_FUSED_NORM");
+    if (!fs || fs[0] != '1') c->ops.matmul_swiglu = NULL;
+    if (!fn || fn[0] != '1') c->ops.norm_matmul = NULL;
+    b->ops = &c->ops;
     b->name = "cuda";
     b->ctx = c;
     return b;

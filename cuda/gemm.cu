@@ -20,6 +20,7 @@
 #include <stdint.h>
 
 #include "cuda/cuda_common.h"
+#include "cuda/rmsnorm.cuh"
 
 #define GEMM_KC 512                 // the K chunk of the summation order (a multiple of every BK)
 #define GEMM_WS_FLOATS (16u << 20)  // split-K partials (64 MiB)
@@ -311,22 +312,35 @@ __global__ void __launch_bounds__(32 * WMW * WNW)
     }
 }
 
+// NORM weight streams (M = 1): the input row is x + y through RMSNorm (rms_row, the norm
+// kernels' own code, so the bits are theirs), made by each block in shared memory; block 0
+// also stores x + y to x_out for the next residual add.
+#define GEMM_NORM_MAX 4096 // the longest input row (rms_row with the block's 128 threads)
+struct gemm_norm_args {
+    const __nv_bfloat16 *x, *y, *w;
+    __nv_bfloat16 *x_out;
+    float eps;
+};
+
 // The weight stream (M <= 8 * NT): each warp owns one 16-row strip of packed weights and one K
 // chunk (split: the strip's last warp to finish adds the chunk partials in order) or every
 // chunk in order (no split). Its A fragments are 16-byte loads of a contiguous stream, U k
 // steps at a time and the next U in flight; the tokens' B fragments come from global (L1).
 #define GEMM_STREAM_WARPS 4
 #define GEMM_STREAM_U 8
-template <int NT, typename OUT, bool SW>
+template <int NT, typename OUT, bool SW, bool NORM>
 __global__ void __launch_bounds__(32 * GEMM_STREAM_WARPS, NT == 1 ? 4 : 1)
     gemm_stream_kernel(OUT *__restrict__ y, const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ w,
                        const __nv_bfloat16 *__restrict__ bias, int M, int N, int K, float *__restrict__ ws,
-                       int *__restrict__ counters) {
+                       int *__restrict__ counters, struct gemm_norm_args nrm) {
+    static_assert(!NORM || NT == 1, "the normalised input is one token");
     constexpr int U = GEMM_STREAM_U;
     const int lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
     const int strip = blockIdx.x * GEMM_STREAM_WARPS + threadIdx.x / 32;
     const int NB = (N + 15) / 16, KB = (K + 15) / 16, chunks = (K + GEMM_KC - 1) / GEMM_KC;
-    if (strip >= NB) return;
+    if (!NORM && strip >= NB) return; // (NORM: every thread makes the input row first)
+    __shared__ __align__(16) uint4 hs[NORM ? GEMM_NORM_MAX / 8 : 1]; // NORM: the normalised row
+    const uint32_t *hs32 = reinterpret_cast<const uint32_t *>(hs);
     const bool split = gridDim.y > 1;
     const int c_lo = split ? blockIdx.y : 0, c_hi = split ? c_lo + 1 : chunks;
     const uint4 *wp = reinterpret_cast<const uint4 *>(w) + (size_t)strip * KB * 32 + lane; // + kb * 32
@@ -349,10 +363,15 @@ __global__ void __launch_bounds__(32 * GEMM_STREAM_WARPS, NT == 1 ? 4 : 1)
 #pragma unroll
             for (int j = 0; j < NT; j++) {
                 int t = j * 8 + g, k = (kb + u) * 16 + 2 * q;
-                const uint32_t *xr = x32 + ((size_t)t * K + k) / 2;
                 bool ok = t < M && kb + u < kb_end;
-                b[u][j][0] = ok && k < K ? __ldg(xr) : 0u;
-                b[u][j][1] = ok && k + 8 < K ? __ldg(xr + 4) : 0u;
+                if constexpr (NORM) {
+                    b[u][j][0] = ok && k < K ? hs32[k / 2] : 0u;
+                    b[u][j][1] = ok && k + 8 < K ? hs32[k / 2 + 4] : 0u;
+                } else {
+                    const uint32_t *xr = x32 + ((size_t)t * K + k) / 2;
+                    b[u][j][0] = ok && k < K ? __ldg(xr) : 0u;
+                    b[u][j][1] = ok && k + 8 < K ? __ldg(xr + 4) : 0u;
+                }
             }
 #pragma unroll
         for (int u = 0; u < U; u++)
@@ -365,8 +384,14 @@ __global__ void __launch_bounds__(32 * GEMM_STREAM_WARPS, NT == 1 ? 4 : 1)
 
     uint4 a0[U], a1[U];
     int kb = c_lo * (GEMM_KC / 16), kb_end = min(KB, kb + GEMM_KC / 16);
-    load_a(a0, kb, kb_end); // weights first: they do not depend on the kernel before (PDL)
+    if (strip < NB) load_a(a0, kb, kb_end); // weights first: they do not depend on the kernel before (PDL)
     pdl_wait();
+    if constexpr (NORM) { // the input row, normalised (block 0 also stores x + y for the next add)
+        rms_row(nrm.x, nrm.y, nrm.w, blockIdx.x == 0 && blockIdx.y == 0 ? nrm.x_out : NULL, K, nrm.eps,
+                [&](int c, uint4 v) { hs[c] = v; });
+        __syncthreads();
+        if (strip >= NB) return;
+    }
     for (int c = c_lo; c < c_hi; c++) {
         kb = c * (GEMM_KC / 16), kb_end = min(KB, kb + GEMM_KC / 16);
         // the next chunk's first steps, for the prefetch past this chunk's end
@@ -490,16 +515,17 @@ static int launch(OUT *y, const void *x, const void *w, const void *bias, int M,
     return 0;
 }
 
-template <int NT, typename OUT, bool SW>
-static int launch_stream(OUT *y, const void *x, const void *w, const void *bias, int M, int N, int K, cudaStream_t s) {
+template <int NT, typename OUT, bool SW, bool NORM = false>
+static int launch_stream(OUT *y, const void *x, const void *w, const void *bias, int M, int N, int K, cudaStream_t s,
+                         struct gemm_norm_args nrm = {}) {
     unsigned strips = (unsigned)((N + 15) / 16), chunks = (unsigned)((K + GEMM_KC - 1) / GEMM_KC);
     // enough strips to fill the GPU with one warp each (DUOSERVE_STREAM_NOSPLIT_STRIPS, A/B):
     // each warp sums its strip's chunks in registers, no partials (a speed choice only)
     bool split = split_fits(chunks, M, N, strips) && !(g_nosplit_strips && strips >= g_nosplit_strips);
     dim3 grid((strips + GEMM_STREAM_WARPS - 1) / GEMM_STREAM_WARPS, split ? chunks : 1);
-    CUDA_CHECK(cuda_launch(gemm_stream_kernel<NT, OUT, SW>, grid, dim3(32 * GEMM_STREAM_WARPS), 0, s, y,
+    CUDA_CHECK(cuda_launch(gemm_stream_kernel<NT, OUT, SW, NORM>, grid, dim3(32 * GEMM_STREAM_WARPS), 0, s, y,
                            (const __nv_bfloat16 *)x, (const __nv_bfloat16 *)w, (const __nv_bfloat16 *)bias, M, N, K,
-                           g_ws, g_counters));
+                           g_ws, g_counters, nrm));
     return 0;
 }
 
@@ -622,6 +648,22 @@ int cuda_gemm_f32out(float *y, const void *x, const void *w, int M, int N, int K
  * up rows 16j+8..); -1 when the shape cannot take the fused epilogue (K % 8, F % 8). */
 int cuda_gemm_swiglu(void *act, const void *x, const void *w, int M, int F, int K, cudaStream_t s) {
     return gemm<__nv_bfloat16, true>((__nv_bfloat16 *)act, x, w, NULL, M, 2 * F, K, s);
+}
+
+/* One token (M = 1) through a GEMM whose input is RMSNorm(x + y) * nw (K = the row length),
+ * x_out = x + y; with swiglu, y_out is matmul_swiglu's act over N = 2F rows. Returns 1 when the
+ * shape cannot take it (the caller runs add_rmsnorm + the GEMM: the same bits), 0 done, -2 a
+ * CUDA error. */
+int cuda_gemm_norm(void *y_out, void *x_out, const void *x, const void *y, const void *nw, float eps, const void *w,
+                   const void *bias, int M, int N, int K, bool swiglu, cudaStream_t s) {
+    if (M != 1 || K % 8 || K > GEMM_NORM_MAX || rms_threads(K, x, y, nw, x_out) != 32 * GEMM_STREAM_WARPS ||
+        (uintptr_t)w % 16 || (swiglu && (N % 16 || bias)))
+        return 1;
+    struct gemm_norm_args nrm = {(const __nv_bfloat16 *)x, (const __nv_bfloat16 *)y, (const __nv_bfloat16 *)nw,
+                                 (__nv_bfloat16 *)x_out, eps};
+    __nv_bfloat16 *out = (__nv_bfloat16 *)y_out;
+    return swiglu ? launch_stream<1, __nv_bfloat16, true, true>(out, x, w, NULL, M, N, K, s, nrm)
+                  : launch_stream<1, __nv_bfloat16, false, true>(out, x, w, bias, M, N, K, s, nrm);
 }
 
 /* Which kernel a shape takes (for the op test's labels). */

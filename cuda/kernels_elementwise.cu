@@ -5,6 +5,7 @@
 #include <stdint.h>
 
 #include "cuda/cuda_common.h"
+#include "cuda/rmsnorm.cuh"
 
 __global__ void embed_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *table, const int32_t *tokens, int dim) {
     pdl_trigger();
@@ -12,22 +13,6 @@ __global__ void embed_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *table, con
     int t = blockIdx.x;
     const __nv_bfloat16 *row = table + (size_t)tokens[t] * dim;
     for (int i = threadIdx.x; i < dim; i += blockDim.x) out[(size_t)t * dim + i] = row[i];
-}
-
-// Sum of v over the block (blockDim.x a multiple of 32, at most 1024); every thread gets it.
-__device__ float block_sum(float v) {
-    __shared__ float partial[32];
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    __syncthreads(); /* partial may still be read by a previous call */
-    if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = v;
-    __syncthreads();
-    if (threadIdx.x < 32) {
-        v = threadIdx.x < (blockDim.x + 31) / 32 ? partial[threadIdx.x] : 0.0f;
-        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-        if (threadIdx.x == 0) partial[0] = v;
-    }
-    __syncthreads();
-    return partial[0];
 }
 
 // One block per row; f32 sum of squares reduced through shared memory.
@@ -46,70 +31,17 @@ __global__ void rmsnorm_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *x, const
         orow[i] = __float2bfloat16(__bfloat162float(w[i]) * (__bfloat162float(xr[i]) * inv));
 }
 
-// Row-wise norms with dim % 8 == 0 (every real model): each thread keeps up to RMS_CH 16-byte
-// chunks of the row in registers, so a row costs one round trip to memory, not one per
-// element. The same per-element arithmetic as the kernels above; only the order of the
-// sum of squares differs (it is fixed per row, so batch invariance holds).
-#define RMS_CH 4
-__global__ void rmsnorm_vec_kernel(__nv_bfloat16 *out, __nv_bfloat16 *x, const __nv_bfloat16 *y,
-                                   const __nv_bfloat16 *w, int dim, float eps) {
+// Row-wise norms with dim % 8 == 0 (every real model): rms_row (rmsnorm.cuh), a row a block,
+// x + y stored to x_out (in place when x_out == x). The same per-element arithmetic as the
+// kernels above; only the order of the sum of squares differs (it is fixed per row, so batch
+// invariance holds).
+__global__ void rmsnorm_vec_kernel(__nv_bfloat16 *out, __nv_bfloat16 *x_out, const __nv_bfloat16 *x,
+                                   const __nv_bfloat16 *y, const __nv_bfloat16 *w, int dim, float eps) {
     pdl_trigger();
     pdl_wait();
-    const int nch = dim / 8;
-    uint4 *xr = reinterpret_cast<uint4 *>(x + (size_t)blockIdx.x * dim);
-    const uint4 *yr = y ? reinterpret_cast<const uint4 *>(y + (size_t)blockIdx.x * dim) : NULL;
-    const uint4 *wr = reinterpret_cast<const uint4 *>(w);
-    uint4 xv[RMS_CH], yv[RMS_CH], wv[RMS_CH]; // w too, so the row costs one round trip
-#pragma unroll
-    for (int j = 0; j < RMS_CH; j++) {
-        int c = threadIdx.x + j * blockDim.x;
-        if (c < nch) {
-            xv[j] = xr[c];
-            if (yr) yv[j] = yr[c];
-            wv[j] = wr[c];
-        }
-    }
-    float ss = 0.0f;
-#pragma unroll
-    for (int j = 0; j < RMS_CH; j++) {
-        int c = threadIdx.x + j * blockDim.x;
-        if (c >= nch) continue;
-        __nv_bfloat16 *xe = reinterpret_cast<__nv_bfloat16 *>(&xv[j]);
-        if (yr) { // x += y, rounded to bf16 as stored
-            const __nv_bfloat16 *ye = reinterpret_cast<const __nv_bfloat16 *>(&yv[j]);
-#pragma unroll
-            for (int e = 0; e < 8; e++) xe[e] = __float2bfloat16(__bfloat162float(xe[e]) + __bfloat162float(ye[e]));
-            xr[c] = xv[j];
-        }
-#pragma unroll
-        for (int e = 0; e < 8; e++) {
-            float v = __bfloat162float(xe[e]);
-            ss += v * v;
-        }
-    }
-    float inv = rsqrtf(block_sum(ss) / dim + eps);
-    uint4 *orow = reinterpret_cast<uint4 *>(out + (size_t)blockIdx.x * dim);
-#pragma unroll
-    for (int j = 0; j < RMS_CH; j++) {
-        int c = threadIdx.x + j * blockDim.x;
-        if (c >= nch) continue;
-        uint4 ov;
-        const __nv_bfloat16 *xe = reinterpret_cast<const __nv_bfloat16 *>(&xv[j]);
-        const __nv_bfloat16 *we = reinterpret_cast<const __nv_bfloat16 *>(&wv[j]);
-        __nv_bfloat16 *oe = reinterpret_cast<__nv_bfloat16 *>(&ov);
-#pragma unroll
-        for (int e = 0; e < 8; e++) oe[e] = __float2bfloat16(__bfloat162float(we[e]) * (__bfloat162float(xe[e]) * inv));
-        orow[c] = ov;
-    }
-}
-
-// The threads of the vectorised norm for a row of dim (a multiple of 32, at most 1024), or 0
-// when the row does not fit its registers or is not made of 16-byte chunks.
-static unsigned rms_threads(int dim, const void *a, const void *b, const void *c, const void *d) {
-    if (dim % 8 || ((uintptr_t)a | (uintptr_t)b | (uintptr_t)c | (uintptr_t)d) % 16) return 0;
-    unsigned per = (unsigned)((dim / 8 + RMS_CH - 1) / RMS_CH);
-    unsigned t = (per + 31) / 32 * 32;
-    return t <= 1024 ? t : 0;
+    const size_t row = (size_t)blockIdx.x * dim;
+    uint4 *orow = reinterpret_cast<uint4 *>(out + row);
+    rms_row(x + row, y ? y + row : NULL, w, y ? x_out + row : NULL, dim, eps, [&](int c, uint4 v) { orow[c] = v; });
 }
 
 // One thread per (token, pair (i, i + hd/2) of a head): one round trip per element pair.
@@ -171,16 +103,16 @@ __global__ void silu_mul_grouped_kernel(__nv_bfloat16 *out, const __nv_bfloat16 
     *reinterpret_cast<uint4 *>(out + i * 8) = ov;
 }
 
-// x += y, then out = rmsnorm(x) * w; one block per row.
-__global__ void add_rmsnorm_kernel(__nv_bfloat16 *out, __nv_bfloat16 *x, const __nv_bfloat16 *y,
-                                   const __nv_bfloat16 *w, int dim, float eps) {
+// x_out = x + y (x_out may be x), then out = rmsnorm(x_out) * w; one block per row.
+__global__ void add_rmsnorm_kernel(__nv_bfloat16 *out, __nv_bfloat16 *x_out, const __nv_bfloat16 *x,
+                                   const __nv_bfloat16 *y, const __nv_bfloat16 *w, int dim, float eps) {
     pdl_trigger();
     pdl_wait();
-    __nv_bfloat16 *xr = x + (size_t)blockIdx.x * dim;
-    const __nv_bfloat16 *yr = y + (size_t)blockIdx.x * dim;
+    __nv_bfloat16 *xr = x_out + (size_t)blockIdx.x * dim;
+    const __nv_bfloat16 *xin = x + (size_t)blockIdx.x * dim, *yr = y + (size_t)blockIdx.x * dim;
     float ss = 0.0f;
     for (int i = threadIdx.x; i < dim; i += blockDim.x) {
-        __nv_bfloat16 s = __float2bfloat16(__bfloat162float(xr[i]) + __bfloat162float(yr[i]));
+        __nv_bfloat16 s = __float2bfloat16(__bfloat162float(xin[i]) + __bfloat162float(yr[i]));
         xr[i] = s;
         float v = __bfloat162float(s);
         ss += v * v;
@@ -317,8 +249,8 @@ int cuda_embed(void *out, const void *table, const int32_t *tokens, int n, int d
 int cuda_rmsnorm(void *out, const void *x, const void *w, int n, int dim, float eps, cudaStream_t s) {
     if (n == 0) return 0;
     if (unsigned t = rms_threads(dim, out, x, w, NULL)) {
-        CUDA_CHECK(cuda_launch(rmsnorm_vec_kernel, dim3(n), dim3(t), 0, s, (__nv_bfloat16 *)out, (__nv_bfloat16 *)x,
-                               (const __nv_bfloat16 *)NULL, (const __nv_bfloat16 *)w, dim, eps));
+        CUDA_CHECK(cuda_launch(rmsnorm_vec_kernel, dim3(n), dim3(t), 0, s, (__nv_bfloat16 *)out, (__nv_bfloat16 *)NULL,
+                               (const __nv_bfloat16 *)x, (const __nv_bfloat16 *)NULL, (const __nv_bfloat16 *)w, dim, eps));
         return 0;
     }
     CUDA_CHECK(cuda_launch(rmsnorm_kernel, dim3(n), dim3(256), 0, s, (__nv_bfloat16 *)out, (const __nv_bfloat16 *)x, (const __nv_bfloat16 *)w, dim, eps));
@@ -355,16 +287,26 @@ int cuda_silu_mul_grouped(void *out, const void *gu, int rows, int F, cudaStream
     return 0;
 }
 
-int cuda_add_rmsnorm(void *out, void *x, const void *y, const void *w, int n, int dim, float eps, cudaStream_t s) {
+/* x_out = x + y (x_out may be x), out = rmsnorm(x_out) * w, n rows of dim */
+int cuda_add_rmsnorm_to(void *out, void *x_out, const void *x, const void *y, const void *w, int n, int dim, float eps,
+                        cudaStream_t s) {
     if (n == 0) return 0;
     if (unsigned t = rms_threads(dim, out, x, y, w)) {
-        CUDA_CHECK(cuda_launch(rmsnorm_vec_kernel, dim3(n), dim3(t), 0, s, (__nv_bfloat16 *)out, (__nv_bfloat16 *)x,
-                               (const __nv_bfloat16 *)y, (const __nv_bfloat16 *)w, dim, eps));
-        return 0;
+        if ((uintptr_t)x_out % 16) t = 0;
+        if (t) {
+            CUDA_CHECK(cuda_launch(rmsnorm_vec_kernel, dim3(n), dim3(t), 0, s, (__nv_bfloat16 *)out,
+                                   (__nv_bfloat16 *)x_out, (const __nv_bfloat16 *)x, (const __nv_bfloat16 *)y,
+                                   (const __nv_bfloat16 *)w, dim, eps));
+            return 0;
+        }
     }
-    CUDA_CHECK(cuda_launch(add_rmsnorm_kernel, dim3(n), dim3(256), 0, s, (__nv_bfloat16 *)out, (__nv_bfloat16 *)x, (const __nv_bfloat16 *)y,
-                                         (const __nv_bfloat16 *)w, dim, eps));
+    CUDA_CHECK(cuda_launch(add_rmsnorm_kernel, dim3(n), dim3(256), 0, s, (__nv_bfloat16 *)out, (__nv_bfloat16 *)x_out,
+                           (const __nv_bfloat16 *)x, (const __nv_bfloat16 *)y, (const __nv_bfloat16 *)w, dim, eps));
     return 0;
+}
+
+int cuda_add_rmsnorm(void *out, void *x, const void *y, const void *w, int n, int dim, float eps, cudaStream_t s) {
+    return cuda_add_rmsnorm_to(out, x, x, y, w, n, dim, eps, s);
 }
 
 

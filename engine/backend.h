@@ -131,6 +131,14 @@ struct backend_ops {
      * gate and up rows (a backend fuses the two ops, it does not change their arithmetic) */
     void (*matmul_swiglu)(struct backend *b, void *out, void *gu, const void *x, const void *w, int n, int F,
                           int n_in);
+    /* optional (NULL: add_rmsnorm() then matmul() or matmul_swiglu()): a GEMM whose input is the
+     * RMSNorm of a residual add: x_next = x + y, h = rmsnorm(x_next) * norm_w, then out = h @ w^T
+     * (+ bias), or with swiglu (n_out = F, no bias) matmul_swiglu's result over h. x_next != x;
+     * h [n][dim] and gu [n][2F] are scratch a backend need not write. Exactly the results of
+     * those ops (a backend fuses them, it does not change their arithmetic) */
+    void (*norm_matmul)(struct backend *b, void *out, void *gu, void *h, void *x_next, const void *x, const void *y,
+                        const void *norm_w, float eps, const void *w, const void *bias, int n, int n_out, int dim,
+                        bool swiglu);
     /* x += y, then out = rmsnorm(x) * w, for n rows of dim */
     void (*add_rmsnorm)(struct backend *b, void *out, void *x, const void *y, const void *w, int n, int dim, float eps);
     /* out[i][dim] = x[logit_rows[i]][dim] */

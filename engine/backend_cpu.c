@@ -300,6 +300,15 @@ static void cpu_add_rmsnorm(struct backend *b, void *out, void *x, const void *y
     cpu_rmsnorm(b, out, x, w, n, dim, eps);
 }
 
+static void cpu_norm_matmul(struct backend *b, void *out, void *gu, void *h, void *x_next, const void *x,
+                            const void *y, const void *norm_w, float eps, const void *w, const void *bias, int n,
+                            int n_out, int dim, bool swiglu) {
+    memcpy(x_next, x, sizeof(float) * (size_t)n * dim);
+    cpu_add_rmsnorm(b, h, x_next, y, norm_w, n, dim, eps);
+    if (swiglu) cpu_matmul_swiglu(b, out, gu, h, w, n, n_out, dim);
+    else cpu_matmul(b, out, h, w, bias, n, n_out, dim);
+}
+
 static void cpu_get_rows(struct backend *b, void *out, const void *x, int dim) {
     const struct fwd_batch *bt = &((struct cpu_ctx *)b->ctx)->batch;
     for (int i = 0; i < bt->n_logits; i++)
@@ -382,6 +391,7 @@ static const struct backend_ops cpu_ops = {
     .silu_mul = cpu_silu_mul,
     .matmul_swiglu = cpu_matmul_swiglu,
     .add_rmsnorm = cpu_add_rmsnorm,
+    .norm_matmul = cpu_norm_matmul,
     .get_rows = cpu_get_rows,
     .logits = cpu_logits,
     .argmax = cpu_argmax,

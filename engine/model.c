@@ -251,6 +251,7 @@ static int load_weights(struct model *m, struct loader *ld) {
     int *perm = malloc(sizeof(int) * (size_t)c->n_kv_heads);
     int rc = perm ? 0 : util_err(ld->err, ld->errlen, "out of memory");
     m->fused_swiglu = ld->b->ops->matmul_swiglu && F % 8 == 0;
+    m->fused_norm = ld->b->ops->norm_matmul != NULL;
     for (int l = 0; !rc && l < c->n_layers; l++) {
         struct layer_weights *w = &m->layers[l];
         char n[160];
@@ -312,9 +313,10 @@ static int alloc_acts(struct model *m) {
         size_t n;
     } bufs[] = {{&m->x, T * c->dim},   {&m->h, T * c->dim},   {&m->qkv, T * (qd + 2 * kd)},
                 {&m->att, T * qd},     {&m->o, T * c->dim},   {&m->gu, T * 2 * c->hidden_dim},
-                {&m->act, T * c->hidden_dim}};
+                {&m->act, T * c->hidden_dim}, {&m->x2, m->fused_norm ? T * c->dim : 0}};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
         enum backend_status st;
+        if (!bufs[i].n) continue;
         *bufs[i].p = m->b->ops->alloc(m->b, bufs[i].n * es, &st);
         if (st != BACKEND_OK) return -1;
     }
@@ -378,7 +380,7 @@ void model_free(struct model *m) {
     if (m->lm_head != m->tok_embed) fr(b, m->lm_head);
     fr(b, m->tok_embed);
     fr(b, m->final_norm);
-    void *acts[] = {m->x, m->h, m->qkv, m->att, m->o, m->gu, m->act, m->inv_freq};
+    void *acts[] = {m->x, m->x2, m->h, m->qkv, m->att, m->o, m->gu, m->act, m->inv_freq};
     for (size_t i = 0; i < sizeof acts / sizeof acts[0]; i++) fr(b, acts[i]);
     free(m->layers);
     free(m->n_full);
@@ -394,8 +396,12 @@ static void forward_ops(struct model *m, struct kv_cache *kv, const struct fwd_b
     int T = batch->n_tokens;
     int D = c->dim, F = c->hidden_dim, H = c->n_heads, KV = c->n_kv_heads, hd = c->head_dim;
     int QKV = (H + 2 * KV) * hd;
-    op->embed(b, m->x, m->tok_embed, D);
-    op->rmsnorm(b, m->h, m->x, m->layers[0].attn_norm, T, D, c->norm_eps);
+    /* the residual stream: in m->x, updated in place by add_rmsnorm; with fused_norm it moves
+     * between m->x and m->x2 (each norm_matmul writes x + o to the other buffer) */
+    void *cur = m->x, *alt = m->x2;
+    bool pending = false; /* fused_norm: o still to be added to cur (h is stale) */
+    op->embed(b, cur, m->tok_embed, D);
+    op->rmsnorm(b, m->h, cur, m->layers[0].attn_norm, T, D, c->norm_eps);
     for (int l = 0; l < c->n_layers; l++) {
         const struct layer_weights *w = &m->layers[l];
         struct attn_layer L = {.n_heads = H, .n_kv_heads = KV, .head_dim = hd, .n_full = m->n_full[l],
@@ -404,7 +410,14 @@ static void forward_ops(struct model *m, struct kv_cache *kv, const struct fwd_b
                                .scale = 1.0f / sqrtf((float)hd), .k_full = kv->k_full[l], .v_full = kv->v_full[l],
                                .k_stream = kv->k_stream[l], .v_stream = kv->v_stream[l]};
         // attention block (h = rmsnorm(x) on entry): x += o(attn(rope(q), rope(k), v)), h = rmsnorm(x)
-        op->matmul(b, m->qkv, m->h, w->wqkv, w->bqkv, T, QKV, D);
+        if (pending) {
+            op->norm_matmul(b, m->qkv, m->gu, m->h, alt, cur, m->o, w->attn_norm, c->norm_eps, w->wqkv, w->bqkv, T,
+                            QKV, D, false);
+            void *t = cur;
+            cur = alt, alt = t;
+        } else {
+            op->matmul(b, m->qkv, m->h, w->wqkv, w->bqkv, T, QKV, D);
+        }
         if (op->rope_attention) {
             op->rope_attention(b, m->att, m->qkv, QKV, &L, m->inv_freq);
         } else {
@@ -412,18 +425,31 @@ static void forward_ops(struct model *m, struct kv_cache *kv, const struct fwd_b
             op->attention(b, m->att, m->qkv, QKV, &L);
         }
         op->matmul(b, m->o, m->att, w->wo, w->bo, T, D, H * hd);
-        op->add_rmsnorm(b, m->h, m->x, m->o, w->ffn_norm, T, D, c->norm_eps);
         // MLP block: x += down(silu(gate(h)) * up(h)), then h = rmsnorm(x) for the next layer
-        if (m->fused_swiglu) {
-            op->matmul_swiglu(b, m->act, m->gu, m->h, w->w_gateup, T, F, D);
+        if (m->fused_norm) {
+            op->norm_matmul(b, m->fused_swiglu ? m->act : m->gu, m->gu, m->h, alt, cur, m->o, w->ffn_norm,
+                            c->norm_eps, w->w_gateup, NULL, T, m->fused_swiglu ? F : 2 * F, D, m->fused_swiglu);
+            void *t = cur;
+            cur = alt, alt = t;
+            if (!m->fused_swiglu) op->silu_mul(b, m->act, m->gu, T, F);
         } else {
-            op->matmul(b, m->gu, m->h, w->w_gateup, NULL, T, 2 * F, D);
-            op->silu_mul(b, m->act, m->gu, T, F);
+            op->add_rmsnorm(b, m->h, cur, m->o, w->ffn_norm, T, D, c->norm_eps);
+            if (m->fused_swiglu) {
+                op->matmul_swiglu(b, m->act, m->gu, m->h, w->w_gateup, T, F, D);
+            } else {
+                op->matmul(b, m->gu, m->h, w->w_gateup, NULL, T, 2 * F, D);
+                op->silu_mul(b, m->act, m->gu, T, F);
+            }
         }
         op->matmul(b, m->o, m->act, w->w_down, NULL, T, D, F);
-        const void *next_norm = l + 1 < c->n_layers ? m->layers[l + 1].attn_norm : m->final_norm;
-        op->add_rmsnorm(b, m->h, m->x, m->o, next_norm, T, D, c->norm_eps);
+        if (m->fused_norm) {
+            pending = true;
+        } else {
+            const void *next_norm = l + 1 < c->n_layers ? m->layers[l + 1].attn_norm : m->final_norm;
+            op->add_rmsnorm(b, m->h, cur, m->o, next_norm, T, D, c->norm_eps);
+        }
     }
+    if (pending) op->add_rmsnorm(b, m->h, cur, m->o, m->final_norm, T, D, c->norm_eps);
     if (batch->n_logits == 0) return;
     // LM head, only for the rows that sample (h already holds the final norm)
     op->get_rows(b, m->o, m->h, D);

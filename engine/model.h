@@ -30,8 +30,10 @@ struct model {
     void *inv_freq;               // (head_dim/2) f32 RoPE frequencies
     int max_tokens;               // activation buffers hold this many tokens per step
     bool fused_swiglu;            // w_gateup's rows in matmul_swiglu's order, and the MLP runs through it
+    bool fused_norm;              // the norms feed their GEMMs through norm_matmul (residual in x / x2)
     // activations, backend memory, [max_tokens][...]
     void *x, *h;     // residual stream, normalised (dim)
+    void *x2;        // the residual's second buffer (fused_norm), else NULL
     void *qkv;       // (n_heads*hd + 2*n_kv*hd): q | k | v of each token
     void *att, *o;   // attention output (n_heads*hd), projection output (dim)
     void *gu, *act;  // gate | up (2*hidden_dim), silu(gate) * up (hidden_dim)

@@ -314,44 +314,50 @@ static void test_decode_step_matches_full_forward(void **state) {
     backend_destroy(b);
 }
 
-/* The fused SwiGLU op over gate|up weights stacked in groups of 8 rows gives the same logits,
- * bit for bit, as matmul + silu_mul over the plain stack (F = 128: the fused path is taken). */
-static void test_fused_swiglu_equals_matmul_then_silu(void **state) {
+/* The fused ops give the same logits, bit for bit, as the ops they fuse: SwiGLU over gate|up
+ * weights stacked in groups of 8 rows against matmul + silu_mul over the plain stack (F = 128:
+ * the fused path is taken), and norm_matmul (the residual moving between two buffers) against
+ * add_rmsnorm + matmul; each alone and both. */
+static void test_fused_ops_equal_the_ops_they_fuse(void **state) {
     struct backend *cpu = backend_cpu_create();
-    struct backend_ops ops = *cpu->ops;
-    ops.matmul_swiglu = NULL;
-    struct backend plain = {&ops, "cpu-unfused", cpu->ctx};
-    struct model *mf = load_or_fail(cpu, "tests/fixtures/hf/llama3", 16);
-    struct model *mp = load_or_fail(&plain, "tests/fixtures/hf/llama3", 16);
-    assert_true(mf->fused_swiglu);
-    assert_false(mp->fused_swiglu);
-    int V = mf->cfg.vocab_size;
-    enum { N = 12 };
-    int32_t toks[N], pos[N], blocks[2] = {0, 1}, ss[2] = {0, N}, ip[2] = {0, 2}, row = N - 1;
-    for (int i = 0; i < N; i++) toks[i] = 5 + i * 13, pos[i] = i;
-    float *lf = malloc(sizeof(float) * V), *lp = malloc(sizeof(float) * V);
-    struct fwd_batch bt = {N, 1, toks, pos, ss, ip, blocks, NULL, 1, &row, NULL, false};
-    struct kv_cache kf, kp;
-    assert_int_equal(test_kv_init(&kf, cpu, mf, 8, 4), 0);
-    assert_int_equal(test_kv_init(&kp, &plain, mp, 8, 4), 0);
-    assert_int_equal(model_forward(mf, &kf, &bt, lf), 0);
-    assert_int_equal(model_forward(mp, &kp, &bt, lp), 0);
-    assert_memory_equal(lf, lp, sizeof(float) * V);
-    float spread = 0.0f; /* the logits are not all equal (a broken MLP could still agree with itself) */
-    for (int i = 1; i < V; i++) spread = fmaxf(spread, fabsf(lf[i] - lf[0]));
-    assert_true(spread > 1e-3f);
-    free(lf);
-    free(lp);
-    kv_cache_free(&kf);
-    kv_cache_free(&kp);
-    model_free(mf);
-    model_free(mp);
+    int V = 0;
+    float *ref = NULL;
+    for (int k = 0; k < 4; k++) {
+        struct backend_ops ops = *cpu->ops;
+        if (k & 1) ops.matmul_swiglu = NULL;
+        if (k & 2) ops.norm_matmul = NULL;
+        struct backend b = {&ops, "cpu-variant", cpu->ctx};
+        struct model *m = load_or_fail(&b, "tests/fixtures/hf/llama3", 16);
+        assert_int_equal(m->fused_swiglu, !(k & 1));
+        assert_int_equal(m->fused_norm, !(k & 2));
+        V = m->cfg.vocab_size;
+        enum { N = 12 };
+        int32_t toks[N], pos[N], blocks[2] = {0, 1}, ss[2] = {0, N}, ip[2] = {0, 2}, row = N - 1;
+        for (int i = 0; i < N; i++) toks[i] = 5 + i * 13, pos[i] = i;
+        float *lg = malloc(sizeof(float) * V);
+        struct fwd_batch bt = {N, 1, toks, pos, ss, ip, blocks, NULL, 1, &row, NULL, false};
+        struct kv_cache kv;
+        assert_int_equal(test_kv_init(&kv, &b, m, 8, 4), 0);
+        assert_int_equal(model_forward(m, &kv, &bt, lg), 0);
+        if (!ref) {
+            ref = lg;
+            float spread = 0.0f; /* the logits are not all equal (a broken MLP could agree with itself) */
+            for (int i = 1; i < V; i++) spread = fmaxf(spread, fabsf(lg[i] - lg[0]));
+            assert_true(spread > 1e-3f);
+        } else {
+            assert_memory_equal(lg, ref, sizeof(float) * V);
+            free(lg);
+        }
+        kv_cache_free(&kv);
+        model_free(m);
+    }
+    free(ref);
     backend_destroy(cpu);
 }
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_fused_swiglu_equals_matmul_then_silu),
+        cmocka_unit_test(test_fused_ops_equal_the_ops_they_fuse),
         cmocka_unit_test(test_stories260k_greedy_matches_golden_ids),
         cmocka_unit_test(test_hf_parity_llama3_gqa_llama3_rope),
         cmocka_unit_test(test_hf_parity_llama2_mha_linear_rope),

@@ -314,6 +314,69 @@ static void test_matmul_invariance(void) {
     }
 }
 
+/* norm_matmul (a GEMM fed by add_rmsnorm) against the CPU op and bit for bit against the GPU's
+ * add_rmsnorm + matmul (or matmul_swiglu): one token at dim 4096 and 3584 (the GEMM normalises
+ * its input itself), and the fallbacks (3 tokens; dim 1024), with and without SwiGLU. */
+static void test_norm_matmul(void) {
+    int shapes[][4] = {{1, 6144, 4096, 0}, {1, 2048, 4096, 1}, {1, 1000, 3584, 0}, {3, 1024, 4096, 1},
+                       {1, 512, 1024, 0},  {5, 256, 1024, 1}};
+    for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
+        int n = shapes[k][0], no = shapes[k][1], D = shapes[k][2], sw = shapes[k][3];
+        int rows = sw ? 2 * no : no, outs = n * no;
+        float *x = rand_bf16((size_t)n * D, 1.0f), *y = rand_bf16((size_t)n * D, 1.0f), *nw = rand_bf16(D, 1.0f);
+        float *w = rand_bf16((size_t)rows * D, 1.0f / sqrtf((float)D)), *bias = rand_bf16(rows, 1.0f);
+        float *z = calloc((size_t)n * (2 * rows > D ? 2 * rows : D), 4);
+        void *xc, *xg, *yc, *yg, *nc, *ng, *wc, *wg, *bc, *bg, *oc, *og, *hc, *hg, *x2c, *x2g, *guc, *gug;
+        up2(&xc, &xg, x, (size_t)n * D);
+        up2(&yc, &yg, y, (size_t)n * D);
+        up2(&hc, &hg, z, (size_t)n * D);
+        up2(&x2c, &x2g, z, (size_t)n * D);
+        up2(&guc, &gug, z, (size_t)n * 2 * rows);
+        up2(&oc, &og, z, (size_t)outs);
+        weight2(&nc, &ng, nw, D, 0);
+        weight2(&wc, &wg, w, rows, D);
+        weight2(&bc, &bg, bias, rows, 0);
+        gpu_fill_nan(og, (size_t)outs);
+        gpu_fill_nan(x2g, (size_t)n * D);
+        const void *bcu = sw ? NULL : bc, *bgu = sw ? NULL : bg;
+        cpu->ops->norm_matmul(cpu, oc, guc, hc, x2c, xc, yc, nc, 1e-5f, wc, bcu, n, no, D, sw);
+        gpu->ops->norm_matmul(gpu, og, gug, hg, x2g, xg, yg, ng, 1e-5f, wg, bgu, n, no, D, sw);
+        char what[96];
+        snprintf(what, sizeof what, "norm_matmul%s %d x %d x %d", sw ? "+swiglu" : "", n, rows, D);
+        compare(what, oc, og, (size_t)outs, 3e-2f, 2e-2f);
+        snprintf(what, sizeof what, "norm_matmul%s %d x %d x %d (x + y)", sw ? "+swiglu" : "", n, rows, D);
+        compare(what, x2c, x2g, (size_t)n * D, 1e-2f, 1e-2f);
+        /* the unfused GPU ops: add_rmsnorm in place on a copy of x, then the GEMM */
+        enum backend_status st;
+        void *ref = gpu->ops->alloc(gpu, (size_t)outs * 2, &st), *xr = gpu->ops->alloc(gpu, (size_t)n * D * 2, &st);
+        gpu->ops->upload_act(gpu, xr, x, (size_t)n * D);
+        gpu_fill_nan(ref, (size_t)outs);
+        gpu->ops->add_rmsnorm(gpu, hg, xr, yg, ng, n, D, 1e-5f);
+        if (sw) gpu->ops->matmul_swiglu(gpu, ref, gug, hg, wg, n, no, D);
+        else gpu->ops->matmul(gpu, ref, hg, wg, bgu, n, no, D);
+        int errs = gpu->ops->sync(gpu) != 0;
+        size_t m = (size_t)(outs > n * D ? outs : n * D);
+        float *a = malloc(sizeof(float) * m), *b = malloc(sizeof(float) * m);
+        gpu->ops->download_act(gpu, a, og, (size_t)outs);
+        gpu->ops->download_act(gpu, b, ref, (size_t)outs);
+        size_t bad = 0;
+        for (size_t i = 0; i < (size_t)outs; i++) bad += isnan(a[i]) || memcmp(&a[i], &b[i], 4) != 0;
+        gpu->ops->download_act(gpu, a, x2g, (size_t)n * D);
+        gpu->ops->download_act(gpu, b, xr, (size_t)n * D);
+        for (size_t i = 0; i < (size_t)n * D; i++) bad += isnan(a[i]) || memcmp(&a[i], &b[i], 4) != 0;
+        int ok = bad == 0 && errs == 0;
+        snprintf(what, sizeof what, "norm_matmul%s %d x %d x %d", sw ? "+swiglu" : "", n, rows, D);
+        printf("%-4s %-58s %zu differ from add_rmsnorm + GEMM (want 0)%s\n", ok ? "ok" : "FAIL", what, bad,
+               errs ? "  [device error]" : "");
+        ok ? n_pass++ : n_fail++;
+        gpu->ops->free(gpu, ref);
+        gpu->ops->free(gpu, xr);
+        free2(xc, xg), free2(yc, yg), free2(nc, ng), free2(wc, wg), free2(bc, bg), free2(oc, og), free2(hc, hg);
+        free2(x2c, x2g), free2(guc, gug);
+        free(x), free(y), free(nw), free(w), free(bias), free(z), free(a), free(b);
+    }
+}
+
 static void test_rope(void) {
     struct model_config cfgs[3] = {{0}};
     const char *names[3] = {"default theta 1e4", "linear x4", "llama3 (8, 1, 4, 8192) theta 5e5"};
@@ -570,7 +633,8 @@ static void attention_invariance(int H, int KV, int hd, int n_stream, int ctx, i
 
 int main(void) {
     char err[256];
-    setenv("DUOSERVE_FUSED_SWIGLU", "1", 1); /* the op table with matmul_swiglu */
+    setenv("DUOSERVE_FUSED_SWIGLU", "1", 1); /* the op table with matmul_swiglu and norm_matmul */
+    setenv("DUOSERVE_FUSED_NORM", "1", 1);
     gpu = backend_cuda_create(0, 0, err, sizeof err);
     if (!gpu) {
         printf("SKIP: %s\n0 passed, 0 failed\n", err);
@@ -585,6 +649,7 @@ int main(void) {
         test_matmul();
         test_matmul_invariance();
         test_matmul_swiglu();
+        test_norm_matmul();
         printf("\ncuda ops: %d passed, %d failed\n", n_pass, n_fail);
         backend_destroy(cpu);
         backend_destroy(gpu);
@@ -595,6 +660,7 @@ int main(void) {
     test_matmul();
     test_matmul_invariance();
     test_matmul_swiglu();
+    test_norm_matmul();
     test_rope();
     test_argmax();
     /* GQA ratios 1, 4, 8; head dims 64 and 128; decode and prefill; contexts to 32k */
