@@ -90,6 +90,12 @@ $(BUILD)/bench_%: scripts/bench_%.c $(BUILD)/libduoserve.a
 $(BUILD)/check_%: scripts/check_%.c $(BUILD)/libduoserve.a
 	$(CC) $(DUO_CFLAGS) $(CFLAGS) -o $@ $< $(BUILD)/libduoserve.a $(LDFLAGS) $(LDLIBS)
 
+# ktrace: a CUPTI injection library that logs every kernel (graphs included), for GPU machines
+# without Nsight Systems (scripts/ktrace.c, scripts/ktrace_report.py)
+$(BUILD)/libktrace.so: scripts/ktrace.c
+	@mkdir -p $(@D)
+	$(CC) -std=c17 -O2 -shared -fPIC -I$(CUDA_HOME)/include -o $@ $< -L$(CUDA_HOME)/lib64 -lcupti
+
 bench: $(BUILD)/bench_engine $(BUILD)/bench_tokenizer
 	./$(BUILD)/bench_engine ../shared/models/stories260k 128 1 8 32
 

@@ -161,6 +161,17 @@ __global__ void attn_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *q, const __
 // Invisible keys are zero-filled, never read, so stale pool rows cannot inject NaN.
 #define FA_KT 32
 
+// FA_CLOCKS builds (profiling only): thread 0 of block (0, 0, 0) stamps clock64() at the flash
+// kernel's phases into g_fa_clk (the last launch's), read by cuda_attention_clocks.
+#ifdef FA_CLOCKS
+__device__ long long g_fa_clk[64];
+#define FA_STAMP(i) do { if (threadIdx.x == 0 && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0) g_fa_clk[i] = clock64(); } while (0)
+extern "C" int cuda_attention_clocks(long long *out) { return cudaMemcpyFromSymbol(out, g_fa_clk, sizeof g_fa_clk) == cudaSuccess ? 64 : 0; }
+#else
+#define FA_STAMP(i) do { } while (0)
+extern "C" int cuda_attention_clocks(long long *out) { (void)out; return 0; }
+#endif
+
 __device__ __forceinline__ void fa_cp16(void *smem, const void *gmem, bool pred) {
     unsigned s = (unsigned)__cvta_generic_to_shared(smem);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(pred ? 16 : 0));
@@ -231,6 +242,29 @@ __device__ __forceinline__ bool fa_split_fits(const struct cuda_attn_args &a, in
     return (size_t)a.part_off[n_tokens] * a.n_heads * (a.head_dim + 2) <= a.ws_floats;
 }
 
+// The states of token t's partitions for one head, merged in order (as the unsplit kernel does
+// in registers) into out = O / L; one warp. States are read from L2: other blocks wrote them.
+__device__ void fa_merge_head(__nv_bfloat16 *out, const struct cuda_attn_args &a, int t, int head, int lane) {
+    const int HD = a.head_dim, n_parts = a.pos[t] / CUDA_ATTN_PART + 1;
+    float M = -INFINITY, L = 0.0f, O[CUDA_ATTN_MAX_HEAD_DIM / 32];
+    for (int i = 0; i < CUDA_ATTN_MAX_HEAD_DIM / 32; i++) O[i] = 0.0f;
+    for (int p = 0; p < n_parts; p++) {
+        const float *st = fa_state(a, t, p, head);
+        float ca, cb;
+        if (!fa_merge_begin(M, L, __ldcg(st), __ldcg(st + 1), ca, cb)) continue;
+        for (int i = 0; i < CUDA_ATTN_MAX_HEAD_DIM / 32; i++) {
+            int d = lane + 32 * i;
+            if (d < HD) O[i] = fa_merge_o(O[i], __ldcg(st + 2 + d), ca, cb);
+        }
+    }
+    float inv = 1.0f / L;
+    __nv_bfloat16 *orow = out + ((size_t)t * a.n_heads + head) * HD;
+    for (int i = 0; i < CUDA_ATTN_MAX_HEAD_DIM / 32; i++) {
+        int d = lane + 32 * i;
+        if (d < HD) orow[d] = __float2bfloat16(O[i] * inv);
+    }
+}
+
 // Grid (token, KV head, split). Split (gridDim.z = Z > 1, decode steps): block z computes the
 // partitions p with p % Z == z and writes their states (empty ones too) for fa_merge_kernel.
 template <int HDP>
@@ -240,10 +274,13 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
     constexpr int LD = fa_smem<HDP>::LD;
     pdl_trigger();
     pdl_wait();
+    FA_STAMP(0);
     extern __shared__ __align__(16) unsigned char fa_raw[];
     __nv_bfloat16 *sk = reinterpret_cast<__nv_bfloat16 *>(fa_raw), *sv = sk + FA_STAGES * FA_KT * LD;
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, tb = blockIdx.x, kvh = blockIdx.y;
-    const bool split = gridDim.z > 1 && fa_split_fits(a, gridDim.x);
+    // a decode token of one partition is not split: block z = 0 computes it (the same sums),
+    // the others have nothing to do
+    const bool split = gridDim.z > 1 && a.pos[tb] >= CUDA_ATTN_PART && fa_split_fits(a, gridDim.x);
     const int Z = split ? (int)gridDim.z : 1, z = split ? (int)blockIdx.z : 0;
     if (!split && blockIdx.z > 0) return;
     __nv_bfloat16 *sq = sv + FA_STAGES * FA_KT * LD + warp * 16 * LD;
@@ -334,6 +371,7 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
         lookup(next_tile(tile)); // the block of the next tile in the walk (loaded after this one)
     };
 
+    FA_STAMP(1);
     int tile = next_tile(-1);
     lookup(tile);
     if (tile != INT_MAX) {
@@ -348,6 +386,7 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
     }
     asm volatile("cp.async.commit_group;\n" ::);
 
+    FA_STAMP(2);
     const int g = lane / 4, qd = lane % 4;
     // this thread's two rows: g and g + 8; their positions (or -1 when the row is padding)
     int ipos[2];
@@ -408,6 +447,7 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
     };
 
     bool q_loaded = false;
+    int it_ = 0;
     // tile (in buffer buf) and the next one (nxt, in buf + 1) are loading; each iteration starts
     // the one after (nxt2) and sums tile
     int buf = 0, nxt = tile != INT_MAX ? next_tile(tile) : INT_MAX;
@@ -418,6 +458,7 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
       bool has_state = false; // the warp summed keys of this partition
       do {
         int nxt2 = nxt != INT_MAX ? next_tile(nxt) : INT_MAX;
+        FA_STAMP(3 + 4 * min(it_, 8));
         if (nxt2 != INT_MAX) load_tile((buf + 2) % FA_STAGES, nxt2);
         asm volatile("cp.async.commit_group;\n" ::);
         asm volatile("cp.async.wait_group 2;\n" ::); // this tile's group (and Q) landed
@@ -425,6 +466,7 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
         if (!q_loaded)
             for (int k = 0; k < HDP / 16; k++) fa_ldsm_x4(qa[k], sq + (lane % 16) * LD + k * 16 + (lane / 16) * 8);
         q_loaded = true;
+        FA_STAMP(4 + 4 * min(it_, 8));
         bool mine = nrows > 0 && ((tile >= wlo0 && tile <= whi0) || (tile >= wlo1 && tile <= whi1));
         if (mine) {
             has_state = true;
@@ -495,7 +537,9 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
                 }
             }
         }
+        FA_STAMP(5 + 4 * min(it_, 8));
         __syncthreads(); // every warp done with buf before the next iteration refills it
+        FA_STAMP(6 + 4 * min(it_, 8)); it_++;
         tile = nxt;
         nxt = nxt2;
         buf = (buf + 1) % FA_STAGES;
@@ -503,11 +547,26 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
       if (has_state) close_partition(part);
     }
     asm volatile("cp.async.wait_group 0;\n" ::);
-    if (split) { // fa_merge_kernel writes the output
+    FA_STAMP(40);
+    if (split) { // the token's last block to finish (or fa_merge_kernel) writes the output
         if (nrows > 0) empty_until(n_parts);
+        if (!a.counters || tb * a.n_kv_heads + kvh >= a.n_counters) return;
+        __shared__ int last;
+        __threadfence(); // this block's states before its count
+        __syncthreads();
+        if (tid == 0) {
+            int *cnt = a.counters + tb * a.n_kv_heads + kvh;
+            last = atomicAdd(cnt, 1) == Z - 1;
+            if (last) *cnt = 0; // ready for the next launch
+        }
+        __syncthreads();
+        if (!last) return;
+        __threadfence();
+        for (int hh = warp; hh < G; hh += FA_WARPS) fa_merge_head(out, a, tb, kvh * G + hh, lane);
         return;
     }
 
+    FA_STAMP(41);
     // out = O / L
     for (int h = 0; h < 2; h++) {
         int r = g + 8 * h;
@@ -524,31 +583,15 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
 }
 
 // Split decode: one warp per (token, head) merges the token's partition states in order, as the
-// flash kernel does in registers, and writes out = O / L.
+// flash kernel does in registers, and writes out = O / L (fa_merge_kernel, or the token's last
+// flash block when a.counters is set).
 __global__ void fa_merge_kernel(__nv_bfloat16 *out, struct cuda_attn_args a) {
     pdl_trigger();
     pdl_wait();
     if (!fa_split_fits(a, gridDim.x)) return; // the flash kernel wrote the output itself
     const int t = blockIdx.x, head = blockIdx.y * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (head >= a.n_heads) return;
-    const int HD = a.head_dim, n_parts = a.pos[t] / CUDA_ATTN_PART + 1;
-    float M = -INFINITY, L = 0.0f, O[CUDA_ATTN_MAX_HEAD_DIM / 32];
-    for (int i = 0; i < CUDA_ATTN_MAX_HEAD_DIM / 32; i++) O[i] = 0.0f;
-    for (int p = 0; p < n_parts; p++) {
-        const float *st = fa_state(a, t, p, head);
-        float ca, cb;
-        if (!fa_merge_begin(M, L, st[0], st[1], ca, cb)) continue;
-        for (int i = 0; i < CUDA_ATTN_MAX_HEAD_DIM / 32; i++) {
-            int d = lane + 32 * i;
-            if (d < HD) O[i] = fa_merge_o(O[i], st[2 + d], ca, cb);
-        }
-    }
-    float inv = 1.0f / L;
-    __nv_bfloat16 *orow = out + ((size_t)t * a.n_heads + head) * HD;
-    for (int i = 0; i < CUDA_ATTN_MAX_HEAD_DIM / 32; i++) {
-        int d = lane + 32 * i;
-        if (d < HD) orow[d] = __float2bfloat16(O[i] * inv);
-    }
+    if (head >= a.n_heads || a.pos[t] < CUDA_ATTN_PART) return; // one partition: not split
+    fa_merge_head(out, a, t, head, lane);
 }
 
 template <int HDP> static int fa_allow_smem() {
@@ -651,7 +694,7 @@ extern "C" int cuda_attention(void *out, void *qkv, int rs, const struct cuda_at
         else if (a->head_dim <= 32) CUDA_CHECK(cuda_launch(flash_kernel<32>, fgrid, dim3(T), fa_smem<32>::BYTES, st, o, qb, kb, vb, rs, *a));
         else if (a->head_dim <= 64) CUDA_CHECK(cuda_launch(flash_kernel<64>, fgrid, dim3(T), fa_smem<64>::BYTES, st, o, qb, kb, vb, rs, *a));
         else CUDA_CHECK(cuda_launch(flash_kernel<128>, fgrid, dim3(T), fa_smem<128>::BYTES, st, o, qb, kb, vb, rs, *a));
-        if (Z > 1)
+        if (Z > 1 && (!a->counters || n_tokens * a->n_kv_heads > a->n_counters))
             CUDA_CHECK(cuda_launch(fa_merge_kernel, dim3(n_tokens, (a->n_heads + 3) / 4), dim3(128), 0, st, o, *a));
     } else {
         dim3 grid(n_tokens, a->n_heads);

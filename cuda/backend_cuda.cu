@@ -74,6 +74,8 @@ struct meta_caps {
     size_t T, S, B; /* capacities of the segments of d_meta */
 };
 
+#define ATTN_COUNTERS 65536 // (token, KV head) pairs of a split step merged in the flash kernel
+
 struct cuda_ctx {
     struct backend_ops ops; // the op table (cuda_ops, less the fused ops not switched on)
     int device;
@@ -86,6 +88,7 @@ struct cuda_ctx {
     struct meta_caps caps;
     const int32_t *tokens, *pos, *tok_seq, *seq_start, *indptr, *blocks, *slots, *rows, *part_off;
     float *attn_ws; // split-decode partition states (cuda/attention.cu)
+    int *attn_counters; // the split blocks done per (token, KV head), after the states in attn_ws
     bool split_decode; // this step: every sequence one token, and one past the first partition
     size_t attn_ws_floats;
     int n_tokens, n_seqs, n_logits;
@@ -464,7 +467,7 @@ static void attention(struct backend *b, void *out, void *qkv, int row_stride, c
                                (__nv_bfloat16 *)L->k_full, (__nv_bfloat16 *)L->v_full,
                                (__nv_bfloat16 *)L->k_stream, (__nv_bfloat16 *)L->v_stream,
                                c->pos, c->tok_seq, c->seq_start, c->indptr, c->blocks, c->slots,
-                               c->part_off, c->attn_ws, c->attn_ws_floats};
+                               c->part_off, c->attn_ws, c->attn_ws_floats, c->attn_counters, ATTN_COUNTERS};
     CKI(b, cuda_attention(out, qkv, row_stride, &a, c->n_tokens, c->split_decode, inv_freq, c->stream));
     tm_mark(c, "%sattention%s", inv_freq ? "rope+" : "", c->split_decode ? " (split)" : "");
 }
@@ -770,10 +773,16 @@ extern "C" struct backend *backend_cuda_create(int device, int flags, char *err,
     /* split-decode partition states: a step whose states do not fit computes them in one block
      * per (token, KV head) instead, with the same result */
     c->attn_ws_floats = (size_t)16 << 20; // 64 MiB
-    if (cudaMalloc(&c->attn_ws, c->attn_ws_floats * sizeof(float)) != cudaSuccess) {
+    if (cudaMalloc(&c->attn_ws, c->attn_ws_floats * sizeof(float) + ATTN_COUNTERS * sizeof(int)) != cudaSuccess) {
         cudaGetLastError();
         c->attn_ws = NULL;
         c->attn_ws_floats = 0;
+    } else {
+        c->attn_counters = (int *)(c->attn_ws + c->attn_ws_floats);
+        /* DUOSERVE_ATTN_MERGE_KERNEL=1 (A/B): the states merged by a kernel of their own */
+        const char *mk = getenv("DUOSERVE_ATTN_MERGE_KERNEL");
+        if (mk && mk[0] == '1') c->attn_counters = NULL;
+        else if (cudaMemset(c->attn_counters, 0, ATTN_COUNTERS * sizeof(int)) != cudaSuccess) c->attn_counters = NULL;
     }
     const char *tmv = getenv("DUOSERVE_OP_TIMING");
     if (tmv && tmv[0] == '1' && (c->tm = (struct op_timing *)calloc(1, sizeof *c->tm))) {

@@ -19,6 +19,10 @@ struct cuda_attn_args {
     const int32_t *part_off;
     float *ws;
     size_t ws_floats;
+    // per (token, KV head) of a split step: the blocks done (the last one merges the states and
+    // sets it back to 0); n_counters of them, zero between launches. NULL: fa_merge_kernel merges
+    int *counters;
+    int n_counters;
 };
 
 /* Keys are summed in partitions of this many absolute positions, each from an empty softmax

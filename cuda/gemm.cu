@@ -33,6 +33,7 @@ static int g_mid_cfg, g_big_cfg; // tile choices (GEMM_MID1 / GEMM_BIG1 by defau
 static int g_stream_m = 32; // the largest M of the weight stream (8, 16 or 32; GEMM_STREAM_M by default)
 static unsigned g_split_tiles;   // 64-row tile grids below this many tiles split K (default: half the SMs)
 static unsigned g_nosplit_strips; // weight streams of at least this many strips do not split K (default 1024)
+static bool g_stream_groups = true; // weight streams split K in groups of chunks (DUOSERVE_STREAM_GROUPS=0: one a block)
 
 __device__ __forceinline__ void cp_async16(void *smem, const void *gmem, bool pred) {
     unsigned s = (unsigned)__cvta_generic_to_shared(smem);
@@ -332,7 +333,7 @@ template <int NT, typename OUT, bool SW, bool NORM>
 __global__ void __launch_bounds__(32 * GEMM_STREAM_WARPS, NT == 1 ? 4 : 1)
     gemm_stream_kernel(OUT *__restrict__ y, const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ w,
                        const __nv_bfloat16 *__restrict__ bias, int M, int N, int K, float *__restrict__ ws,
-                       int *__restrict__ counters, struct gemm_norm_args nrm) {
+                       int *__restrict__ counters, int cpg, struct gemm_norm_args nrm) {
     static_assert(!NORM || NT == 1, "the normalised input is one token");
     constexpr int U = GEMM_STREAM_U;
     const int lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
@@ -341,8 +342,8 @@ __global__ void __launch_bounds__(32 * GEMM_STREAM_WARPS, NT == 1 ? 4 : 1)
     if (!NORM && strip >= NB) return; // (NORM: every thread makes the input row first)
     __shared__ __align__(16) uint4 hs[NORM ? GEMM_NORM_MAX / 8 : 1]; // NORM: the normalised row
     const uint32_t *hs32 = reinterpret_cast<const uint32_t *>(hs);
-    const bool split = gridDim.y > 1;
-    const int c_lo = split ? blockIdx.y : 0, c_hi = split ? c_lo + 1 : chunks;
+    const bool split = gridDim.y > 1; // this block sums the cpg chunks of group blockIdx.y
+    const int c_lo = split ? blockIdx.y * cpg : 0, c_hi = split ? min(chunks, c_lo + cpg) : chunks;
     const uint4 *wp = reinterpret_cast<const uint4 *>(w) + (size_t)strip * KB * 32 + lane; // + kb * 32
     const uint32_t *x32 = reinterpret_cast<const uint32_t *>(x);
 
@@ -414,10 +415,21 @@ __global__ void __launch_bounds__(32 * GEMM_STREAM_WARPS, NT == 1 ? 4 : 1)
             else if (nkb >= 0) load_a(a0, nkb, nkb_end);
             steps(a1, s + U, kb_end);
         }
+        if (split) { // each chunk's sum is a partial of its own, whatever the group
+            float *part = ws + (size_t)c * M * N;
 #pragma unroll
-        for (int j = 0; j < NT; j++)
+            for (int j = 0; j < NT; j++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) total[j][e] += acc[j][e];
+                for (int e = 0; e < 4; e++) {
+                    int n = strip * 16 + g + 8 * (e >> 1), t = j * 8 + 2 * q + (e & 1);
+                    if (n < N && t < M) part[(size_t)t * N + n] = acc[j][e];
+                }
+        } else {
+#pragma unroll
+            for (int j = 0; j < NT; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) total[j][e] += acc[j][e];
+        }
     }
     pdl_trigger(); // the next kernel may launch (and stream its weights) while the strips drain
 
@@ -432,12 +444,10 @@ __global__ void __launch_bounds__(32 * GEMM_STREAM_WARPS, NT == 1 ? 4 : 1)
             }
     };
     if (split) {
-        float *part = ws + (size_t)c_lo * M * N;
-        each_out([&](int n, int t, float &v) { part[(size_t)t * N + n] = v; });
         __threadfence();
         __syncwarp();
         int last = 0;
-        if (lane == 0) last = atomicAdd(&counters[strip], 1) == chunks - 1;
+        if (lane == 0) last = atomicAdd(&counters[strip], c_hi - c_lo) == chunks - (c_hi - c_lo);
         if (!__shfl_sync(0xffffffffu, last, 0)) return;
         __threadfence();
         { // every partial of this lane's outputs, in chunk order
@@ -522,10 +532,24 @@ static int launch_stream(OUT *y, const void *x, const void *w, const void *bias,
     // enough strips to fill the GPU with one warp each (DUOSERVE_STREAM_NOSPLIT_STRIPS, A/B):
     // each warp sums its strip's chunks in registers, no partials (a speed choice only)
     bool split = split_fits(chunks, M, N, strips) && !(g_nosplit_strips && strips >= g_nosplit_strips);
-    dim3 grid((strips + GEMM_STREAM_WARPS - 1) / GEMM_STREAM_WARPS, split ? chunks : 1);
-    CUDA_CHECK(cuda_launch(gemm_stream_kernel<NT, OUT, SW, NORM>, grid, dim3(32 * GEMM_STREAM_WARPS), 0, s, y,
-                           (const __nv_bfloat16 *)x, (const __nv_bfloat16 *)w, (const __nv_bfloat16 *)bias, M, N, K,
-                           g_ws, g_counters, nrm));
+    auto kern = gemm_stream_kernel<NT, OUT, SW, NORM>;
+    const unsigned blocks = (strips + GEMM_STREAM_WARPS - 1) / GEMM_STREAM_WARPS;
+    // split: K in groups of cpg chunks, as many groups as keep the grid one wave of resident
+    // blocks (a second, partial wave is a tail as long as the first); DUOSERVE_STREAM_GROUPS=0:
+    // one chunk a block
+    unsigned cpg = 1;
+    if (split && g_stream_groups) {
+        static int resident = 0; // blocks of this kernel an SM holds
+        if (!resident && cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kern, 32 * GEMM_STREAM_WARPS, 0))
+            resident = 1;
+        unsigned groups = max(1u, min(chunks, (unsigned)(resident * g_sms) / blocks));
+        cpg = (chunks + groups - 1) / groups;
+        split = cpg < chunks;
+    }
+    dim3 grid(blocks, split ? (chunks + cpg - 1) / cpg : 1);
+    CUDA_CHECK(cuda_launch(kern, grid, dim3(32 * GEMM_STREAM_WARPS), 0, s, y, (const __nv_bfloat16 *)x,
+                           (const __nv_bfloat16 *)w, (const __nv_bfloat16 *)bias, M, N, K, g_ws, g_counters, (int)cpg,
+                           nrm));
     return 0;
 }
 
@@ -536,12 +560,26 @@ template <int WMW, int WMT, int WNW, int WNT, int BK, int STAGES, typename OUT, 
     return 0;
 }
 
+// The kernel a shape takes: the plain kernel (row-major weights), the weight stream with 1, 2
+// or 4 token tiles, or the mid or big tiles (128 x 128 only when there are enough of them to
+// fill the GPU).
+enum gemm_path { GEMM_PLAIN, GEMM_STREAM1, GEMM_STREAM2, GEMM_STREAM4, GEMM_TILES_MID, GEMM_TILES_BIG };
+static enum gemm_path gemm_path_of(int M, int N, int K) {
+    if (K % 8) return GEMM_PLAIN;
+    if (M <= 8) return GEMM_STREAM1;
+    if (M <= 16 && g_stream_m >= 16) return GEMM_STREAM2;
+    if (M <= 32 && g_stream_m >= 32) return GEMM_STREAM4;
+    if (M <= 64 || (unsigned)((M + 127) / 128) * (unsigned)((N + 127) / 128) < (unsigned)g_sms) return GEMM_TILES_MID;
+    return GEMM_TILES_BIG;
+}
+
 // SW: the fused SwiGLU epilogue (y is [M][N / 2], N % 16 == 0, no bias; packed weights only)
 template <typename OUT, bool SW = false>
 static int gemm(OUT *y, const void *x, const void *w, const void *bias, int M, int N, int K, cudaStream_t s) {
     if (M <= 0 || N <= 0) return 0;
     if (SW && (K % 8 || N % 16 || bias)) return -1;
-    if (K % 8) {
+    const enum gemm_path path = gemm_path_of(M, N, K);
+    if (path == GEMM_PLAIN) {
         dim3 grid(cuda_blocks((size_t)N, 128), (unsigned)M);
         CUDA_CHECK(cuda_launch(gemm_plain_kernel<OUT>, grid, dim3(128), 0, s, y, (const __nv_bfloat16 *)x,
                                (const __nv_bfloat16 *)w, (const __nv_bfloat16 *)bias, M, N, K));
@@ -551,11 +589,10 @@ static int gemm(OUT *y, const void *x, const void *w, const void *bias, int M, i
         fprintf(stderr, "duoserve: GEMM operands not 16-byte aligned (x %p, w %p)\n", x, w);
         return -1;
     }
-    if (M <= 8) return launch_stream<1, OUT, SW>(y, x, w, bias, M, N, K, s);
-    if (M <= 16 && g_stream_m >= 16) return launch_stream<2, OUT, SW>(y, x, w, bias, M, N, K, s);
-    if (M <= 32 && g_stream_m >= 32) return launch_stream<4, OUT, SW>(y, x, w, bias, M, N, K, s);
-    // 128 x 128 tiles only when there are enough of them to fill the GPU
-    if (M <= 64 || (unsigned)((M + 127) / 128) * (unsigned)((N + 127) / 128) < (unsigned)g_sms) {
+    if (path == GEMM_STREAM1) return launch_stream<1, OUT, SW>(y, x, w, bias, M, N, K, s);
+    if (path == GEMM_STREAM2) return launch_stream<2, OUT, SW>(y, x, w, bias, M, N, K, s);
+    if (path == GEMM_STREAM4) return launch_stream<4, OUT, SW>(y, x, w, bias, M, N, K, s);
+    if (path == GEMM_TILES_MID) {
         switch (g_mid_cfg) {
         case 1: return launch<GEMM_MID1, OUT, SW>(y, x, w, bias, M, N, K, s);
         case 2: return launch<GEMM_MID2, OUT, SW>(y, x, w, bias, M, N, K, s);
@@ -588,6 +625,7 @@ int cuda_gemm_init(void) {
                *bc = getenv("DUOSERVE_GEMM_BIG"), *st = getenv("DUOSERVE_GEMM_SPLIT_TILES"),
                *sm = getenv("DUOSERVE_GEMM_STREAM_M");
     g_stream_m = sm ? atoi(sm) : GEMM_STREAM_M;
+    g_stream_groups = !getenv("DUOSERVE_STREAM_GROUPS") || atoi(getenv("DUOSERVE_STREAM_GROUPS")) != 0;
     g_nosplit_strips = ns ? (unsigned)atoi(ns) : 1024;
     g_mid_cfg = mc ? atoi(mc) : 1;
     g_big_cfg = bc ? atoi(bc) : 1;
@@ -668,12 +706,14 @@ int cuda_gemm_norm(void *y_out, void *x_out, const void *x, const void *y, const
 
 /* Which kernel a shape takes (for the op test's labels). */
 const char *cuda_gemm_kind(int M, int N, int K) {
-    if (K % 8) return "plain kernel";
-    if (M <= 8 || (M <= 16 && g_stream_m >= 16) || (M <= 32 && g_stream_m >= 32)) return "weight stream";
     static const char *const mid[] = {"64x64 tiles", "128x64 tiles", "128x64 tiles, k 128", "256x64 tiles"};
     static const char *const big[] = {"128x128 tiles", "128x128 tiles, k 64", "128x128 tiles, k 64, 4 stages"};
-    if (M <= 64 || (M + 127) / 128 * ((N + 127) / 128) < g_sms) return mid[g_mid_cfg >= 0 && g_mid_cfg < 4 ? g_mid_cfg : 0];
-    return big[g_big_cfg >= 0 && g_big_cfg < 3 ? g_big_cfg : 0];
+    switch (gemm_path_of(M, N, K)) {
+    case GEMM_PLAIN: return "plain kernel";
+    case GEMM_TILES_MID: return mid[g_mid_cfg >= 0 && g_mid_cfg < 4 ? g_mid_cfg : 0];
+    case GEMM_TILES_BIG: return big[g_big_cfg >= 0 && g_big_cfg < 3 ? g_big_cfg : 0];
+    default: return "weight stream";
+    }
 }
 
 }  // extern "C"

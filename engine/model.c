@@ -389,6 +389,12 @@ void model_free(struct model *m) {
 }
 
 /* The ops of one forward pass (everything after begin_step). */
+/* the residual stream's two buffers trade places (after a norm_matmul) */
+static void swap_ptr(void **a, void **b) {
+    void *t = *a;
+    *a = *b, *b = t;
+}
+
 static void forward_ops(struct model *m, struct kv_cache *kv, const struct fwd_batch *batch, float *logits) {
     const struct model_config *c = &m->cfg;
     const struct backend_ops *op = m->b->ops;
@@ -413,8 +419,7 @@ static void forward_ops(struct model *m, struct kv_cache *kv, const struct fwd_b
         if (pending) {
             op->norm_matmul(b, m->qkv, m->gu, m->h, alt, cur, m->o, w->attn_norm, c->norm_eps, w->wqkv, w->bqkv, T,
                             QKV, D, false);
-            void *t = cur;
-            cur = alt, alt = t;
+            swap_ptr(&cur, &alt);
         } else {
             op->matmul(b, m->qkv, m->h, w->wqkv, w->bqkv, T, QKV, D);
         }
@@ -429,8 +434,7 @@ static void forward_ops(struct model *m, struct kv_cache *kv, const struct fwd_b
         if (m->fused_norm) {
             op->norm_matmul(b, m->fused_swiglu ? m->act : m->gu, m->gu, m->h, alt, cur, m->o, w->ffn_norm,
                             c->norm_eps, w->w_gateup, NULL, T, m->fused_swiglu ? F : 2 * F, D, m->fused_swiglu);
-            void *t = cur;
-            cur = alt, alt = t;
+            swap_ptr(&cur, &alt);
             if (!m->fused_swiglu) op->silu_mul(b, m->act, m->gu, T, F);
         } else {
             op->add_rmsnorm(b, m->h, cur, m->o, w->ffn_norm, T, D, c->norm_eps);

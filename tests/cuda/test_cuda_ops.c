@@ -264,12 +264,13 @@ static void test_matmul_swiglu(void) {
 }
 
 /* Batch invariance, bit for bit: a token's GEMM output must not depend on how many tokens
- * share the call (every tile shape; split-K and in-register chunk sums: 4096 x 4096 splits at
- * small M only), and the f32 logits likewise. */
+ * share the call (every tile shape; split-K, by one chunk or groups of chunks, and in-register
+ * chunk sums: 4096 x 4096 splits at small M only), and the f32 logits likewise. */
 static void test_matmul_invariance(void) {
-    int dims[][2] = {{1024, 4096}, {4096, 4096}, {333, 1000}, {96, 172}};
+    /* 4096 x 14336 (Llama-3-8B's down): the weight stream splits K in groups of 4 chunks */
+    int dims[][2] = {{1024, 4096}, {4096, 4096}, {333, 1000}, {96, 172}, {4096, 14336}};
     int Ms[] = {1, 2, 3, 7, 8, 9, 16, 17, 32, 33, 64, 65, 256, 257, 700};
-    for (int d = 0; d < 4; d++) {
+    for (int d = 0; d < 5; d++) {
         int no = dims[d][0], ni = dims[d][1], MM = 700;
         float *x = rand_bf16((size_t)MM * ni, 1.0f), *w = rand_bf16((size_t)no * ni, 1.0f / sqrtf((float)ni));
         float *bias = rand_bf16(no, 1.0f);
@@ -631,6 +632,54 @@ static void attention_invariance(int H, int KV, int hd, int n_stream, int ctx, i
     free(kf), free(vf), free(ks), free(vs), free(q);
 }
 
+/* DUOSERVE_TEST_ONLY=attnbench (profiling, not a test): one Llama-3-8B-shaped decode token's
+ * attention (32/8 heads, head dim 128) at several contexts: the time a call, and with an
+ * FA_CLOCKS build the flash kernel's phase stamps (clock64) of the last call. */
+int cuda_attention_clocks(long long *out);
+static void attention_bench(int ctx) {
+    int H = 32, KV = 8, hd = 128, bs = 16, NB = (ctx + 1 + bs - 1) / bs, rs = (H + 2 * KV) * hd;
+    size_t full_n = (size_t)NB * bs * KV * hd;
+    enum backend_status st;
+    void *kf = gpu->ops->alloc(gpu, full_n * 2, &st), *vf = gpu->ops->alloc(gpu, full_n * 2, &st);
+    void *q = gpu->ops->alloc(gpu, (size_t)rs * 2, &st), *o = gpu->ops->alloc(gpu, (size_t)H * hd * 2, &st);
+    float *hq = rand_bf16(rs, 1.0f);
+    gpu->ops->upload_act(gpu, q, hq, rs);
+    gpu_fill_nan(o, (size_t)H * hd);
+    float *hk = rand_bf16((size_t)bs * KV * hd, 1.0f); /* one block's worth, repeated */
+    for (int i = 0; i < NB; i++) {
+        gpu->ops->upload_act(gpu, (char *)kf + (size_t)i * bs * KV * hd * 2, hk, (size_t)bs * KV * hd);
+        gpu->ops->upload_act(gpu, (char *)vf + (size_t)i * bs * KV * hd * 2, hk, (size_t)bs * KV * hd);
+    }
+    int32_t *ids = malloc(sizeof(int32_t) * NB), tok = 0, p = ctx, ss[2] = {0, 1}, ip[2] = {0, NB}, slot = 0;
+    for (int i = 0; i < NB; i++) ids[i] = i;
+    struct fwd_batch bt = {1, 1, &tok, &p, ss, ip, ids, &slot, 0, NULL, NULL, false};
+    gpu->ops->begin_step(gpu, &bt);
+    struct attn_layer L = {.n_heads = H, .n_kv_heads = KV, .head_dim = hd, .n_full = KV, .n_stream = 0,
+                           .block_size = bs, .sink = 0, .recent = 1, .k_full = kf, .v_full = vf,
+                           .scale = 1.0f / sqrtf((float)hd)};
+    int reps = 200;
+    for (int r = 0; r < 10; r++) gpu->ops->attention(gpu, o, q, rs, &L);
+    gpu->ops->sync(gpu);
+    double t0 = util_now();
+    for (int r = 0; r < reps; r++) gpu->ops->attention(gpu, o, q, rs, &L);
+    int err = gpu->ops->sync(gpu);
+    double us = (util_now() - t0) / reps * 1e6;
+    printf("attnbench ctx %6d: %8.2f us a call (append + attention)%s\n", ctx, us, err ? " [device error]" : "");
+    long long c[64];
+    if (cuda_attention_clocks(c) == 64) {
+        printf("  stamps (cycles from entry): setup %lld, first loads issued %lld;", c[1] - c[0], c[2] - c[0]);
+        for (int i = 0; i < 9; i++) {
+            long long *t = c + 3 + 4 * i;
+            if (t[0] <= c[0] || t[3] < t[0]) break;
+            printf(" tile %d: issue %lld wait %lld math %lld sync %lld;", i, t[0] - (i ? t[-1] : c[2]), t[1] - t[0],
+                   t[2] - t[1], t[3] - t[2]);
+        }
+        printf(" drain %lld, end %lld\n", c[40] - c[0], c[41] - c[0]);
+    }
+    gpu->ops->free(gpu, kf), gpu->ops->free(gpu, vf), gpu->ops->free(gpu, q), gpu->ops->free(gpu, o);
+    free(hq), free(hk), free(ids);
+}
+
 int main(void) {
     char err[256];
     setenv("DUOSERVE_FUSED_SWIGLU", "1", 1); /* the op table with matmul_swiglu and norm_matmul */
@@ -644,6 +693,13 @@ int main(void) {
     util_rng_seed(&rng, 7);
     /* DUOSERVE_TEST_ONLY=matmul: the GEMM cases alone (checking another tile choice quickly) */
     const char *only = getenv("DUOSERVE_TEST_ONLY");
+    if (only && !strcmp(only, "attnbench")) {
+        int ctxs[] = {128, 1000, 4000, 32000};
+        for (int i = 0; i < 4; i++) attention_bench(ctxs[i]);
+        backend_destroy(cpu);
+        backend_destroy(gpu);
+        return 0;
+    }
     if (only && !strcmp(only, "matmul")) {
         printf("GEMM cases only (%s)\n", cuda_gemm_kind(64, 4096, 4096));
         test_matmul();
