@@ -186,8 +186,9 @@ __device__ __forceinline__ void fa_ldsm_x4_t(uint32_t *r, const void *p) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s));
 }
+// Not volatile: registers only, so the compiler may interleave independent MMAs.
 __device__ __forceinline__ void fa_mma(float *c, const uint32_t *a, uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
                  "{%0,%1,%2,%3};\n"
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
@@ -471,21 +472,27 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
         if (mine) {
             has_state = true;
             const __nv_bfloat16 *ck = sk + buf * FA_KT * LD, *cv = sv + buf * FA_KT * LD;
-            // S = Q K^T: 16 rows x FA_KT keys
+            // S = Q K^T: 16 rows x FA_KT keys. The k steps of the FA_KT / 8 key groups are
+            // interleaved (each group's own sum still runs k = 0, 16, ... in order), so
+            // consecutive MMAs are independent: a lone decode warp is not left waiting on each
+            // MMA's latency in turn.
             float sc[FA_KT / 8][4];
-            for (int n = 0; n < FA_KT / 8; n++) {
+#pragma unroll
+            for (int n = 0; n < FA_KT / 8; n++)
+#pragma unroll
                 for (int e = 0; e < 4; e++) sc[n][e] = 0.0f;
-                for (int k = 0; k < HDP / 16; k += 2) {
-                    uint32_t b[4]; // keys n*8 + lane%8, dims k*16 + (lane/8)*8: two k16 steps at once
-                    if (k + 1 < HDP / 16) {
-                        fa_ldsm_x4(b, ck + (n * 8 + lane % 8) * LD + k * 16 + (lane / 8) * 8);
-                        fa_mma(sc[n], qa[k], b[0], b[1]);
-                        fa_mma(sc[n], qa[k + 1], b[2], b[3]);
-                    } else {
-                        fa_ldsm_x4(b, ck + (n * 8 + lane % 8) * LD + k * 16 + ((lane / 8) % 2) * 8);
-                        fa_mma(sc[n], qa[k], b[0], b[1]);
-                    }
-                }
+#pragma unroll
+            for (int k = 0; k < HDP / 16; k += 2) {
+                uint32_t b[FA_KT / 8][4]; // keys n*8 + lane%8, dims k*16 + (lane/8)*8: two k16 steps at once
+                const bool two = k + 1 < HDP / 16;
+#pragma unroll
+                for (int n = 0; n < FA_KT / 8; n++)
+                    fa_ldsm_x4(b[n], ck + (n * 8 + lane % 8) * LD + k * 16 + (two ? lane / 8 : (lane / 8) % 2) * 8);
+#pragma unroll
+                for (int n = 0; n < FA_KT / 8; n++) fa_mma(sc[n], qa[k], b[n][0], b[n][1]);
+                if (two)
+#pragma unroll
+                    for (int n = 0; n < FA_KT / 8; n++) fa_mma(sc[n], qa[k + 1], b[n][2], b[n][3]);
             }
             // mask, online softmax (each row's scores live in one quad of lanes)
             float corr[2];
@@ -527,13 +534,21 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
                 split_p(sc[2 * c][2], sc[2 * c][3], ph[1], pl[1]);
                 split_p(sc[2 * c + 1][0], sc[2 * c + 1][1], ph[2], pl[2]);
                 split_p(sc[2 * c + 1][2], sc[2 * c + 1][3], ph[3], pl[3]);
-                for (int d = 0; d < HDP / 8; d += 2) {
-                    uint32_t b[4]; // keys c*16 + lane%16, dims d*8 + (lane/16)*8, transposed
-                    fa_ldsm_x4_t(b, cv + (c * 16 + lane % 16) * LD + d * 8 + (lane / 16) * 8);
-                    fa_mma(o[d], ph, b[0], b[1]);
-                    fa_mma(o[d + 1], ph, b[2], b[3]);
-                    fa_mma(o[d], pl, b[0], b[1]);
-                    fa_mma(o[d + 1], pl, b[2], b[3]);
+                // every V fragment of the 16 keys first, then the head MMAs of all HDP / 8
+                // outputs, then the remainder's (per output still head then remainder, c in order)
+                uint32_t b[HDP / 16][4]; // keys c*16 + lane%16, dims dd*16 + (lane/16)*8, transposed
+#pragma unroll
+                for (int dd = 0; dd < HDP / 16; dd++)
+                    fa_ldsm_x4_t(b[dd], cv + (c * 16 + lane % 16) * LD + dd * 16 + (lane / 16) * 8);
+#pragma unroll
+                for (int dd = 0; dd < HDP / 16; dd++) {
+                    fa_mma(o[2 * dd], ph, b[dd][0], b[dd][1]);
+                    fa_mma(o[2 * dd + 1], ph, b[dd][2], b[dd][3]);
+                }
+#pragma unroll
+                for (int dd = 0; dd < HDP / 16; dd++) {
+                    fa_mma(o[2 * dd], pl, b[dd][0], b[dd][1]);
+                    fa_mma(o[2 * dd + 1], pl, b[dd][2], b[dd][3]);
                 }
             }
         }

@@ -2,14 +2,14 @@
 # device_run.sh: one GPU-machine run of the checks, benchmarks, A/B of the switches, kernel
 # traces and ShareGPT serving; the stages to run are the arguments (default: all of them).
 #
-#   bash scripts/device_run.sh [checks] [bench] [ab] [trace] [optime] [serving]
+#   bash scripts/device_run.sh [attnbench] [checks] [bench] [ab] [trace] [optime] [serving]
 #
 # Expects .device/ prepared by ../shared/device/prepare.sh plus bin.txz (the stripped binaries of
 # make CUDA=1 BUILD=build-gpu, libktrace.so and libcupti.so.13 in bin/), models/stories260k,
 # traces/ and tokenizers/llama3 copied from ../shared. Run with the device tool: command
 # "bash scripts/device_run.sh ...", carry [".device"]. Logs and traces come back in $OUT/run.tgz.
 set -u
-stages=${*:-checks bench ab trace optime serving}
+stages=${*:-attnbench checks bench ab trace optime serving}
 has() { [[ " $stages " == *" $1 "* ]]; }
 source .device/env.sh
 tar xJf .device/bin.txz -C /tmp
@@ -20,10 +20,14 @@ M=/tmp/llama8b
 ( python3 scripts/make_llama8b.py $M --tokenizer .device/tokenizers/llama3 > $L/mk8b.log 2>&1 ) &
 mk=$!
 t0=$SECONDS
+if has attnbench; then # one decode token's attention at several contexts; FA_CLOCKS build: phase stamps
+  DUOSERVE_TEST_ONLY=attnbench $B/duoserve-test-cuda
+  [ -x $B/duoserve-test-cuda-clk ] && DUOSERVE_TEST_ONLY=attnbench $B/duoserve-test-cuda-clk
+fi
 if has checks; then
   scripts/gpu_check.sh $B checks $L
   grep -E "FAIL" $L/op_test.log | head -20; tail -1 $L/op_test.log
-  for v in "DUOSERVE_STREAM_GROUPS=0" "DUOSERVE_GEMM_MID=0 DUOSERVE_GEMM_BIG=0"; do
+  for v in "DUOSERVE_STREAM_ASYNC=1" "DUOSERVE_STREAM_GROUPS=0"; do
     env $v DUOSERVE_TEST_ONLY=matmul $B/duoserve-test-cuda > $L/op_gemm.log 2>&1
     echo "op test GEMMs [$v]: $(grep FAIL $L/op_gemm.log | head -3) $(tail -1 $L/op_gemm.log)"
   done
@@ -38,15 +42,14 @@ if has bench; then
 fi
 ab() { local name=$1; shift; env "$@" timeout 100 $B/bench_gpu $M cuda --decode 1,8,64 --prefill 2048 > $L/ab_$name.log 2>&1; echo "== $name: $(grep -E 'decode|prefill' $L/ab_$name.log | sed -E 's/ +/ /g; s/ context 128//; s/ tokens\/s.*//; s/ms\/step,/ms/' | tr '\n' '|')"; }
 if has ab; then
-  ab stream_groups_off DUOSERVE_STREAM_GROUPS=0
-  ab merge_kernel DUOSERVE_ATTN_MERGE_KERNEL=1
+  ab stream_async DUOSERVE_STREAM_ASYNC=1
 fi
 # kernel traces: every kernel of the decode graphs (scripts/ktrace.c), reported per kernel
 tr() { local name=$1; shift; CUDA_INJECTION64_PATH=$B/libktrace.so KTRACE_OUT=$L/kt_$name.txt timeout 100 $B/bench_gpu $M cuda --prefill 0 "$@" > $L/kt_$name.log 2>&1
   grep decode $L/kt_$name.log | sed -E 's/ +/ /g'; python3 scripts/ktrace_report.py $L/kt_$name.txt --top 14 > $L/kt_$name.report 2>&1; head -40 $L/kt_$name.report; xz -T4 $L/kt_$name.txt; }
 if has trace; then
   tr b1 --decode 1
-  tr b64 --decode 64
+  DUOSERVE_STREAM_ASYNC=1 tr b1_async --decode 1
 fi
 if has optime; then
   DUOSERVE_OP_TIMING=1 bg --decode 1 --prefill 0 > $L/optime.log 2>&1
