@@ -24,6 +24,9 @@ static int g_attn_sms = 132; // SMs of the device (split decode sizing)
 // debugging switches, read once (cuda_attention_init): DUOSERVE_ATTN_SIMPLE=1 (the CUDA-core
 // kernel for every shape), DUOSERVE_ATTN_NO_SPLIT=1 (decode steps never split)
 static bool g_attn_simple, g_attn_no_split;
+// split decode: blocks per (token, KV head) up to g_attn_max_split, aiming at g_attn_split_fill
+// blocks an SM (DUOSERVE_ATTN_MAX_SPLIT, DUOSERVE_ATTN_SPLIT_FILL: A/B)
+static int g_attn_max_split = 32, g_attn_split_fill = 2;
 
 static bool getenv_flag(const char *name) {
     const char *v = getenv(name);
@@ -216,6 +219,7 @@ template <int HDP> struct fa_smem {
 };
 
 #define FA_PT (CUDA_ATTN_PART / FA_KT) // key tiles per partition
+#define FA_MERGE_AHEAD 16 // partition states a merging warp has in flight
 
 // Adds a partition's softmax state (its rows' max m, full sum l, and o) to a running total (M,
 // L, O). Every rounding is explicit (no contraction), so the flash kernel, which merges in
@@ -245,22 +249,34 @@ __device__ __forceinline__ bool fa_split_fits(const struct cuda_attn_args &a, in
 
 // The states of token t's partitions for one head, merged in order (as the unsplit kernel does
 // in registers) into out = O / L; one warp. States are read from L2: other blocks wrote them.
+template <int NI> // head dims up to 32 * NI
 __device__ void fa_merge_head(__nv_bfloat16 *out, const struct cuda_attn_args &a, int t, int head, int lane) {
     const int HD = a.head_dim, n_parts = a.pos[t] / CUDA_ATTN_PART + 1;
-    float M = -INFINITY, L = 0.0f, O[CUDA_ATTN_MAX_HEAD_DIM / 32];
-    for (int i = 0; i < CUDA_ATTN_MAX_HEAD_DIM / 32; i++) O[i] = 0.0f;
-    for (int p = 0; p < n_parts; p++) {
-        const float *st = fa_state(a, t, p, head);
-        float ca, cb;
-        if (!fa_merge_begin(M, L, __ldcg(st), __ldcg(st + 1), ca, cb)) continue;
-        for (int i = 0; i < CUDA_ATTN_MAX_HEAD_DIM / 32; i++) {
-            int d = lane + 32 * i;
-            if (d < HD) O[i] = fa_merge_o(O[i], __ldcg(st + 2 + d), ca, cb);
+    float M = -INFINITY, L = 0.0f, O[NI];
+    for (int i = 0; i < NI; i++) O[i] = 0.0f;
+    // FA_MERGE_AHEAD partitions' states are read at once (their loads overlap), then folded in order
+    for (int p0 = 0; p0 < n_parts; p0 += FA_MERGE_AHEAD) {
+        float sm_[FA_MERGE_AHEAD], sl_[FA_MERGE_AHEAD], so_[FA_MERGE_AHEAD][NI];
+#pragma unroll
+        for (int u = 0; u < FA_MERGE_AHEAD; u++) {
+            const float *st = fa_state(a, t, min(p0 + u, n_parts - 1), head);
+            sm_[u] = p0 + u < n_parts ? __ldcg(st) : -INFINITY;
+            sl_[u] = __ldcg(st + 1);
+#pragma unroll
+            for (int i = 0; i < NI; i++) so_[u][i] = lane + 32 * i < HD ? __ldcg(st + 2 + lane + 32 * i) : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < FA_MERGE_AHEAD; u++) {
+            float ca, cb;
+            if (!fa_merge_begin(M, L, sm_[u], sl_[u], ca, cb)) continue;
+#pragma unroll
+            for (int i = 0; i < NI; i++)
+                if (lane + 32 * i < HD) O[i] = fa_merge_o(O[i], so_[u][i], ca, cb);
         }
     }
     float inv = 1.0f / L;
     __nv_bfloat16 *orow = out + ((size_t)t * a.n_heads + head) * HD;
-    for (int i = 0; i < CUDA_ATTN_MAX_HEAD_DIM / 32; i++) {
+    for (int i = 0; i < NI; i++) {
         int d = lane + 32 * i;
         if (d < HD) orow[d] = __float2bfloat16(O[i] * inv);
     }
@@ -329,17 +345,16 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
     };
 
     // 4 threads per key row (one each): the row's pool block, then every 4th 16-byte chunk of
-    // the row. The block id of the tile loaded next is fetched one load ahead (lookup), so the
-    // block table's latency overlaps a tile's arithmetic instead of stalling every load.
+    // the row. Block ids are read two tiles ahead of their loads (the first three at once), so
+    // the block table's latency overlaps a tile's arithmetic instead of stalling every load.
     static_assert(FA_KT * 4 == 32 * FA_WARPS, "one key row part a thread");
     const int kr = tid / 4, part = tid % 4;
     const int bbase = full ? a.block_indptr[s] : 0, sslot = full ? 0 : a.stream_slot[s];
-    int blk_next = 0; // the pool block of key row kr of the tile loaded next (full heads)
-    auto lookup = [&](int tile) {
+    auto blk_of = [&](int tile) { // the pool block of key row kr of a tile (full heads)
         int j = tile == INT_MAX ? INT_MAX : tile * FA_KT + kr;
-        if (full && j <= pos_last) blk_next = a.block_ids[bbase + j / a.block_size];
+        return full && j <= pos_last ? a.block_ids[bbase + j / a.block_size] : 0;
     };
-    auto load_tile = [&](int buf, int tile) { // tile: the one lookup() last fetched
+    auto load_tile = [&](int buf, int tile, int blk_next) {
         int j = tile * FA_KT + kr;
         const __nv_bfloat16 *kp = NULL, *vp = NULL;
         if (full) {
@@ -369,12 +384,14 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
                 *reinterpret_cast<uint4 *>(dv + c) = make_uint4(0, 0, 0, 0);
             }
         }
-        lookup(next_tile(tile)); // the block of the next tile in the walk (loaded after this one)
     };
 
     FA_STAMP(1);
+    // the walk's next three tiles: summed now, loading, loaded next (and their block ids)
     int tile = next_tile(-1);
-    lookup(tile);
+    int nxt = tile != INT_MAX ? next_tile(tile) : INT_MAX, nxt2 = nxt != INT_MAX ? next_tile(nxt) : INT_MAX;
+    const int blk0 = blk_of(tile), blk1 = blk_of(nxt);
+    int blk2 = blk_of(nxt2);
     if (tile != INT_MAX) {
         // this warp's Q rows into smem (zero rows/dims beyond the unit), then the first tile
         for (int i = lane; i < 16 * (HDP / 8); i += 32) {
@@ -383,7 +400,7 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
             const __nv_bfloat16 *src = ok ? q + (size_t)(t0 + r / G) * rs + (size_t)(kvh * G + r % G) * HD + c : q;
             fa_cp16(sq + r * LD + c, src, ok);
         }
-        load_tile(0, tile);
+        load_tile(0, tile, blk0);
     }
     asm volatile("cp.async.commit_group;\n" ::);
 
@@ -451,16 +468,16 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
     int it_ = 0;
     // tile (in buffer buf) and the next one (nxt, in buf + 1) are loading; each iteration starts
     // the one after (nxt2) and sums tile
-    int buf = 0, nxt = tile != INT_MAX ? next_tile(tile) : INT_MAX;
-    if (nxt != INT_MAX) load_tile(1, nxt);
+    int buf = 0;
+    if (nxt != INT_MAX) load_tile(1, nxt, blk1);
     asm volatile("cp.async.commit_group;\n" ::);
     while (tile != INT_MAX) { // partition by partition, each closed after its last tile
       const int part = tile / FA_PT;
       bool has_state = false; // the warp summed keys of this partition
       do {
-        int nxt2 = nxt != INT_MAX ? next_tile(nxt) : INT_MAX;
         FA_STAMP(3 + 4 * min(it_, 8));
-        if (nxt2 != INT_MAX) load_tile((buf + 2) % FA_STAGES, nxt2);
+        if (nxt2 != INT_MAX) load_tile((buf + 2) % FA_STAGES, nxt2, blk2);
+        const int nxt3 = nxt2 != INT_MAX ? next_tile(nxt2) : INT_MAX, blk3 = blk_of(nxt3);
         asm volatile("cp.async.commit_group;\n" ::);
         asm volatile("cp.async.wait_group 2;\n" ::); // this tile's group (and Q) landed
         __syncthreads();
@@ -557,6 +574,8 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
         FA_STAMP(6 + 4 * min(it_, 8)); it_++;
         tile = nxt;
         nxt = nxt2;
+        nxt2 = nxt3;
+        blk2 = blk3;
         buf = (buf + 1) % FA_STAGES;
       } while (tile != INT_MAX && tile / FA_PT == part);
       if (has_state) close_partition(part);
@@ -577,7 +596,7 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
         __syncthreads();
         if (!last) return;
         __threadfence();
-        for (int hh = warp; hh < G; hh += FA_WARPS) fa_merge_head(out, a, tb, kvh * G + hh, lane);
+        for (int hh = warp; hh < G; hh += FA_WARPS) fa_merge_head<(HDP + 31) / 32>(out, a, tb, kvh * G + hh, lane);
         return;
     }
 
@@ -606,7 +625,7 @@ __global__ void fa_merge_kernel(__nv_bfloat16 *out, struct cuda_attn_args a) {
     if (!fa_split_fits(a, gridDim.x)) return; // the flash kernel wrote the output itself
     const int t = blockIdx.x, head = blockIdx.y * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (head >= a.n_heads || a.pos[t] < CUDA_ATTN_PART) return; // one partition: not split
-    fa_merge_head(out, a, t, head, lane);
+    fa_merge_head<CUDA_ATTN_MAX_HEAD_DIM / 32>(out, a, t, head, lane);
 }
 
 template <int HDP> static int fa_allow_smem() {
@@ -619,6 +638,9 @@ template <int HDP> static int fa_allow_smem() {
 extern "C" int cuda_attention_init(void) {
     g_attn_simple = getenv_flag("DUOSERVE_ATTN_SIMPLE");
     g_attn_no_split = getenv_flag("DUOSERVE_ATTN_NO_SPLIT");
+    const char *ms = getenv("DUOSERVE_ATTN_MAX_SPLIT"), *sf = getenv("DUOSERVE_ATTN_SPLIT_FILL");
+    if (ms && atoi(ms) > 0) g_attn_max_split = atoi(ms);
+    if (sf && atoi(sf) > 0) g_attn_split_fill = atoi(sf);
     int dev = 0;
     if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&g_attn_sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
         return -2;
@@ -702,7 +724,9 @@ extern "C" int cuda_attention(void *out, void *qkv, int rs, const struct cuda_at
         // split (decode steps): partitions in parallel when the step alone would leave SMs idle
         // (a speed choice only: the partition states are merged in the same order either way)
         int Z = 1;
-        if (split && a->ws && a->part_off && !g_attn_no_split) Z = max(1, min(32, (2 * g_attn_sms + n_tokens * a->n_kv_heads - 1) / (n_tokens * a->n_kv_heads)));
+        if (split && a->ws && a->part_off && !g_attn_no_split)
+            Z = max(1, min(g_attn_max_split, (g_attn_split_fill * g_attn_sms + n_tokens * a->n_kv_heads - 1) /
+                                                 (n_tokens * a->n_kv_heads)));
         dim3 fgrid(n_tokens, a->n_kv_heads, Z);
         const int T = 32 * FA_WARPS;
         if (a->head_dim <= 16) CUDA_CHECK(cuda_launch(flash_kernel<16>, fgrid, dim3(T), fa_smem<16>::BYTES, st, o, qb, kb, vb, rs, *a));

@@ -33,7 +33,6 @@ static int g_mid_cfg, g_big_cfg; // tile choices (GEMM_MID1 / GEMM_BIG1 by defau
 static int g_stream_m = 32; // the largest M of the weight stream (8, 16 or 32; GEMM_STREAM_M by default)
 static unsigned g_split_tiles;   // 64-row tile grids below this many tiles split K (default: half the SMs)
 static unsigned g_nosplit_strips; // weight streams of at least this many strips do not split K (default 1024)
-static bool g_stream_async;         // weight streams through a cp.async ring (DUOSERVE_STREAM_ASYNC=1)
 static bool g_stream_groups = true; // weight streams split K in groups of chunks (DUOSERVE_STREAM_GROUPS=0: one a block)
 
 __device__ __forceinline__ void cp_async16(void *smem, const void *gmem, bool pred) {
@@ -330,9 +329,7 @@ struct gemm_norm_args {
 // steps at a time and the next U in flight; the tokens' B fragments come from global (L1).
 #define GEMM_STREAM_WARPS 4
 #define GEMM_STREAM_U 8
-#define GEMM_STREAM_STAGES 3 // ASYNC: U-step stages in each warp's ring
-#define GEMM_STREAM_SMEM (GEMM_STREAM_WARPS * GEMM_STREAM_STAGES * GEMM_STREAM_U * 512)
-template <int NT, typename OUT, bool SW, bool NORM, bool ASYNC>
+template <int NT, typename OUT, bool SW, bool NORM>
 __global__ void __launch_bounds__(32 * GEMM_STREAM_WARPS, NT == 1 ? 4 : 1)
     gemm_stream_kernel(OUT *__restrict__ y, const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ w,
                        const __nv_bfloat16 *__restrict__ bias, int M, int N, int K, float *__restrict__ ws,
@@ -386,9 +383,39 @@ __global__ void __launch_bounds__(32 * GEMM_STREAM_WARPS, NT == 1 ? 4 : 1)
             }
     };
 
-    // chunk c summed in acc: a partial of its own (split, whatever the group) or into the total
-    auto chunk_done = [&](int c) {
-        if (split) {
+    uint4 a0[U], a1[U];
+    int kb = c_lo * (GEMM_KC / 16), kb_end = min(KB, kb + GEMM_KC / 16);
+    if (strip < NB) load_a(a0, kb, kb_end); // weights first: they do not depend on the kernel before (PDL)
+    pdl_wait();
+    if constexpr (NORM) { // the input row, normalised (block 0 also stores x + y for the next add)
+        rms_row(nrm.x, nrm.y, nrm.w, blockIdx.x == 0 && blockIdx.y == 0 ? nrm.x_out : NULL, K, nrm.eps,
+                [&](int c, uint4 v) { hs[c] = v; });
+        __syncthreads();
+        if (strip >= NB) return;
+    }
+    for (int c = c_lo; c < c_hi; c++) {
+        kb = c * (GEMM_KC / 16), kb_end = min(KB, kb + GEMM_KC / 16);
+        // the next chunk's first steps, for the prefetch past this chunk's end
+        const int nkb = kb_end < KB && c + 1 < c_hi ? kb_end : -1, nkb_end = min(KB, nkb + GEMM_KC / 16);
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[j][e] = 0.0f;
+        // a0 holds steps kb..kb+U-1; steps alternate between the two buffers
+        for (int s = kb; s < kb_end; s += 2 * U) {
+            if (s + U < kb_end) load_a(a1, s + U, kb_end);
+            else if (nkb >= 0) load_a(a1, nkb, nkb_end);
+            steps(a0, s, kb_end);
+            if (s + U >= kb_end) { // a1 holds the next chunk's first steps (or nothing)
+#pragma unroll
+                for (int u = 0; u < U; u++) a0[u] = a1[u];
+                break;
+            }
+            if (s + 2 * U < kb_end) load_a(a0, s + 2 * U, kb_end);
+            else if (nkb >= 0) load_a(a0, nkb, nkb_end);
+            steps(a1, s + U, kb_end);
+        }
+        if (split) { // each chunk's sum is a partial of its own, whatever the group
             float *part = ws + (size_t)c * M * N;
 #pragma unroll
             for (int j = 0; j < NT; j++)
@@ -402,87 +429,6 @@ __global__ void __launch_bounds__(32 * GEMM_STREAM_WARPS, NT == 1 ? 4 : 1)
             for (int j = 0; j < NT; j++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) total[j][e] += acc[j][e];
-        }
-    };
-    // NORM: the input row, normalised (block 0 also stores x + y for the next add)
-    auto norm_row = [&]() {
-        if constexpr (NORM) {
-            rms_row(nrm.x, nrm.y, nrm.w, blockIdx.x == 0 && blockIdx.y == 0 ? nrm.x_out : NULL, K, nrm.eps,
-                    [&](int c, uint4 v) { hs[c] = v; });
-            __syncthreads();
-        }
-    };
-
-    if constexpr (ASYNC) {
-        // a ring of GEMM_STREAM_STAGES stages of U k steps a warp in shared memory, filled by
-        // cp.async: the bytes in flight take no registers (the same steps, the same sums)
-        extern __shared__ __align__(16) uint4 ring_raw[];
-        uint4 *ring = ring_raw + (size_t)(threadIdx.x / 32) * GEMM_STREAM_STAGES * U * 32 + lane;
-        const int kb0 = c_lo * (GEMM_KC / 16), kb_hi = min(KB, c_hi * (GEMM_KC / 16));
-        const int n_st = strip < NB ? (kb_hi - kb0 + U - 1) / U : 0;
-        auto issue = [&](int st) { // stage st into its slot (an empty group past the end)
-            if (st < n_st) {
-                const int kb = kb0 + st * U;
-                uint4 *dst = ring + (st % GEMM_STREAM_STAGES) * U * 32;
-#pragma unroll
-                for (int u = 0; u < U; u++)
-                    if (kb + u < kb_hi) cp_async16(dst + u * 32, wp + (size_t)(kb + u) * 32, true);
-            }
-            cp_async_commit();
-        };
-#pragma unroll
-        for (int st = 0; st < GEMM_STREAM_STAGES - 1; st++) issue(st); // weights first (PDL)
-        pdl_wait();
-        norm_row();
-        for (int st = 0; st < n_st; st++) {
-            const int kb = kb0 + st * U, c = kb / (GEMM_KC / 16), kb_end = min(kb_hi, (c + 1) * (GEMM_KC / 16));
-            cp_async_wait<GEMM_STREAM_STAGES - 2>();
-            __syncwarp();
-            issue(st + GEMM_STREAM_STAGES - 1); // into the slot stage st - 1 left
-            if (kb % (GEMM_KC / 16) == 0)
-#pragma unroll
-                for (int j = 0; j < NT; j++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) acc[j][e] = 0.0f;
-            uint4 a[U];
-            const uint4 *src = ring + (st % GEMM_STREAM_STAGES) * U * 32;
-#pragma unroll
-            for (int u = 0; u < U; u++) a[u] = kb + u < kb_end ? src[u * 32] : make_uint4(0, 0, 0, 0);
-            steps(a, kb, kb_end);
-            if (kb + U >= kb_end) chunk_done(c);
-        }
-        cp_async_wait<0>();
-        if (strip >= NB) return;
-    } else {
-        uint4 a0[U], a1[U];
-        int kb = c_lo * (GEMM_KC / 16), kb_end = min(KB, kb + GEMM_KC / 16);
-        if (strip < NB) load_a(a0, kb, kb_end); // weights first: they do not depend on the kernel before (PDL)
-        pdl_wait();
-        norm_row();
-        if (strip >= NB) return;
-        for (int c = c_lo; c < c_hi; c++) {
-            kb = c * (GEMM_KC / 16), kb_end = min(KB, kb + GEMM_KC / 16);
-            // the next chunk's first steps, for the prefetch past this chunk's end
-            const int nkb = kb_end < KB && c + 1 < c_hi ? kb_end : -1, nkb_end = min(KB, nkb + GEMM_KC / 16);
-#pragma unroll
-            for (int j = 0; j < NT; j++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) acc[j][e] = 0.0f;
-            // a0 holds steps kb..kb+U-1; steps alternate between the two buffers
-            for (int s = kb; s < kb_end; s += 2 * U) {
-                if (s + U < kb_end) load_a(a1, s + U, kb_end);
-                else if (nkb >= 0) load_a(a1, nkb, nkb_end);
-                steps(a0, s, kb_end);
-                if (s + U >= kb_end) { // a1 holds the next chunk's first steps (or nothing)
-#pragma unroll
-                    for (int u = 0; u < U; u++) a0[u] = a1[u];
-                    break;
-                }
-                if (s + 2 * U < kb_end) load_a(a0, s + 2 * U, kb_end);
-                else if (nkb >= 0) load_a(a0, nkb, nkb_end);
-                steps(a1, s + U, kb_end);
-            }
-            chunk_done(c);
         }
     }
     pdl_trigger(); // the next kernel may launch (and stream its weights) while the strips drain
@@ -586,9 +532,7 @@ static int launch_stream(OUT *y, const void *x, const void *w, const void *bias,
     // enough strips to fill the GPU with one warp each (DUOSERVE_STREAM_NOSPLIT_STRIPS, A/B):
     // each warp sums its strip's chunks in registers, no partials (a speed choice only)
     bool split = split_fits(chunks, M, N, strips) && !(g_nosplit_strips && strips >= g_nosplit_strips);
-    // DUOSERVE_STREAM_ASYNC=1: weights through a cp.async ring in shared memory (A/B)
-    auto kern = g_stream_async ? gemm_stream_kernel<NT, OUT, SW, NORM, true> : gemm_stream_kernel<NT, OUT, SW, NORM, false>;
-    const size_t smem = g_stream_async ? GEMM_STREAM_SMEM : 0;
+    auto kern = gemm_stream_kernel<NT, OUT, SW, NORM>;
     const unsigned blocks = (strips + GEMM_STREAM_WARPS - 1) / GEMM_STREAM_WARPS;
     // split: K in groups of cpg chunks, as many groups as keep the grid one wave of resident
     // blocks (a second, partial wave is a tail as long as the first); DUOSERVE_STREAM_GROUPS=0:
@@ -596,14 +540,14 @@ static int launch_stream(OUT *y, const void *x, const void *w, const void *bias,
     unsigned cpg = 1;
     if (split && g_stream_groups) {
         static int resident = 0; // blocks of this kernel an SM holds
-        if (!resident && cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kern, 32 * GEMM_STREAM_WARPS, smem))
+        if (!resident && cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kern, 32 * GEMM_STREAM_WARPS, 0))
             resident = 1;
         unsigned groups = max(1u, min(chunks, (unsigned)(resident * g_sms) / blocks));
         cpg = (chunks + groups - 1) / groups;
         split = cpg < chunks;
     }
     dim3 grid(blocks, split ? (chunks + cpg - 1) / cpg : 1);
-    CUDA_CHECK(cuda_launch(kern, grid, dim3(32 * GEMM_STREAM_WARPS), smem, s, y, (const __nv_bfloat16 *)x,
+    CUDA_CHECK(cuda_launch(kern, grid, dim3(32 * GEMM_STREAM_WARPS), 0, s, y, (const __nv_bfloat16 *)x,
                            (const __nv_bfloat16 *)w, (const __nv_bfloat16 *)bias, M, N, K, g_ws, g_counters, (int)cpg,
                            nrm));
     return 0;
@@ -627,12 +571,6 @@ static enum gemm_path gemm_path_of(int M, int N, int K) {
     if (M <= 32 && g_stream_m >= 32) return GEMM_STREAM4;
     if (M <= 64 || (unsigned)((M + 127) / 128) * (unsigned)((N + 127) / 128) < (unsigned)g_sms) return GEMM_TILES_MID;
     return GEMM_TILES_BIG;
-}
-
-template <int NT, typename OUT, bool SW, bool NORM> static int allow_stream() {
-    CUDA_CHECK(cudaFuncSetAttribute(gemm_stream_kernel<NT, OUT, SW, NORM, true>,
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize, GEMM_STREAM_SMEM));
-    return 0;
 }
 
 // SW: the fused SwiGLU epilogue (y is [M][N / 2], N % 16 == 0, no bias; packed weights only)
@@ -688,7 +626,6 @@ int cuda_gemm_init(void) {
                *sm = getenv("DUOSERVE_GEMM_STREAM_M");
     g_stream_m = sm ? atoi(sm) : GEMM_STREAM_M;
     g_stream_groups = !getenv("DUOSERVE_STREAM_GROUPS") || atoi(getenv("DUOSERVE_STREAM_GROUPS")) != 0;
-    g_stream_async = getenv("DUOSERVE_STREAM_ASYNC") && atoi(getenv("DUOSERVE_STREAM_ASYNC")) != 0;
     g_nosplit_strips = ns ? (unsigned)atoi(ns) : 1024;
     g_mid_cfg = mc ? atoi(mc) : 1;
     g_big_cfg = bc ? atoi(bc) : 1;
@@ -708,12 +645,6 @@ int cuda_gemm_init(void) {
     (allow_smem<CFG, __nv_bfloat16, false>() | allow_smem<CFG, float, false>() | allow_smem<CFG, __nv_bfloat16, true>())
     rc |= GEMM_ALLOW3(GEMM_MID2) | GEMM_ALLOW3(GEMM_MID3) | GEMM_ALLOW3(GEMM_BIG2);
 #undef GEMM_ALLOW3
-    rc |= allow_stream<1, __nv_bfloat16, false, false>() | allow_stream<1, __nv_bfloat16, true, false>() |
-          allow_stream<2, __nv_bfloat16, false, false>() | allow_stream<2, __nv_bfloat16, true, false>() |
-          allow_stream<4, __nv_bfloat16, false, false>() | allow_stream<4, __nv_bfloat16, true, false>() |
-          allow_stream<1, float, false, false>() | allow_stream<2, float, false, false>() |
-          allow_stream<4, float, false, false>() | allow_stream<1, __nv_bfloat16, false, true>() |
-          allow_stream<1, __nv_bfloat16, true, true>();
     return rc ? -2 : 0;
 }
 

@@ -27,7 +27,7 @@ fi
 if has checks; then
   scripts/gpu_check.sh $B checks $L
   grep -E "FAIL" $L/op_test.log | head -20; tail -1 $L/op_test.log
-  for v in "DUOSERVE_STREAM_ASYNC=1" "DUOSERVE_STREAM_GROUPS=0"; do
+  for v in "DUOSERVE_STREAM_GROUPS=0" "DUOSERVE_GEMM_MID=0 DUOSERVE_GEMM_BIG=0"; do
     env $v DUOSERVE_TEST_ONLY=matmul $B/duoserve-test-cuda > $L/op_gemm.log 2>&1
     echo "op test GEMMs [$v]: $(grep FAIL $L/op_gemm.log | head -3) $(tail -1 $L/op_gemm.log)"
   done
@@ -38,18 +38,19 @@ echo "8b ready at $((SECONDS-t0)) s"
 bg() { timeout 100 $B/bench_gpu $M cuda "$@"; }
 if has bench; then
   bg --decode 1,8,64,256 --prefill 2048,32768 > $L/bench.log 2>&1; grep -E "decode|prefill" $L/bench.log | sed -E 's/ +/ /g'
-  bg --decode 1 --decode-ctx 32000 --prefill 0 > $L/bench_long.log 2>&1; grep -E "decode" $L/bench_long.log | sed -E 's/ +/ /g'
+  for x in 1000 4000 32000; do bg --decode 1 --decode-ctx $x --prefill 0 > $L/bench_long.log 2>&1; grep -E "decode" $L/bench_long.log | sed -E 's/ +/ /g'; done
 fi
 ab() { local name=$1; shift; env "$@" timeout 100 $B/bench_gpu $M cuda --decode 1,8,64 --prefill 2048 > $L/ab_$name.log 2>&1; echo "== $name: $(grep -E 'decode|prefill' $L/ab_$name.log | sed -E 's/ +/ /g; s/ context 128//; s/ tokens\/s.*//; s/ms\/step,/ms/' | tr '\n' '|')"; }
 if has ab; then
-  ab stream_async DUOSERVE_STREAM_ASYNC=1
+  ab attn_split64 DUOSERVE_ATTN_MAX_SPLIT=64 DUOSERVE_ATTN_SPLIT_FILL=4
+  for x in 1000 32000; do DUOSERVE_ATTN_MAX_SPLIT=64 DUOSERVE_ATTN_SPLIT_FILL=4 bg --decode 1 --decode-ctx $x --prefill 0 > $L/ab_long.log 2>&1; echo "== attn_split64: $(grep decode $L/ab_long.log | sed -E 's/ +/ /g')"; done
 fi
 # kernel traces: every kernel of the decode graphs (scripts/ktrace.c), reported per kernel
 tr() { local name=$1; shift; CUDA_INJECTION64_PATH=$B/libktrace.so KTRACE_OUT=$L/kt_$name.txt timeout 100 $B/bench_gpu $M cuda --prefill 0 "$@" > $L/kt_$name.log 2>&1
   grep decode $L/kt_$name.log | sed -E 's/ +/ /g'; python3 scripts/ktrace_report.py $L/kt_$name.txt --top 14 > $L/kt_$name.report 2>&1; head -40 $L/kt_$name.report; xz -T4 $L/kt_$name.txt; }
 if has trace; then
   tr b1 --decode 1
-  DUOSERVE_STREAM_ASYNC=1 tr b1_async --decode 1
+  tr b1_ctx1000 --decode 1 --decode-ctx 1000
 fi
 if has optime; then
   DUOSERVE_OP_TIMING=1 bg --decode 1 --prefill 0 > $L/optime.log 2>&1
