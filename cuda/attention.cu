@@ -219,7 +219,7 @@ template <int HDP> struct fa_smem {
 };
 
 #define FA_PT (CUDA_ATTN_PART / FA_KT) // key tiles per partition
-#define FA_MERGE_AHEAD 16 // partition states a merging warp has in flight
+#define FA_MERGE_AHEAD 8 // partition states a merging warp loads at once (two batches in flight)
 
 // Adds a partition's softmax state (its rows' max m, full sum l, and o) to a running total (M,
 // L, O). Every rounding is explicit (no contraction), so the flash kernel, which merges in
@@ -254,25 +254,38 @@ __device__ void fa_merge_head(__nv_bfloat16 *out, const struct cuda_attn_args &a
     const int HD = a.head_dim, n_parts = a.pos[t] / CUDA_ATTN_PART + 1;
     float M = -INFINITY, L = 0.0f, O[NI];
     for (int i = 0; i < NI; i++) O[i] = 0.0f;
-    // FA_MERGE_AHEAD partitions' states are read at once (their loads overlap), then folded in order
-    for (int p0 = 0; p0 < n_parts; p0 += FA_MERGE_AHEAD) {
-        float sm_[FA_MERGE_AHEAD], sl_[FA_MERGE_AHEAD], so_[FA_MERGE_AHEAD][NI];
+    // the states in batches of FA_MERGE_AHEAD (their loads overlap), folded in order, the next
+    // batch loading while one is folded (two buffers); past the end a state is empty (m = -inf)
+    struct batch {
+        float m[FA_MERGE_AHEAD], l[FA_MERGE_AHEAD], o[FA_MERGE_AHEAD][NI];
+    } bA, bB;
+    auto load = [&](batch &b, int p0) {
 #pragma unroll
         for (int u = 0; u < FA_MERGE_AHEAD; u++) {
             const float *st = fa_state(a, t, min(p0 + u, n_parts - 1), head);
-            sm_[u] = p0 + u < n_parts ? __ldcg(st) : -INFINITY;
-            sl_[u] = __ldcg(st + 1);
+            b.m[u] = p0 + u < n_parts ? __ldcg(st) : -INFINITY;
+            b.l[u] = __ldcg(st + 1);
 #pragma unroll
-            for (int i = 0; i < NI; i++) so_[u][i] = lane + 32 * i < HD ? __ldcg(st + 2 + lane + 32 * i) : 0.0f;
+            for (int i = 0; i < NI; i++) b.o[u][i] = lane + 32 * i < HD ? __ldcg(st + 2 + lane + 32 * i) : 0.0f;
         }
+    };
+    auto fold = [&](const batch &b) {
 #pragma unroll
         for (int u = 0; u < FA_MERGE_AHEAD; u++) {
             float ca, cb;
-            if (!fa_merge_begin(M, L, sm_[u], sl_[u], ca, cb)) continue;
+            if (!fa_merge_begin(M, L, b.m[u], b.l[u], ca, cb)) continue;
 #pragma unroll
             for (int i = 0; i < NI; i++)
-                if (lane + 32 * i < HD) O[i] = fa_merge_o(O[i], so_[u][i], ca, cb);
+                if (lane + 32 * i < HD) O[i] = fa_merge_o(O[i], b.o[u][i], ca, cb);
         }
+    };
+    load(bA, 0);
+    for (int p0 = 0; p0 < n_parts; p0 += 2 * FA_MERGE_AHEAD) {
+        load(bB, p0 + FA_MERGE_AHEAD);
+        fold(bA);
+        if (p0 + FA_MERGE_AHEAD >= n_parts) break;
+        load(bA, p0 + 2 * FA_MERGE_AHEAD);
+        fold(bB);
     }
     float inv = 1.0f / L;
     __nv_bfloat16 *orow = out + ((size_t)t * a.n_heads + head) * HD;
