@@ -94,7 +94,7 @@ $(BUILD)/check_%: scripts/check_%.c $(BUILD)/libduoserve.a
 # without Nsight Systems (scripts/ktrace.c, scripts/ktrace_report.py)
 $(BUILD)/libktrace.so: scripts/ktrace.c
 	@mkdir -p $(@D)
-	$(CC) -std=c17 -O2 -shared -fPIC -I$(CUDA_HOME)/include -o $@ $< -L$(CUDA_HOME)/lib64 -lcupti
+	$(CC) -std=c17 -O2 -shared -fPIC -I$(CUDA_HOME)/include -o $@ $< -L$(CUDA_HOME)/lib64 -lcupti -pthread
 
 bench: $(BUILD)/bench_engine $(BUILD)/bench_tokenizer
 	./$(BUILD)/bench_engine ../shared/models/stories260k 128 1 8 32

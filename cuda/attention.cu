@@ -652,8 +652,8 @@ extern "C" int cuda_attention_init(void) {
     g_attn_simple = getenv_flag("DUOSERVE_ATTN_SIMPLE");
     g_attn_no_split = getenv_flag("DUOSERVE_ATTN_NO_SPLIT");
     const char *ms = getenv("DUOSERVE_ATTN_MAX_SPLIT"), *sf = getenv("DUOSERVE_ATTN_SPLIT_FILL");
-    if (ms && atoi(ms) > 0) g_attn_max_split = atoi(ms);
-    if (sf && atoi(sf) > 0) g_attn_split_fill = atoi(sf);
+    if (ms && atoi(ms) > 0) g_attn_max_split = min(atoi(ms), 64);
+    if (sf && atoi(sf) > 0) g_attn_split_fill = min(atoi(sf), 16);
     int dev = 0;
     if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&g_attn_sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
         return -2;

@@ -782,7 +782,10 @@ extern "C" struct backend *backend_cuda_create(int device, int flags, char *err,
         /* DUOSERVE_ATTN_MERGE_KERNEL=1 (A/B): the states merged by a kernel of their own */
         const char *mk = getenv("DUOSERVE_ATTN_MERGE_KERNEL");
         if (mk && mk[0] == '1') c->attn_counters = NULL;
-        else if (cudaMemset(c->attn_counters, 0, ATTN_COUNTERS * sizeof(int)) != cudaSuccess) c->attn_counters = NULL;
+        else if (cudaMemset(c->attn_counters, 0, ATTN_COUNTERS * sizeof(int)) != cudaSuccess) {
+            cudaGetLastError(); /* the merge kernel then merges the split states */
+            c->attn_counters = NULL;
+        }
     }
     const char *tmv = getenv("DUOSERVE_OP_TIMING");
     if (tmv && tmv[0] == '1' && (c->tm = (struct op_timing *)calloc(1, sizeof *c->tm))) {

@@ -540,8 +540,10 @@ static int launch_stream(OUT *y, const void *x, const void *w, const void *bias,
     unsigned cpg = 1;
     if (split && g_stream_groups) {
         static int resident = 0; // blocks of this kernel an SM holds
-        if (!resident && cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kern, 32 * GEMM_STREAM_WARPS, 0))
+        if (!resident && cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kern, 32 * GEMM_STREAM_WARPS, 0)) {
+            cudaGetLastError(); // not an error of the launch: assume one block an SM
             resident = 1;
+        }
         unsigned groups = max(1u, min(chunks, (unsigned)(resident * g_sms) / blocks));
         cpg = (chunks + groups - 1) / groups;
         split = cpg < chunks;

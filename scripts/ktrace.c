@@ -10,10 +10,12 @@
  * written as CUPTI hands buffers back, and the rest at exit. KTRACE_MAX bounds the lines
  * (default 2,000,000). */
 #include <cupti.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 
 static FILE *g_out;
+static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER; /* CUPTI's thread vs exit */
 static long g_left;
 
 static void CUPTIAPI buffer_requested(uint8_t **buf, size_t *size, size_t *max_records) {
@@ -25,6 +27,7 @@ static void CUPTIAPI buffer_requested(uint8_t **buf, size_t *size, size_t *max_r
 static void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream, uint8_t *buf, size_t size, size_t valid) {
     (void)ctx, (void)stream, (void)size;
     CUpti_Activity *rec = NULL;
+    pthread_mutex_lock(&g_mu);
     while (cuptiActivityGetNextRecord(buf, valid, &rec) == CUPTI_SUCCESS) {
         if (rec->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL || g_left <= 0 || !g_out) continue;
         const CUpti_ActivityKernel10 *k = (const CUpti_ActivityKernel10 *)rec;
@@ -32,13 +35,17 @@ static void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream, uint8_t *b
                 k->graphId, k->gridX, k->gridY, k->gridZ, k->blockX, k->name ? k->name : "?");
         g_left--;
     }
+    pthread_mutex_unlock(&g_mu);
     free(buf);
 }
 
 static void at_exit(void) {
     cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+    pthread_mutex_lock(&g_mu);
     if (g_out) fclose(g_out);
     g_out = NULL;
+    if (g_left <= 0) fprintf(stderr, "ktrace: KTRACE_MAX reached, later kernels not logged\n");
+    pthread_mutex_unlock(&g_mu);
 }
 
 int InitializeInjection(void) {

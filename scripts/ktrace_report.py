@@ -62,7 +62,7 @@ def main():
     for (gid, nk), group in sorted(by_graph.items(), key=lambda kv: -len(kv[1])):
         if len(group) < args.min_launches:
             continue
-        group = group[1:]  # the first replay warms caches and clocks
+        group = group[1:] or group  # the first replay warms caches and clocks
         n = len(group)
         wall = sum(ks[-1][1] - ks[0][0] for ks in group) / n / 1e3
         busy = sum(sum(k[1] - k[0] for k in ks) for ks in group) / n / 1e3
