@@ -388,13 +388,13 @@ void model_free(struct model *m) {
     free(m);
 }
 
-/* The ops of one forward pass (everything after begin_step). */
 /* the residual stream's two buffers trade places (after a norm_matmul) */
 static void swap_ptr(void **a, void **b) {
     void *t = *a;
     *a = *b, *b = t;
 }
 
+/* The ops of one forward pass (everything after begin_step). */
 static void forward_ops(struct model *m, struct kv_cache *kv, const struct fwd_batch *batch, float *logits) {
     const struct model_config *c = &m->cfg;
     const struct backend_ops *op = m->b->ops;
@@ -404,8 +404,9 @@ static void forward_ops(struct model *m, struct kv_cache *kv, const struct fwd_b
     int QKV = (H + 2 * KV) * hd;
     /* the residual stream: in m->x, updated in place by add_rmsnorm; with fused_norm it moves
      * between m->x and m->x2 (each norm_matmul writes x + o to the other buffer) */
+    /* fused_norm: after a layer, o is still to be added to cur (h is stale): the next
+     * norm_matmul, or the final add_rmsnorm, does it */
     void *cur = m->x, *alt = m->x2;
-    bool pending = false; /* fused_norm: o still to be added to cur (h is stale) */
     op->embed(b, cur, m->tok_embed, D);
     op->rmsnorm(b, m->h, cur, m->layers[0].attn_norm, T, D, c->norm_eps);
     for (int l = 0; l < c->n_layers; l++) {
@@ -416,7 +417,7 @@ static void forward_ops(struct model *m, struct kv_cache *kv, const struct fwd_b
                                .scale = 1.0f / sqrtf((float)hd), .k_full = kv->k_full[l], .v_full = kv->v_full[l],
                                .k_stream = kv->k_stream[l], .v_stream = kv->v_stream[l]};
         // attention block (h = rmsnorm(x) on entry): x += o(attn(rope(q), rope(k), v)), h = rmsnorm(x)
-        if (pending) {
+        if (m->fused_norm && l > 0) {
             op->norm_matmul(b, m->qkv, m->gu, m->h, alt, cur, m->o, w->attn_norm, c->norm_eps, w->wqkv, w->bqkv, T,
                             QKV, D, false);
             swap_ptr(&cur, &alt);
@@ -446,14 +447,12 @@ static void forward_ops(struct model *m, struct kv_cache *kv, const struct fwd_b
             }
         }
         op->matmul(b, m->o, m->act, w->w_down, NULL, T, D, F);
-        if (m->fused_norm) {
-            pending = true;
-        } else {
+        if (!m->fused_norm) {
             const void *next_norm = l + 1 < c->n_layers ? m->layers[l + 1].attn_norm : m->final_norm;
             op->add_rmsnorm(b, m->h, cur, m->o, next_norm, T, D, c->norm_eps);
         }
     }
-    if (pending) op->add_rmsnorm(b, m->h, cur, m->o, m->final_norm, T, D, c->norm_eps);
+    if (m->fused_norm && c->n_layers > 0) op->add_rmsnorm(b, m->h, cur, m->o, m->final_norm, T, D, c->norm_eps);
     if (batch->n_logits == 0) return;
     // LM head, only for the rows that sample (h already holds the final norm)
     op->get_rows(b, m->o, m->h, D);
