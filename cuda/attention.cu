@@ -251,7 +251,7 @@ __device__ __forceinline__ bool fa_split_fits(const struct cuda_attn_args &a, in
 // in registers) into out = O / L; one warp. States are read from L2: other blocks wrote them.
 template <int NI> // head dims up to 32 * NI
 __device__ void fa_merge_head(__nv_bfloat16 *out, const struct cuda_attn_args &a, int t, int head, int lane) {
-    const int HD = a.head_dim, n_parts = a.pos[t] / CUDA_ATTN_PART + 1;
+    const int HD = a.head_dim, n_parts = cuda_attn_parts(a.pos[t]);
     float M = -INFINITY, L = 0.0f, O[NI];
     for (int i = 0; i < NI; i++) O[i] = 0.0f;
     // the states in batches of FA_MERGE_AHEAD (their loads overlap), folded in order, the next
@@ -296,7 +296,8 @@ __device__ void fa_merge_head(__nv_bfloat16 *out, const struct cuda_attn_args &a
 }
 
 // Grid (token, KV head, split). Split (gridDim.z = Z > 1, decode steps): block z computes the
-// partitions p with p % Z == z and writes their states (empty ones too) for fa_merge_kernel.
+// partitions p with p % Z == z and writes their states (empty ones too); the last of the Z
+// blocks to finish merges them (a.counters), else fa_merge_kernel does.
 template <int HDP>
 __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *q,
                                                               const __nv_bfloat16 *kb, const __nv_bfloat16 *vb, int rs,
@@ -310,7 +311,7 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, tb = blockIdx.x, kvh = blockIdx.y;
     // a decode token of one partition is not split: block z = 0 computes it (the same sums),
     // the others have nothing to do
-    const bool split = gridDim.z > 1 && a.pos[tb] >= CUDA_ATTN_PART && fa_split_fits(a, gridDim.x);
+    const bool split = gridDim.z > 1 && cuda_attn_parts(a.pos[tb]) > 1 && fa_split_fits(a, gridDim.x);
     const int Z = split ? (int)gridDim.z : 1, z = split ? (int)blockIdx.z : 0;
     if (!split && blockIdx.z > 0) return;
     __nv_bfloat16 *sq = sv + FA_STAGES * FA_KT * LD + warp * 16 * LD;
@@ -434,7 +435,7 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
     uint32_t qa[HDP / 16][4];
 
     // split: the states of this warp's rows for partition p (m = -inf: empty), written in order
-    const int n_parts = pos_last / CUDA_ATTN_PART + 1; // decode: one token, the unit's
+    const int n_parts = cuda_attn_parts(pos_last); // decode: one token, the unit's
     int next_p = z; // this block's next partition without a written state
     auto write_state = [&](int p, bool empty, const float *lf) {
         for (int h = 0; h < 2; h++) {
@@ -597,7 +598,7 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
     FA_STAMP(40);
     if (split) { // the token's last block to finish (or fa_merge_kernel) writes the output
         if (nrows > 0) empty_until(n_parts);
-        if (!a.counters || tb * a.n_kv_heads + kvh >= a.n_counters) return;
+        if (!a.counters) return;
         __shared__ int last;
         __threadfence(); // this block's states before its count
         __syncthreads();
@@ -613,7 +614,6 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
         return;
     }
 
-    FA_STAMP(41);
     // out = O / L
     for (int h = 0; h < 2; h++) {
         int r = g + 8 * h;
@@ -637,7 +637,7 @@ __global__ void fa_merge_kernel(__nv_bfloat16 *out, struct cuda_attn_args a) {
     pdl_wait();
     if (!fa_split_fits(a, gridDim.x)) return; // the flash kernel wrote the output itself
     const int t = blockIdx.x, head = blockIdx.y * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (head >= a.n_heads || a.pos[t] < CUDA_ATTN_PART) return; // one partition: not split
+    if (head >= a.n_heads || cuda_attn_parts(a.pos[t]) == 1) return; // one partition: not split
     fa_merge_head<CUDA_ATTN_MAX_HEAD_DIM / 32>(out, a, t, head, lane);
 }
 
@@ -740,14 +740,17 @@ extern "C" int cuda_attention(void *out, void *qkv, int rs, const struct cuda_at
         if (split && a->ws && a->part_off && !g_attn_no_split)
             Z = max(1, min(g_attn_max_split, (g_attn_split_fill * g_attn_sms + n_tokens * a->n_kv_heads - 1) /
                                                  (n_tokens * a->n_kv_heads)));
+        // the last flash block of a (token, KV head) merges its states when a counter is there for it
+        struct cuda_attn_args fa = *a;
+        if (n_tokens * a->n_kv_heads > a->n_counters) fa.counters = NULL;
         dim3 fgrid(n_tokens, a->n_kv_heads, Z);
         const int T = 32 * FA_WARPS;
-        if (a->head_dim <= 16) CUDA_CHECK(cuda_launch(flash_kernel<16>, fgrid, dim3(T), fa_smem<16>::BYTES, st, o, qb, kb, vb, rs, *a));
-        else if (a->head_dim <= 32) CUDA_CHECK(cuda_launch(flash_kernel<32>, fgrid, dim3(T), fa_smem<32>::BYTES, st, o, qb, kb, vb, rs, *a));
-        else if (a->head_dim <= 64) CUDA_CHECK(cuda_launch(flash_kernel<64>, fgrid, dim3(T), fa_smem<64>::BYTES, st, o, qb, kb, vb, rs, *a));
-        else CUDA_CHECK(cuda_launch(flash_kernel<128>, fgrid, dim3(T), fa_smem<128>::BYTES, st, o, qb, kb, vb, rs, *a));
-        if (Z > 1 && (!a->counters || n_tokens * a->n_kv_heads > a->n_counters))
-            CUDA_CHECK(cuda_launch(fa_merge_kernel, dim3(n_tokens, (a->n_heads + 3) / 4), dim3(128), 0, st, o, *a));
+        if (a->head_dim <= 16) CUDA_CHECK(cuda_launch(flash_kernel<16>, fgrid, dim3(T), fa_smem<16>::BYTES, st, o, qb, kb, vb, rs, fa));
+        else if (a->head_dim <= 32) CUDA_CHECK(cuda_launch(flash_kernel<32>, fgrid, dim3(T), fa_smem<32>::BYTES, st, o, qb, kb, vb, rs, fa));
+        else if (a->head_dim <= 64) CUDA_CHECK(cuda_launch(flash_kernel<64>, fgrid, dim3(T), fa_smem<64>::BYTES, st, o, qb, kb, vb, rs, fa));
+        else CUDA_CHECK(cuda_launch(flash_kernel<128>, fgrid, dim3(T), fa_smem<128>::BYTES, st, o, qb, kb, vb, rs, fa));
+        if (Z > 1 && !fa.counters)
+            CUDA_CHECK(cuda_launch(fa_merge_kernel, dim3(n_tokens, (a->n_heads + 3) / 4), dim3(128), 0, st, o, fa));
     } else {
         dim3 grid(n_tokens, a->n_heads);
         if (a->head_dim <= 32) CUDA_CHECK(cuda_launch(attn_kernel<1>, grid, dim3(32 * ATTN_WARPS), 0, st, o, qb, kb, vb, rs, *a));

@@ -403,7 +403,7 @@ static int cu_begin_step(struct backend *b, const struct fwd_batch *bt) {
     if (bt->n_logits) memcpy(h + off[6], bt->logit_rows, 4 * (size_t)bt->n_logits);
     /* each token's first slot of split-decode partition states (attention.cu) */
     h[off[7]] = 0;
-    for (size_t t = 0; t < T; t++) h[off[7] + t + 1] = h[off[7] + t] + bt->pos[t] / CUDA_ATTN_PART + 1;
+    for (size_t t = 0; t < T; t++) h[off[7] + t + 1] = h[off[7] + t] + cuda_attn_parts(bt->pos[t]);
     /* decode steps split attention only when a context spans partitions (the result is the same
      * either way; short contexts skip the merge kernel) */
     bool one_each = T == S; /* every sequence exactly one token (not merely T == S) */

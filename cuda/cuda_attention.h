@@ -15,12 +15,13 @@ struct cuda_attn_args {
     __nv_bfloat16 *k_full, *v_full, *k_stream, *v_stream;
     const int32_t *pos, *tok_seq, *seq_start, *block_indptr, *block_ids, *stream_slot; // batch, device
     // split decode (flash-decoding): part_off[t] = first partition-state slot of token t, [T+1]
-    // (prefix sums of pos / CUDA_ATTN_PART + 1); ws holds ws_floats floats of partition states
+    // (prefix sums of cuda_attn_parts(pos)); ws holds ws_floats floats of partition states
     const int32_t *part_off;
     float *ws;
     size_t ws_floats;
     // per (token, KV head) of a split step: the blocks done (the last one merges the states and
-    // sets it back to 0); n_counters of them, zero between launches. NULL: fa_merge_kernel merges
+    // sets it back to 0), zero between launches; n_counters of them. NULL, or fewer than the
+    // step's tokens x KV heads: fa_merge_kernel merges instead
     int *counters;
     int n_counters;
 };
@@ -30,6 +31,13 @@ struct cuda_attn_args {
  * Small, so a decode token's keys spread over many blocks even at a few hundred positions (one
  * busy warp walks a 32-key tile in ~2.4 us). */
 #define CUDA_ATTN_PART 128
+
+/* The partitions of a token at position pos (keys 0..pos): the split decode's states a token,
+ * the prefix sums in part_off, and whether its decode splits at all (more than one). */
+#ifdef __CUDACC__
+__host__ __device__
+#endif
+static inline int cuda_attn_parts(int pos) { return pos / CUDA_ATTN_PART + 1; }
 
 #ifdef __cplusplus
 extern "C" {

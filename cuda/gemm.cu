@@ -357,6 +357,17 @@ __global__ void __launch_bounds__(32 * GEMM_STREAM_WARPS, NT == 1 ? 4 : 1)
     for (int j = 0; j < NT; j++)
 #pragma unroll
         for (int e = 0; e < 4; e++) total[j][e] = 0.0f;
+    // f(n, t, v[j][e]) for each output this lane holds in v (acc or total): rows g, g + 8;
+    // tokens j * 8 + 2q, +1
+    auto each_out = [&](float (&v)[NT][4], auto &&f) {
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int n = strip * 16 + g + 8 * (e >> 1), t = j * 8 + 2 * q + (e & 1);
+                if (n < N && t < M) f(n, t, v[j][e]);
+            }
+    };
     auto steps = [&](const uint4 *a, int kb, int kb_end) {
         uint32_t b[U][NT][2];
 #pragma unroll
@@ -417,13 +428,7 @@ __global__ void __launch_bounds__(32 * GEMM_STREAM_WARPS, NT == 1 ? 4 : 1)
         }
         if (split) { // each chunk's sum is a partial of its own, whatever the group
             float *part = ws + (size_t)c * M * N;
-#pragma unroll
-            for (int j = 0; j < NT; j++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    int n = strip * 16 + g + 8 * (e >> 1), t = j * 8 + 2 * q + (e & 1);
-                    if (n < N && t < M) part[(size_t)t * N + n] = acc[j][e];
-                }
+            each_out(acc, [&](int n, int t, float &v) { part[(size_t)t * N + n] = v; });
         } else {
 #pragma unroll
             for (int j = 0; j < NT; j++)
@@ -433,16 +438,6 @@ __global__ void __launch_bounds__(32 * GEMM_STREAM_WARPS, NT == 1 ? 4 : 1)
     }
     pdl_trigger(); // the next kernel may launch (and stream its weights) while the strips drain
 
-    // f(n, t, v) for each output this lane holds: rows g, g + 8; tokens j * 8 + 2q, +1
-    auto each_out = [&](auto &&f) {
-#pragma unroll
-        for (int j = 0; j < NT; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int n = strip * 16 + g + 8 * (e >> 1), t = j * 8 + 2 * q + (e & 1);
-                if (n < N && t < M) f(n, t, total[j][e]);
-            }
-    };
     if (split) {
         __threadfence();
         __syncwarp();
@@ -472,7 +467,7 @@ __global__ void __launch_bounds__(32 * GEMM_STREAM_WARPS, NT == 1 ? 4 : 1)
                 if (n < N && t < M) store_swiglu(y, N, n, t, total[j][e], total[j][2 + e]);
             }
     } else {
-        each_out([&](int n, int t, float &v) { store_out(y + (size_t)t * N + n, out_value(v, bias, n)); });
+        each_out(total, [&](int n, int t, float &v) { store_out(y + (size_t)t * N + n, out_value(v, bias, n)); });
     }
 }
 

@@ -291,14 +291,11 @@ int cuda_silu_mul_grouped(void *out, const void *gu, int rows, int F, cudaStream
 int cuda_add_rmsnorm_to(void *out, void *x_out, const void *x, const void *y, const void *w, int n, int dim, float eps,
                         cudaStream_t s) {
     if (n == 0) return 0;
-    if (unsigned t = rms_threads(dim, out, x, y, w)) {
-        if ((uintptr_t)x_out % 16) t = 0;
-        if (t) {
-            CUDA_CHECK(cuda_launch(rmsnorm_vec_kernel, dim3(n), dim3(t), 0, s, (__nv_bfloat16 *)out,
-                                   (__nv_bfloat16 *)x_out, (const __nv_bfloat16 *)x, (const __nv_bfloat16 *)y,
-                                   (const __nv_bfloat16 *)w, dim, eps));
-            return 0;
-        }
+    unsigned t = (uintptr_t)x_out % 16 ? 0 : rms_threads(dim, out, x, y, w);
+    if (t) {
+        CUDA_CHECK(cuda_launch(rmsnorm_vec_kernel, dim3(n), dim3(t), 0, s, (__nv_bfloat16 *)out, (__nv_bfloat16 *)x_out,
+                               (const __nv_bfloat16 *)x, (const __nv_bfloat16 *)y, (const __nv_bfloat16 *)w, dim, eps));
+        return 0;
     }
     CUDA_CHECK(cuda_launch(add_rmsnorm_kernel, dim3(n), dim3(256), 0, s, (__nv_bfloat16 *)out, (__nv_bfloat16 *)x_out,
                            (const __nv_bfloat16 *)x, (const __nv_bfloat16 *)y, (const __nv_bfloat16 *)w, dim, eps));

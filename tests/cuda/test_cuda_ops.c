@@ -674,7 +674,7 @@ static void attention_bench(int ctx) {
             printf(" tile %d: issue %lld wait %lld math %lld sync %lld;", i, t[0] - (i ? t[-1] : c[2]), t[1] - t[0],
                    t[2] - t[1], t[3] - t[2]);
         }
-        printf(" drain %lld, end %lld\n", c[40] - c[0], c[41] - c[0]);
+        printf(" drain %lld\n", c[40] - c[0]);
     }
     gpu->ops->free(gpu, kf), gpu->ops->free(gpu, vf), gpu->ops->free(gpu, q), gpu->ops->free(gpu, o);
     free(hq), free(hk), free(ids);
