@@ -2,7 +2,7 @@
 # device_run.sh: one GPU-machine run of the checks, benchmarks, A/B of the switches, kernel
 # traces and ShareGPT serving; the stages to run are the arguments (default: all of them).
 #
-#   bash scripts/device_run.sh [attnbench] [checks] [bench] [ab] [trace] [optime] [serving]
+#   [AB="name:VAR=v,..."] bash scripts/device_run.sh [attnbench] [checks] [bench] [ab] [trace] [optime] [serving]
 #
 # Expects .device/ prepared by ../shared/device/prepare.sh plus bin.txz (the stripped binaries of
 # make CUDA=1 BUILD=build-gpu, libktrace.so and libcupti.so.13 in bin/), models/stories260k,
@@ -41,9 +41,11 @@ if has bench; then
   for x in 1000 4000 32000; do bg --decode 1 --decode-ctx $x --prefill 0 > $L/bench_long.log 2>&1; grep -E "decode" $L/bench_long.log | sed -E 's/ +/ /g'; done
 fi
 ab() { local name=$1; shift; env "$@" timeout 100 $B/bench_gpu $M cuda --decode 1,8,64 --prefill 2048 > $L/ab_$name.log 2>&1; echo "== $name: $(grep -E 'decode|prefill' $L/ab_$name.log | sed -E 's/ +/ /g; s/ context 128//; s/ tokens\/s.*//; s/ms\/step,/ms/' | tr '\n' '|')"; }
+# A/B: AB="name:VAR=v,VAR2=v name2:VAR=v" (default: the split sizing switches), decode and prefill 2k
 if has ab; then
-  ab attn_split64 DUOSERVE_ATTN_MAX_SPLIT=64 DUOSERVE_ATTN_SPLIT_FILL=4
-  for x in 1000 32000; do DUOSERVE_ATTN_MAX_SPLIT=64 DUOSERVE_ATTN_SPLIT_FILL=4 bg --decode 1 --decode-ctx $x --prefill 0 > $L/ab_long.log 2>&1; echo "== attn_split64: $(grep decode $L/ab_long.log | sed -E 's/ +/ /g')"; done
+  for spec in ${AB:-attn_split64:DUOSERVE_ATTN_MAX_SPLIT=64,DUOSERVE_ATTN_SPLIT_FILL=4}; do
+    ab "${spec%%:*}" $(echo "${spec#*:}" | tr ',' ' ')
+  done
 fi
 # kernel traces: every kernel of the decode graphs (scripts/ktrace.c), reported per kernel
 tr() { local name=$1; shift; CUDA_INJECTION64_PATH=$B/libktrace.so KTRACE_OUT=$L/kt_$name.txt timeout 100 $B/bench_gpu $M cuda --prefill 0 "$@" > $L/kt_$name.log 2>&1
