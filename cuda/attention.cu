@@ -23,7 +23,8 @@
 static int g_attn_sms = 132; // SMs of the device (split decode sizing)
 // debugging switches, read once (cuda_attention_init): DUOSERVE_ATTN_SIMPLE=1 (the CUDA-core
 // kernel for every shape), DUOSERVE_ATTN_NO_SPLIT=1 (decode steps never split)
-static bool g_attn_simple, g_attn_no_split;
+// DUOSERVE_ATTN_NO_DEC=1 (decode steps take the prefill kernel: one warp computes a token's unit)
+static bool g_attn_simple, g_attn_no_split, g_attn_no_dec;
 // split decode: blocks per (token, KV head) up to g_attn_max_split, aiming at g_attn_split_fill
 // blocks an SM (DUOSERVE_ATTN_MAX_SPLIT, DUOSERVE_ATTN_SPLIT_FILL: A/B)
 static int g_attn_max_split = 32, g_attn_split_fill = 2;
@@ -210,15 +211,29 @@ __device__ __forceinline__ void split_p(float x0, float x1, uint32_t &hi, uint32
 // share every K/V tile through shared memory (loaded by all threads), each warp computing its
 // own rows; a warp skips tiles none of its rows can see, which changes nothing for them.
 #define FA_WARPS 4
-#define FA_STAGES 3 // K/V tiles in flight: the one summed and the next two loading
-template <int HDP> struct fa_smem {
+#define FA_PT (CUDA_ATTN_PART / FA_KT) // key tiles per partition
+#define FA_STAGES 3 // K/V tiles in flight: the one summed and the next two loading (DEC: FA_PT)
+// DEC (decode steps: every sequence one token, so a block has one unit), with FA_KT / 8 ==
+// FA_WARPS key groups and head dims 64 or 128 (PV takes output tiles in pairs): the block's warps
+// share the unit ("cooperative"). Warp w computes the scores of key group w (each score's k
+// steps in the same order as a lone warp) and exchanges them through shared memory; every warp
+// then runs the same softmax on the whole tile (the same bits in each) and sums P V for its
+// HDP / 8 / FA_WARPS output tiles only. Each value is computed exactly as a lone warp computes
+// it (the same bits as prefill) with four times its tensor throughput. A COOP block keeps a
+// whole partition's tiles in flight (FA_PT stages: one latency a partition, not one a tile) and
+// one copy of Q.
+template <int HDP, bool DEC> struct fa_cfg {
+    static constexpr bool COOP = DEC && FA_KT / 8 == FA_WARPS && (HDP / 8) % (2 * FA_WARPS) == 0;
+    static constexpr int OT = COOP ? HDP / 8 / FA_WARPS : HDP / 8; // output n8 tiles of a warp
+    static constexpr int STAGES = COOP ? FA_PT : FA_STAGES, QW = COOP ? 1 : FA_WARPS; // K/V buffers, Q copies
     static constexpr int LD = HDP + 8; // padded smem rows: conflict-free ldmatrix
-    // K, V x FA_STAGES buffers; Q per warp; then each warp's partition total O (f32, lane-private)
-    static constexpr size_t BF16_BYTES = (size_t)(2 * FA_STAGES * FA_KT + 16 * FA_WARPS) * LD * 2;
-    static constexpr size_t BYTES = BF16_BYTES + (size_t)FA_WARPS * 16 * HDP * 4;
+    // K, V x STAGES buffers; Q (per warp, or one); then each warp's partition total O (f32,
+    // lane-private, OT * 4 a lane); then (COOP) the score exchange, [warp][4][32] f32
+    static constexpr size_t BF16_BYTES = (size_t)(2 * STAGES * FA_KT + 16 * QW) * LD * 2;
+    static constexpr size_t XS_OFF = BF16_BYTES + (size_t)FA_WARPS * OT * 4 * 32 * 4;
+    static constexpr size_t BYTES = XS_OFF + (COOP ? (size_t)FA_WARPS * 4 * 32 * 4 : 0);
 };
 
-#define FA_PT (CUDA_ATTN_PART / FA_KT) // key tiles per partition
 #define FA_MERGE_AHEAD 8 // partition states a merging warp loads at once (two batches in flight)
 
 // Adds a partition's softmax state (its rows' max m, full sum l, and o) to a running total (M,
@@ -298,33 +313,38 @@ __device__ void fa_merge_head(__nv_bfloat16 *out, const struct cuda_attn_args &a
 // Grid (token, KV head, split). Split (gridDim.z = Z > 1, decode steps): block z computes the
 // partitions p with p % Z == z and writes their states (empty ones too); the last of the Z
 // blocks to finish merges them (a.counters), else fa_merge_kernel does.
-template <int HDP>
+template <int HDP, bool DEC>
 __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *q,
                                                               const __nv_bfloat16 *kb, const __nv_bfloat16 *vb, int rs,
                                                               struct cuda_attn_args a) {
-    constexpr int LD = fa_smem<HDP>::LD;
+    using CF = fa_cfg<HDP, DEC>;
+    constexpr int LD = CF::LD, OT = CF::OT, S = CF::STAGES;
+    constexpr bool COOP = CF::COOP;
     pdl_trigger();
     pdl_wait();
     FA_STAMP(0);
     extern __shared__ __align__(16) unsigned char fa_raw[];
-    __nv_bfloat16 *sk = reinterpret_cast<__nv_bfloat16 *>(fa_raw), *sv = sk + FA_STAGES * FA_KT * LD;
+    __nv_bfloat16 *sk = reinterpret_cast<__nv_bfloat16 *>(fa_raw), *sv = sk + S * FA_KT * LD;
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, tb = blockIdx.x, kvh = blockIdx.y;
     // a decode token of one partition is not split: block z = 0 computes it (the same sums),
     // the others have nothing to do
     const bool split = gridDim.z > 1 && cuda_attn_parts(a.pos[tb]) > 1 && fa_split_fits(a, gridDim.x);
     const int Z = split ? (int)gridDim.z : 1, z = split ? (int)blockIdx.z : 0;
     if (!split && blockIdx.z > 0) return;
-    __nv_bfloat16 *sq = sv + FA_STAGES * FA_KT * LD + warp * 16 * LD;
+    __nv_bfloat16 *sq = sv + S * FA_KT * LD + (COOP ? 0 : warp) * 16 * LD;
     // the total O of this thread's outputs o[d][e]: sO[(d * 4 + e) * 32] (lane-private, no conflicts)
-    float *sO = reinterpret_cast<float *>(fa_raw + fa_smem<HDP>::BF16_BYTES) + (size_t)warp * 16 * HDP + lane;
+    float *sO = reinterpret_cast<float *>(fa_raw + CF::BF16_BYTES) + (size_t)warp * OT * 4 * 32 + lane;
     const int HD = a.head_dim;
     const int G = a.n_heads / a.n_kv_heads, TPU = G >= 16 ? 1 : 16 / G; // tokens per unit (warp)
-    const int s = a.tok_seq[tb], row0 = a.seq_start[s], row_end = a.seq_start[s + 1];
+    // DEC: token tb is sequence tb's only row of the step (no tok_seq or seq_start round trips)
+    const int s = DEC ? tb : a.tok_seq[tb], row0 = DEC ? tb : a.seq_start[s], row_end = DEC ? tb + 1 : a.seq_start[s + 1];
     if ((tb - row0) % (TPU * FA_WARPS)) return; // not the first token of a block's units
-    const int t0 = tb + warp * TPU, nt = max(0, min(TPU, row_end - t0)), nrows = nt * G;
+    const int uw = COOP ? 0 : warp; // the unit this warp computes on (COOP: the block's one unit)
+    const int d0 = COOP ? warp * OT : 0; // its first output n8 tile
+    const int t0 = tb + uw * TPU, nt = max(0, min(TPU, row_end - t0)), nrows = nt * G;
     const int pos0 = a.pos[row0], pos_last = a.pos[row_end - 1]; // this step's positions of s
     const int pb_first = a.pos[tb], pb_last = pb_first + min(TPU * FA_WARPS, row_end - tb) - 1;
-    const int p_first = pb_first + warp * TPU, p_last = p_first + nt - 1;
+    const int p_first = pb_first + uw * TPU, p_last = p_first + nt - 1;
     const bool full = kvh < a.n_full;
 
     // tiles a query range [pf, pl] needs: [lo0, hi0] then [lo1, hi1] (streaming: sink, recent)
@@ -401,20 +421,26 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
     };
 
     FA_STAMP(1);
-    // the walk's next three tiles: summed now, loading, loaded next (and their block ids)
-    int tile = next_tile(-1);
-    int nxt = tile != INT_MAX ? next_tile(tile) : INT_MAX, nxt2 = nxt != INT_MAX ? next_tile(nxt) : INT_MAX;
-    const int blk0 = blk_of(tile), blk1 = blk_of(nxt);
-    int blk2 = blk_of(nxt2);
-    if (tile != INT_MAX) {
-        // this warp's Q rows into smem (zero rows/dims beyond the unit), then the first tile
-        for (int i = lane; i < 16 * (HDP / 8); i += 32) {
+    // the walk's next S tiles: up[0] summed now, up[1 .. S-2] loading, up[S-1] loaded next (the
+    // block ids of all S read at once; after that each one an iteration ahead of its load)
+    int up[S], blk_last;
+    up[0] = next_tile(-1);
+#pragma unroll
+    for (int i = 1; i < S; i++) up[i] = up[i - 1] != INT_MAX ? next_tile(up[i - 1]) : INT_MAX;
+    int bl[S];
+#pragma unroll
+    for (int i = 0; i < S; i++) bl[i] = blk_of(up[i]);
+    blk_last = bl[S - 1];
+    if (up[0] != INT_MAX) {
+        // this warp's Q rows into smem (zero rows/dims beyond the unit; COOP: warp 0's, once),
+        // then the first tile
+        for (int i = COOP && warp ? 16 * (HDP / 8) : lane; i < 16 * (HDP / 8); i += 32) {
             int r = i / (HDP / 8), c = (i % (HDP / 8)) * 8;
             bool ok = r < nrows && c < HD;
             const __nv_bfloat16 *src = ok ? q + (size_t)(t0 + r / G) * rs + (size_t)(kvh * G + r % G) * HD + c : q;
             fa_cp16(sq + r * LD + c, src, ok);
         }
-        load_tile(0, tile, blk0);
+        load_tile(0, up[0], bl[0]);
     }
     asm volatile("cp.async.commit_group;\n" ::);
 
@@ -429,8 +455,8 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
     const float sl2 = a.scale * 1.4426950408889634f; // scores in log2 units: exp2f
     // the partition being summed (m, l: this thread's part of the row sum; o) and the total
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, M[2] = {-INFINITY, -INFINITY}, L[2] = {0.0f, 0.0f};
-    float o[HDP / 8][4];
-    for (int d = 0; d < HDP / 8; d++)
+    float o[OT][4]; // output tiles d0 + d
+    for (int d = 0; d < OT; d++)
         for (int e = 0; e < 4; e++) o[d][e] = 0.0f, sO[(d * 4 + e) * 32] = 0.0f;
     uint32_t qa[HDP / 16][4];
 
@@ -442,10 +468,10 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
             int r = g + 8 * h;
             if (r >= nrows) continue;
             float *st = fa_state(a, t0 + r / G, p, kvh * G + r % G);
-            if (qd == 0) st[0] = empty ? -INFINITY : m[h], st[1] = empty ? 0.0f : lf[h];
+            if (qd == 0 && (!COOP || warp == 0)) st[0] = empty ? -INFINITY : m[h], st[1] = empty ? 0.0f : lf[h];
             if (empty) continue;
-            for (int d = 0; d < HDP / 8; d++) {
-                int col = d * 8 + 2 * qd;
+            for (int d = 0; d < OT; d++) {
+                int col = (d0 + d) * 8 + 2 * qd;
                 if (col < HD) st[2 + col] = o[d][2 * h], st[3 + col] = o[d][2 * h + 1];
             }
         }
@@ -468,32 +494,36 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
             for (int h = 0; h < 2; h++) {
                 float ca, cb;
                 if (fa_merge_begin(M[h], L[h], m[h], lf[h], ca, cb))
-                    for (int d = 0; d < HDP / 8; d++)
+                    for (int d = 0; d < OT; d++)
                         for (int e = 2 * h; e < 2 * h + 2; e++)
                             sO[(d * 4 + e) * 32] = fa_merge_o(sO[(d * 4 + e) * 32], o[d][e], ca, cb);
             }
         }
         for (int h = 0; h < 2; h++) m[h] = -INFINITY, l[h] = 0.0f;
-        for (int d = 0; d < HDP / 8; d++)
+        for (int d = 0; d < OT; d++)
             for (int e = 0; e < 4; e++) o[d][e] = 0.0f;
     };
 
     bool q_loaded = false;
     int it_ = 0;
-    // tile (in buffer buf) and the next one (nxt, in buf + 1) are loading; each iteration starts
-    // the one after (nxt2) and sums tile
+    // up[0] (in buffer buf) to up[S-2] are loading, a group each; each iteration starts up[S-1]
+    // and sums up[0]
     int buf = 0;
-    if (nxt != INT_MAX) load_tile(1, nxt, blk1);
-    asm volatile("cp.async.commit_group;\n" ::);
+#pragma unroll
+    for (int i = 1; i < S - 1; i++) {
+        if (up[i] != INT_MAX) load_tile(i, up[i], bl[i]);
+        asm volatile("cp.async.commit_group;\n" ::);
+    }
+    int tile = up[0];
     while (tile != INT_MAX) { // partition by partition, each closed after its last tile
       const int part = tile / FA_PT;
       bool has_state = false; // the warp summed keys of this partition
       do {
         FA_STAMP(3 + 4 * min(it_, 8));
-        if (nxt2 != INT_MAX) load_tile((buf + 2) % FA_STAGES, nxt2, blk2);
-        const int nxt3 = nxt2 != INT_MAX ? next_tile(nxt2) : INT_MAX, blk3 = blk_of(nxt3);
+        if (up[S - 1] != INT_MAX) load_tile((buf + S - 1) % S, up[S - 1], blk_last);
+        const int nn = up[S - 1] != INT_MAX ? next_tile(up[S - 1]) : INT_MAX, bn = blk_of(nn);
         asm volatile("cp.async.commit_group;\n" ::);
-        asm volatile("cp.async.wait_group 2;\n" ::); // this tile's group (and Q) landed
+        asm volatile("cp.async.wait_group %0;\n" ::"n"(S - 1)); // this tile's group (and Q) landed
         __syncthreads();
         if (!q_loaded)
             for (int k = 0; k < HDP / 16; k++) fa_ldsm_x4(qa[k], sq + (lane % 16) * LD + k * 16 + (lane / 16) * 8);
@@ -512,18 +542,38 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
             for (int n = 0; n < FA_KT / 8; n++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) sc[n][e] = 0.0f;
+            if constexpr (COOP) { // key group `warp` only, then every group from the exchange
+                float sw[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-            for (int k = 0; k < HDP / 16; k += 2) {
-                uint32_t b[FA_KT / 8][4]; // keys n*8 + lane%8, dims k*16 + (lane/8)*8: two k16 steps at once
-                const bool two = k + 1 < HDP / 16;
+                for (int k = 0; k < HDP / 16; k += 2) {
+                    uint32_t b[4];
+                    const bool two = k + 1 < HDP / 16;
+                    fa_ldsm_x4(b, ck + (warp * 8 + lane % 8) * LD + k * 16 + (two ? lane / 8 : (lane / 8) % 2) * 8);
+                    fa_mma(sw, qa[k], b[0], b[1]);
+                    if (two) fa_mma(sw, qa[k + 1], b[2], b[3]);
+                }
+                float *xs = reinterpret_cast<float *>(fa_raw + CF::XS_OFF) + lane;
+#pragma unroll
+                for (int e = 0; e < 4; e++) xs[(warp * 4 + e) * 32] = sw[e];
+                __syncthreads(); // (every warp of a COOP block takes this branch: the same rows)
 #pragma unroll
                 for (int n = 0; n < FA_KT / 8; n++)
-                    fa_ldsm_x4(b[n], ck + (n * 8 + lane % 8) * LD + k * 16 + (two ? lane / 8 : (lane / 8) % 2) * 8);
 #pragma unroll
-                for (int n = 0; n < FA_KT / 8; n++) fa_mma(sc[n], qa[k], b[n][0], b[n][1]);
-                if (two)
+                    for (int e = 0; e < 4; e++) sc[n][e] = xs[(n * 4 + e) * 32];
+            } else {
 #pragma unroll
-                    for (int n = 0; n < FA_KT / 8; n++) fa_mma(sc[n], qa[k + 1], b[n][2], b[n][3]);
+                for (int k = 0; k < HDP / 16; k += 2) {
+                    uint32_t b[FA_KT / 8][4]; // keys n*8 + lane%8, dims k*16 + (lane/8)*8: two k16 steps at once
+                    const bool two = k + 1 < HDP / 16;
+#pragma unroll
+                    for (int n = 0; n < FA_KT / 8; n++)
+                        fa_ldsm_x4(b[n], ck + (n * 8 + lane % 8) * LD + k * 16 + (two ? lane / 8 : (lane / 8) % 2) * 8);
+#pragma unroll
+                    for (int n = 0; n < FA_KT / 8; n++) fa_mma(sc[n], qa[k], b[n][0], b[n][1]);
+                    if (two)
+#pragma unroll
+                        for (int n = 0; n < FA_KT / 8; n++) fa_mma(sc[n], qa[k + 1], b[n][2], b[n][3]);
+                }
             }
             // mask, online softmax (each row's scores live in one quad of lanes)
             float corr[2];
@@ -553,7 +603,7 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
                 l[h] = l[h] * corr[h] + sum;
                 m[h] = mn;
             }
-            for (int d = 0; d < HDP / 8; d++) {
+            for (int d = 0; d < OT; d++) {
                 o[d][0] *= corr[0], o[d][1] *= corr[0];
                 o[d][2] *= corr[1], o[d][3] *= corr[1];
             }
@@ -567,17 +617,18 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
                 split_p(sc[2 * c + 1][2], sc[2 * c + 1][3], ph[3], pl[3]);
                 // every V fragment of the 16 keys first, then the head MMAs of all HDP / 8
                 // outputs, then the remainder's (per output still head then remainder, c in order)
-                uint32_t b[HDP / 16][4]; // keys c*16 + lane%16, dims dd*16 + (lane/16)*8, transposed
+                // (this warp's output tiles d0 .. d0 + OT - 1: pairs dd of them a fragment)
+                uint32_t b[OT / 2][4]; // keys c*16 + lane%16, dims (d0/2 + dd)*16 + (lane/16)*8, transposed
 #pragma unroll
-                for (int dd = 0; dd < HDP / 16; dd++)
-                    fa_ldsm_x4_t(b[dd], cv + (c * 16 + lane % 16) * LD + dd * 16 + (lane / 16) * 8);
+                for (int dd = 0; dd < OT / 2; dd++)
+                    fa_ldsm_x4_t(b[dd], cv + (c * 16 + lane % 16) * LD + (d0 / 2 + dd) * 16 + (lane / 16) * 8);
 #pragma unroll
-                for (int dd = 0; dd < HDP / 16; dd++) {
+                for (int dd = 0; dd < OT / 2; dd++) {
                     fa_mma(o[2 * dd], ph, b[dd][0], b[dd][1]);
                     fa_mma(o[2 * dd + 1], ph, b[dd][2], b[dd][3]);
                 }
 #pragma unroll
-                for (int dd = 0; dd < HDP / 16; dd++) {
+                for (int dd = 0; dd < OT / 2; dd++) {
                     fa_mma(o[2 * dd], pl, b[dd][0], b[dd][1]);
                     fa_mma(o[2 * dd + 1], pl, b[dd][2], b[dd][3]);
                 }
@@ -586,11 +637,12 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
         FA_STAMP(5 + 4 * min(it_, 8));
         __syncthreads(); // every warp done with buf before the next iteration refills it
         FA_STAMP(6 + 4 * min(it_, 8)); it_++;
-        tile = nxt;
-        nxt = nxt2;
-        nxt2 = nxt3;
-        blk2 = blk3;
-        buf = (buf + 1) % FA_STAGES;
+#pragma unroll
+        for (int i = 0; i < S - 1; i++) up[i] = up[i + 1];
+        up[S - 1] = nn;
+        blk_last = bn;
+        tile = up[0];
+        buf = (buf + 1) % S;
       } while (tile != INT_MAX && tile / FA_PT == part);
       if (has_state) close_partition(part);
     }
@@ -600,7 +652,7 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
         if (nrows > 0) empty_until(n_parts);
         if (!a.counters) return;
         __shared__ int last;
-        __threadfence(); // this block's states before its count
+        fence_acq_rel(); // this block's states before its count
         __syncthreads();
         if (tid == 0) {
             int *cnt = a.counters + tb * a.n_kv_heads + kvh;
@@ -609,7 +661,7 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
         }
         __syncthreads();
         if (!last) return;
-        __threadfence();
+        fence_acq_rel();
         for (int hh = warp; hh < G; hh += FA_WARPS) fa_merge_head<(HDP + 31) / 32>(out, a, tb, kvh * G + hh, lane);
         return;
     }
@@ -620,8 +672,8 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
         if (r >= nrows) continue;
         float inv = 1.0f / L[h];
         __nv_bfloat16 *orow = out + ((size_t)(t0 + r / G) * a.n_heads + (size_t)(kvh * G + r % G)) * HD;
-        for (int d = 0; d < HDP / 8; d++) {
-            int col = d * 8 + 2 * qd;
+        for (int d = 0; d < OT; d++) {
+            int col = (d0 + d) * 8 + 2 * qd;
             if (col < HD)
                 *reinterpret_cast<__nv_bfloat162 *>(orow + col) =
                     __floats2bfloat162_rn(sO[(d * 4 + 2 * h) * 32] * inv, sO[(d * 4 + 2 * h + 1) * 32] * inv);
@@ -642,8 +694,19 @@ __global__ void fa_merge_kernel(__nv_bfloat16 *out, struct cuda_attn_args a) {
 }
 
 template <int HDP> static int fa_allow_smem() {
-    CUDA_CHECK(cudaFuncSetAttribute(flash_kernel<HDP>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    (int)fa_smem<HDP>::BYTES));
+    CUDA_CHECK(cudaFuncSetAttribute(flash_kernel<HDP, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)fa_cfg<HDP, false>::BYTES));
+    CUDA_CHECK(cudaFuncSetAttribute(flash_kernel<HDP, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)fa_cfg<HDP, true>::BYTES));
+    return 0;
+}
+
+template <int HDP>
+static int fa_launch(bool dec, dim3 grid, cudaStream_t st, __nv_bfloat16 *o, const __nv_bfloat16 *q,
+                     const __nv_bfloat16 *kb, const __nv_bfloat16 *vb, int rs, const struct cuda_attn_args &a) {
+    const dim3 T(32 * FA_WARPS);
+    if (dec) CUDA_CHECK(cuda_launch(flash_kernel<HDP, true>, grid, T, fa_cfg<HDP, true>::BYTES, st, o, q, kb, vb, rs, a));
+    else CUDA_CHECK(cuda_launch(flash_kernel<HDP, false>, grid, T, fa_cfg<HDP, false>::BYTES, st, o, q, kb, vb, rs, a));
     return 0;
 }
 
@@ -651,6 +714,7 @@ template <int HDP> static int fa_allow_smem() {
 extern "C" int cuda_attention_init(void) {
     g_attn_simple = getenv_flag("DUOSERVE_ATTN_SIMPLE");
     g_attn_no_split = getenv_flag("DUOSERVE_ATTN_NO_SPLIT");
+    g_attn_no_dec = getenv_flag("DUOSERVE_ATTN_NO_DEC");
     const char *ms = getenv("DUOSERVE_ATTN_MAX_SPLIT"), *sf = getenv("DUOSERVE_ATTN_SPLIT_FILL");
     if (ms && atoi(ms) > 0) g_attn_max_split = min(atoi(ms), 64);
     if (sf && atoi(sf) > 0) g_attn_split_fill = min(atoi(sf), 16);
@@ -718,8 +782,8 @@ __global__ void append_stream_kernel(const __nv_bfloat16 *kb, const __nv_bfloat1
     }
 }
 
-extern "C" int cuda_attention(void *out, void *qkv, int rs, const struct cuda_attn_args *a, int n_tokens, bool split,
-                              const float *inv_freq, cudaStream_t st) {
+extern "C" int cuda_attention(void *out, void *qkv, int rs, const struct cuda_attn_args *a, int n_tokens, bool decode,
+                              bool split, const float *inv_freq, cudaStream_t st) {
     const __nv_bfloat16 *q = (const __nv_bfloat16 *)qkv;
     const __nv_bfloat16 *kb = q + (size_t)a->n_heads * a->head_dim, *vb = kb + (size_t)a->n_kv_heads * a->head_dim;
     if (inv_freq) { // RoPE and the retrieval heads' append in one kernel
@@ -744,11 +808,12 @@ extern "C" int cuda_attention(void *out, void *qkv, int rs, const struct cuda_at
         struct cuda_attn_args fa = *a;
         if (n_tokens * a->n_kv_heads > a->n_counters) fa.counters = NULL;
         dim3 fgrid(n_tokens, a->n_kv_heads, Z);
-        const int T = 32 * FA_WARPS;
-        if (a->head_dim <= 16) CUDA_CHECK(cuda_launch(flash_kernel<16>, fgrid, dim3(T), fa_smem<16>::BYTES, st, o, qb, kb, vb, rs, fa));
-        else if (a->head_dim <= 32) CUDA_CHECK(cuda_launch(flash_kernel<32>, fgrid, dim3(T), fa_smem<32>::BYTES, st, o, qb, kb, vb, rs, fa));
-        else if (a->head_dim <= 64) CUDA_CHECK(cuda_launch(flash_kernel<64>, fgrid, dim3(T), fa_smem<64>::BYTES, st, o, qb, kb, vb, rs, fa));
-        else CUDA_CHECK(cuda_launch(flash_kernel<128>, fgrid, dim3(T), fa_smem<128>::BYTES, st, o, qb, kb, vb, rs, fa));
+        const bool dec = decode && !g_attn_no_dec;
+        int rc = a->head_dim <= 16   ? fa_launch<16>(dec, fgrid, st, o, qb, kb, vb, rs, fa)
+                 : a->head_dim <= 32 ? fa_launch<32>(dec, fgrid, st, o, qb, kb, vb, rs, fa)
+                 : a->head_dim <= 64 ? fa_launch<64>(dec, fgrid, st, o, qb, kb, vb, rs, fa)
+                                     : fa_launch<128>(dec, fgrid, st, o, qb, kb, vb, rs, fa);
+        if (rc) return rc;
         if (Z > 1 && !fa.counters)
             CUDA_CHECK(cuda_launch(fa_merge_kernel, dim3(n_tokens, (a->n_heads + 3) / 4), dim3(128), 0, st, o, fa));
     } else {

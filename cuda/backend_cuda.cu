@@ -89,7 +89,8 @@ struct cuda_ctx {
     const int32_t *tokens, *pos, *tok_seq, *seq_start, *indptr, *blocks, *slots, *rows, *part_off;
     float *attn_ws; // split-decode partition states (cuda/attention.cu)
     int *attn_counters; // the split blocks done per (token, KV head), after the states in attn_ws
-    bool split_decode; // this step: every sequence one token, and one past the first partition
+    bool decode_step;  // this step: every sequence one token
+    bool split_decode; // and one of them past the first partition
     size_t attn_ws_floats;
     int n_tokens, n_seqs, n_logits;
     float *d_logits;
@@ -406,8 +407,9 @@ static int cu_begin_step(struct backend *b, const struct fwd_batch *bt) {
     for (size_t t = 0; t < T; t++) h[off[7] + t + 1] = h[off[7] + t] + cuda_attn_parts(bt->pos[t]);
     /* decode steps split attention only when a context spans partitions (the result is the same
      * either way; short contexts skip the merge kernel) */
-    bool one_each = T == S; /* every sequence exactly one token (not merely T == S) */
+    bool one_each = T == S && bt->seq_start[0] == 0; /* every sequence exactly one token (not merely T == S) */
     for (size_t s = 0; one_each && s < S; s++) one_each = bt->seq_start[s + 1] - bt->seq_start[s] == 1;
+    c->decode_step = one_each;
     c->split_decode = one_each && (size_t)h[off[7] + T] > T;
     if (NB) memcpy(h + off[8], bt->block_ids, 4 * NB);
     c->n_tokens = (int)T;
@@ -468,7 +470,8 @@ static void attention(struct backend *b, void *out, void *qkv, int row_stride, c
                                (__nv_bfloat16 *)L->k_stream, (__nv_bfloat16 *)L->v_stream,
                                c->pos, c->tok_seq, c->seq_start, c->indptr, c->blocks, c->slots,
                                c->part_off, c->attn_ws, c->attn_ws_floats, c->attn_counters, ATTN_COUNTERS};
-    CKI(b, cuda_attention(out, qkv, row_stride, &a, c->n_tokens, c->split_decode, inv_freq, c->stream));
+    CKI(b, cuda_attention(out, qkv, row_stride, &a, c->n_tokens, c->decode_step, c->split_decode, inv_freq,
+                          c->stream));
     tm_mark(c, "%sattention%s", inv_freq ? "rope+" : "", c->split_decode ? " (split)" : "");
 }
 

@@ -42,11 +42,12 @@ static inline int cuda_attn_parts(int pos) { return pos / CUDA_ATTN_PART + 1; }
 #ifdef __cplusplus
 extern "C" {
 #endif
-/* split: every sequence has one token in the step (its partitions may then run in parallel);
- * inv_freq: RoPE q and k first (in place, as cuda_rope), fused with the KV append; NULL: qkv is
- * already rotated */
-int cuda_attention(void *out, void *qkv, int row_stride, const struct cuda_attn_args *a, int n_tokens, bool split,
-                   const float *inv_freq, cudaStream_t st);
+/* decode: every sequence has one token in the step, token t of sequence t (the decode kernel: a
+ * block's warps share the token); split: and some token spans more than one partition (they may
+ * then run in parallel); inv_freq: RoPE q and k first (in place, as cuda_rope), fused with the
+ * KV append; NULL: qkv is already rotated */
+int cuda_attention(void *out, void *qkv, int row_stride, const struct cuda_attn_args *a, int n_tokens, bool decode,
+                   bool split, const float *inv_freq, cudaStream_t st);
 #ifdef __cplusplus
 }
 #endif

@@ -33,6 +33,11 @@ static inline unsigned cuda_blocks(size_t n, unsigned threads) { return (unsigne
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 __device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;\n" ::); }
 
+// The split reductions' fence (partials, then a count with atomicAdd; the last to count reads
+// everyone's partials): a release/acquire fence at GPU scope. __threadfence() is fence.sc, a
+// sequentially consistent fence that costs more and orders nothing these patterns need.
+__device__ __forceinline__ void fence_acq_rel() { asm volatile("fence.acq_rel.gpu;\n" ::: "memory"); }
+
 // RoPE of one pair (a, b) = (v[i], v[i + hd/2]) at angle pos * inv_freq (HF rotate_half); the
 // rope kernel and the fused rope + KV append share it, so both round alike.
 __device__ __forceinline__ void rope_pair(float a, float b, int pos, float inv_freq, float &ra, float &rb) {

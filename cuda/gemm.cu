@@ -274,14 +274,14 @@ __global__ void __launch_bounds__(32 * WMW * WNW)
         // partials out; the tile's last block adds them in chunk order (the same sum as above)
         float *part = ws + (size_t)blockIdx.z * M * N;
         each_out([&](int n, int t, float &v) { part[(size_t)t * N + n] = v; });
-        __threadfence();
+        fence_acq_rel();
         __syncthreads();
         __shared__ int last;
         int tile = blockIdx.y * gridDim.x + blockIdx.x;
         if (tid == 0) last = atomicAdd(&counters[tile], 1) == (int)gridDim.z - 1;
         __syncthreads();
         if (!last) return;
-        __threadfence();
+        fence_acq_rel();
         { // every partial of this thread's outputs, in chunk order
             constexpr int NO = WMT * WNT * 4;
             float v[NO];
@@ -439,13 +439,33 @@ __global__ void __launch_bounds__(32 * GEMM_STREAM_WARPS, NT == 1 ? 4 : 1)
     pdl_trigger(); // the next kernel may launch (and stream its weights) while the strips drain
 
     if (split) {
-        __threadfence();
+        fence_acq_rel();
         __syncwarp();
         int last = 0;
         if (lane == 0) last = atomicAdd(&counters[strip], c_hi - c_lo) == chunks - (c_hi - c_lo);
         if (!__shfl_sync(0xffffffffu, last, 0)) return;
-        __threadfence();
-        { // every partial of this lane's outputs, in chunk order
+        fence_acq_rel();
+        if (NT == 1 && M == 1 && chunks <= 32) {
+            // one token: the strip's 16 sums over the lanes, all loads in one round trip to L2.
+            // Lane r + 16h loads chunks [hH, hH + H) of row r; lane r adds its own in order from
+            // zero, lane r + 16 goes on from that sum (the order partials_in_order adds them in)
+            const int r = lane & 15, h = lane >> 4, H = (chunks + 1) / 2, cb = h * H, n = strip * 16 + r;
+            float p[16];
+#pragma unroll
+            for (int u = 0; u < 16; u++) p[u] = u < H && cb + u < chunks && n < N ? __ldcg(ws + (size_t)(cb + u) * N + n) : 0.0f;
+            float v = 0.0f;
+            if (h == 0)
+#pragma unroll
+                for (int u = 0; u < 16; u++)
+                    if (u < H) v += p[u];
+            v = __shfl_sync(0xffffffffu, v, r);
+            if (h == 1)
+#pragma unroll
+                for (int u = 0; u < 16; u++)
+                    if (u < H && cb + u < chunks) v += p[u];
+            total[0][0] = __shfl_sync(0xffffffffu, v, 16 + g); // rows g and g + 8 of token 0
+            total[0][2] = __shfl_sync(0xffffffffu, v, 24 + g);
+        } else { // every partial of this lane's outputs, in chunk order
             float v[NT * 4];
             partials_in_order<NT * 4, 8 / NT>(ws, chunks, M, N, [&](int o, int &n, int &t) {
                 n = strip * 16 + g + 8 * ((o % 4) >> 1);

@@ -186,12 +186,12 @@ __global__ void argmax_kernel(int32_t *ids, const float *x, int vocab, int32_t *
     if (threadIdx.x == 0) {
         pairs[2 * p] = __float_as_int(best);
         pairs[2 * p + 1] = bi;
-        __threadfence();
+        fence_acq_rel();
         last = atomicAdd(counter, 1) == ARGMAX_SLICES - 1;
     }
     __syncthreads();
     if (!last) return;
-    __threadfence();
+    fence_acq_rel();
     best = -INFINITY, bi = 0x7fffffff;
     if (threadIdx.x < ARGMAX_SLICES)
         best = __int_as_float(__ldcg(pairs + 2 * threadIdx.x)), bi = __ldcg(pairs + 2 * threadIdx.x + 1);

@@ -21,8 +21,10 @@ M=/tmp/llama8b
 mk=$!
 t0=$SECONDS
 if has attnbench; then # one decode token's attention at several contexts; FA_CLOCKS build: phase stamps
-  DUOSERVE_TEST_ONLY=attnbench $B/duoserve-test-cuda
-  [ -x $B/duoserve-test-cuda-clk ] && DUOSERVE_TEST_ONLY=attnbench $B/duoserve-test-cuda-clk
+  for v in "" "DUOSERVE_ATTN_NO_DEC=1"; do
+    echo "== attnbench [$v]"; env $v DUOSERVE_TEST_ONLY=attnbench $B/duoserve-test-cuda
+    [ -x $B/duoserve-test-cuda-clk ] && env $v DUOSERVE_TEST_ONLY=attnbench $B/duoserve-test-cuda-clk
+  done 2>&1 | tee $L/attnbench.log
 fi
 if has checks; then
   scripts/gpu_check.sh $B checks $L
