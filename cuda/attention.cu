@@ -212,7 +212,7 @@ __device__ __forceinline__ void split_p(float x0, float x1, uint32_t &hi, uint32
 // own rows; a warp skips tiles none of its rows can see, which changes nothing for them.
 #define FA_WARPS 4
 #define FA_PT (CUDA_ATTN_PART / FA_KT) // key tiles per partition
-#define FA_STAGES 3 // K/V tiles in flight: the one summed and the next two loading (DEC: FA_PT)
+#define FA_STAGES 3 // K/V tiles in flight: the one summed and the next two loading (COOP: FA_PT)
 // DEC (decode steps: every sequence one token, so a block has one unit), with FA_KT / 8 ==
 // FA_WARPS key groups and head dims 64 or 128 (PV takes output tiles in pairs): the block's warps
 // share the unit ("cooperative"). Warp w computes the scores of key group w (each score's k

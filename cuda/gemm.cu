@@ -96,7 +96,8 @@ __device__ __forceinline__ __nv_bfloat16 packed_at(const __nv_bfloat16 *w, int n
 
 // Split-K: a thread's NO outputs (idx(o, n, t) names output o; those outside M x N are skipped)
 // from the partials ws[chunk][M][N], each added in chunk order from zero into v[o] (the same sum
-// the unsplit kernels make in registers); every split reduction goes through here. The loads of
+// the unsplit kernels make in registers); every split reduction goes through here (or, for one
+// token of a weight stream, through partials_in_order_row16: the same adds). The loads of
 // PB chunks of every output are issued together, so a split GEMM's tail waits on chunks / PB
 // round trips to L2, not one for each few chunks of each output.
 template <int NO, int PB, typename IDX>
@@ -119,6 +120,31 @@ __device__ __forceinline__ void partials_in_order(const float *ws, int chunks, i
 #pragma unroll
                 for (int o = 0; o < NO; o++) v[o] += p[u][o];
     }
+}
+
+// The same sums for one token (M = 1) of a 16-row strip, spread over the warp so that every
+// partial is loaded in one round trip (chunks <= 32): lane r + 16h loads chunks [hH, hH + H) of
+// row strip_row0 + r; lane r adds its own in order from zero and lane r + 16 goes on from that
+// sum. Returns row strip_row0 + (lane / 4) in lo and row strip_row0 + 8 + lane / 4 in hi (the mma
+// fragment's rows g and g + 8).
+__device__ __forceinline__ void partials_in_order_row16(const float *ws, int chunks, int N, int strip_row0, int lane,
+                                                        float &lo, float &hi) {
+    const int r = lane & 15, h = lane >> 4, H = (chunks + 1) / 2, cb = h * H, n = strip_row0 + r;
+    float p[16];
+#pragma unroll
+    for (int u = 0; u < 16; u++) p[u] = u < H && cb + u < chunks && n < N ? __ldcg(ws + (size_t)(cb + u) * N + n) : 0.0f;
+    float v = 0.0f;
+    if (h == 0)
+#pragma unroll
+        for (int u = 0; u < 16; u++)
+            if (u < H) v += p[u];
+    v = __shfl_sync(0xffffffffu, v, r);
+    if (h == 1)
+#pragma unroll
+        for (int u = 0; u < 16; u++)
+            if (u < H && cb + u < chunks) v += p[u];
+    lo = __shfl_sync(0xffffffffu, v, 16 + lane / 4);
+    hi = __shfl_sync(0xffffffffu, v, 24 + lane / 4);
 }
 
 __device__ __forceinline__ float out_value(float total, const __nv_bfloat16 *bias, int n) {
@@ -445,26 +471,8 @@ __global__ void __launch_bounds__(32 * GEMM_STREAM_WARPS, NT == 1 ? 4 : 1)
         if (lane == 0) last = atomicAdd(&counters[strip], c_hi - c_lo) == chunks - (c_hi - c_lo);
         if (!__shfl_sync(0xffffffffu, last, 0)) return;
         fence_acq_rel();
-        if (NT == 1 && M == 1 && chunks <= 32) {
-            // one token: the strip's 16 sums over the lanes, all loads in one round trip to L2.
-            // Lane r + 16h loads chunks [hH, hH + H) of row r; lane r adds its own in order from
-            // zero, lane r + 16 goes on from that sum (the order partials_in_order adds them in)
-            const int r = lane & 15, h = lane >> 4, H = (chunks + 1) / 2, cb = h * H, n = strip * 16 + r;
-            float p[16];
-#pragma unroll
-            for (int u = 0; u < 16; u++) p[u] = u < H && cb + u < chunks && n < N ? __ldcg(ws + (size_t)(cb + u) * N + n) : 0.0f;
-            float v = 0.0f;
-            if (h == 0)
-#pragma unroll
-                for (int u = 0; u < 16; u++)
-                    if (u < H) v += p[u];
-            v = __shfl_sync(0xffffffffu, v, r);
-            if (h == 1)
-#pragma unroll
-                for (int u = 0; u < 16; u++)
-                    if (u < H && cb + u < chunks) v += p[u];
-            total[0][0] = __shfl_sync(0xffffffffu, v, 16 + g); // rows g and g + 8 of token 0
-            total[0][2] = __shfl_sync(0xffffffffu, v, 24 + g);
+        if (NT == 1 && M == 1 && chunks <= 32) { // one token: all partials in one round trip
+            partials_in_order_row16(ws, chunks, N, strip * 16, lane, total[0][0], total[0][2]);
         } else { // every partial of this lane's outputs, in chunk order
             float v[NT * 4];
             partials_in_order<NT * 4, 8 / NT>(ws, chunks, M, N, [&](int o, int &n, int &t) {
