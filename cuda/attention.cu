@@ -24,14 +24,21 @@ static int g_attn_sms = 132; // SMs of the device (split decode sizing)
 // debugging switches, read once (cuda_attention_init): DUOSERVE_ATTN_SIMPLE=1 (the CUDA-core
 // kernel for every shape), DUOSERVE_ATTN_NO_SPLIT=1 (decode steps never split)
 // DUOSERVE_ATTN_NO_DEC=1 (decode steps take the prefill kernel: one warp computes a token's unit)
-static bool g_attn_simple, g_attn_no_split, g_attn_no_dec;
+// DUOSERVE_ATTN_NO_FUSED_ROPE=1 (decode steps keep rope_append_kernel before the attention)
+static bool g_attn_simple, g_attn_no_split, g_attn_no_dec, g_attn_no_fused_rope;
 // split decode: blocks per (token, KV head) up to g_attn_max_split, aiming at g_attn_split_fill
 // blocks an SM (DUOSERVE_ATTN_MAX_SPLIT, DUOSERVE_ATTN_SPLIT_FILL: A/B)
 static int g_attn_max_split = 32, g_attn_split_fill = 2;
+// a decode token's partitions run in parallel from this many on (DUOSERVE_ATTN_SPLIT_MIN_PARTS)
+static int g_attn_split_min_parts = 2;
 
 static bool getenv_flag(const char *name) {
     const char *v = getenv(name);
     return v && v[0] == '1';
+}
+
+__device__ __forceinline__ int fdiv(int n, const struct cuda_fdiv &f) {
+    return (int)((__umulhi((unsigned)n, f.m) + (unsigned)n) >> f.s);
 }
 
 __device__ __forceinline__ const __nv_bfloat16 *full_row(const __nv_bfloat16 *cache, const struct cuda_attn_args &a,
@@ -170,9 +177,15 @@ __global__ void attn_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *q, const __
 #ifdef FA_CLOCKS
 __device__ long long g_fa_clk[64];
 #define FA_STAMP(i) do { if (threadIdx.x == 0 && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0) g_fa_clk[i] = clock64(); } while (0)
+// at entry (the other stamps cleared) and at the end, also %globaltimer (ns) in [48] and [49]
+__device__ __forceinline__ long long fa_globaltimer() { long long t; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); return t; }
+#define FA_STAMP_GT(i, k) do { if (threadIdx.x == 0 && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0) { \
+    if ((i) == 0) for (int c_ = 1; c_ < 64; c_++) g_fa_clk[c_] = 0; \
+    g_fa_clk[k] = fa_globaltimer(); g_fa_clk[i] = clock64(); } } while (0)
 extern "C" int cuda_attention_clocks(long long *out) { return cudaMemcpyFromSymbol(out, g_fa_clk, sizeof g_fa_clk) == cudaSuccess ? 64 : 0; }
 #else
 #define FA_STAMP(i) do { } while (0)
+#define FA_STAMP_GT(i, k) do { } while (0)
 extern "C" int cuda_attention_clocks(long long *out) { (void)out; return 0; }
 #endif
 
@@ -213,25 +226,23 @@ __device__ __forceinline__ void split_p(float x0, float x1, uint32_t &hi, uint32
 #define FA_WARPS 4
 #define FA_PT (CUDA_ATTN_PART / FA_KT) // key tiles per partition
 #define FA_STAGES 3 // K/V tiles in flight: the one summed and the next two loading (COOP: FA_PT)
-// DEC (decode steps: every sequence one token, so a block has one unit), with FA_KT / 8 ==
-// FA_WARPS key groups and head dims 64 or 128 (PV takes output tiles in pairs): the block's warps
-// share the unit ("cooperative"). Warp w computes the scores of key group w (each score's k
-// steps in the same order as a lone warp) and exchanges them through shared memory; every warp
-// then runs the same softmax on the whole tile (the same bits in each) and sums P V for its
-// HDP / 8 / FA_WARPS output tiles only. Each value is computed exactly as a lone warp computes
-// it (the same bits as prefill) with four times its tensor throughput. A COOP block keeps a
-// whole partition's tiles in flight (FA_PT stages: one latency a partition, not one a tile) and
-// one copy of Q.
+// DEC (decode steps: every sequence one token, so a block has one unit), with head dims 64 or 128
+// (PV takes output tiles in pairs): the block's warps share the unit ("cooperative"), a partition
+// at a time. Its FA_PT == FA_WARPS tiles load at once; warp w computes the scores of tile w and
+// puts them in shared memory; every warp then runs the partition's softmax tile by tile (the same
+// bits in each) and sums P V for its HDP / 8 / FA_WARPS output tiles only. Each value is computed
+// exactly as a lone warp computes it (the same bits as prefill), the scores of four tiles at once
+// and without a barrier between tiles. One copy of Q.
 template <int HDP, bool DEC> struct fa_cfg {
-    static constexpr bool COOP = DEC && FA_KT / 8 == FA_WARPS && (HDP / 8) % (2 * FA_WARPS) == 0;
+    static constexpr bool COOP = DEC && FA_PT == FA_WARPS && (HDP / 8) % (2 * FA_WARPS) == 0;
     static constexpr int OT = COOP ? HDP / 8 / FA_WARPS : HDP / 8; // output n8 tiles of a warp
     static constexpr int STAGES = COOP ? FA_PT : FA_STAGES, QW = COOP ? 1 : FA_WARPS; // K/V buffers, Q copies
     static constexpr int LD = HDP + 8; // padded smem rows: conflict-free ldmatrix
     // K, V x STAGES buffers; Q (per warp, or one); then each warp's partition total O (f32,
-    // lane-private, OT * 4 a lane); then (COOP) the score exchange, [warp][4][32] f32
+    // lane-private, OT * 4 a lane); then (COOP) the partition's scores, [tile][FA_KT / 8][4][32] f32
     static constexpr size_t BF16_BYTES = (size_t)(2 * STAGES * FA_KT + 16 * QW) * LD * 2;
     static constexpr size_t XS_OFF = BF16_BYTES + (size_t)FA_WARPS * OT * 4 * 32 * 4;
-    static constexpr size_t BYTES = XS_OFF + (COOP ? (size_t)FA_WARPS * 4 * 32 * 4 : 0);
+    static constexpr size_t BYTES = XS_OFF + (COOP ? (size_t)FA_PT * (FA_KT / 8) * 4 * 32 * 4 : 0);
 };
 
 #define FA_MERGE_AHEAD 8 // partition states a merging warp loads at once (two batches in flight)
@@ -258,8 +269,12 @@ __device__ __forceinline__ float *fa_state(const struct cuda_attn_args &a, int t
     return a.ws + ((size_t)(a.part_off[t] + p) * a.n_heads + head) * (a.head_dim + 2);
 }
 // Whether a decode step's partitions go through the workspace (else block z = 0 does it all).
+// (parts_total: part_off[n_tokens], the step's partition states a head)
+__device__ __forceinline__ bool fa_split_fits_n(const struct cuda_attn_args &a, int parts_total) {
+    return (size_t)parts_total * a.n_heads * (a.head_dim + 2) <= a.ws_floats;
+}
 __device__ __forceinline__ bool fa_split_fits(const struct cuda_attn_args &a, int n_tokens) {
-    return (size_t)a.part_off[n_tokens] * a.n_heads * (a.head_dim + 2) <= a.ws_floats;
+    return fa_split_fits_n(a, a.part_off[n_tokens]);
 }
 
 // The states of token t's partitions for one head, merged in order (as the unsplit kernel does
@@ -322,13 +337,18 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
     constexpr bool COOP = CF::COOP;
     pdl_trigger();
     pdl_wait();
-    FA_STAMP(0);
+    FA_STAMP_GT(0, 48);
     extern __shared__ __align__(16) unsigned char fa_raw[];
     __nv_bfloat16 *sk = reinterpret_cast<__nv_bfloat16 *>(fa_raw), *sv = sk + S * FA_KT * LD;
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, tb = blockIdx.x, kvh = blockIdx.y;
-    // a decode token of one partition is not split: block z = 0 computes it (the same sums),
-    // the others have nothing to do
-    const bool split = gridDim.z > 1 && cuda_attn_parts(a.pos[tb]) > 1 && fa_split_fits(a, gridDim.x);
+    // DEC: the metadata this block needs first, all loads at once (one round trip): its position,
+    // its block table's start (or streaming slot) and the split workspace's size
+    const bool full = kvh < a.n_full;
+    const int pos_tb = a.pos[tb], poff = gridDim.z > 1 ? a.part_off[gridDim.x] : 0;
+    const int bb_dec = DEC && full ? a.block_indptr[tb] : 0, ss_dec = DEC && !full ? a.stream_slot[tb] : 0;
+    // a decode token of fewer than split_min_parts partitions is not split: block z = 0
+    // computes it (the same sums), the others have nothing to do
+    const bool split = gridDim.z > 1 && cuda_attn_parts(pos_tb) >= a.split_min_parts && fa_split_fits_n(a, poff);
     const int Z = split ? (int)gridDim.z : 1, z = split ? (int)blockIdx.z : 0;
     if (!split && blockIdx.z > 0) return;
     __nv_bfloat16 *sq = sv + S * FA_KT * LD + (COOP ? 0 : warp) * 16 * LD;
@@ -342,10 +362,9 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
     const int uw = COOP ? 0 : warp; // the unit this warp computes on (COOP: the block's one unit)
     const int d0 = COOP ? warp * OT : 0; // its first output n8 tile
     const int t0 = tb + uw * TPU, nt = max(0, min(TPU, row_end - t0)), nrows = nt * G;
-    const int pos0 = a.pos[row0], pos_last = a.pos[row_end - 1]; // this step's positions of s
-    const int pb_first = a.pos[tb], pb_last = pb_first + min(TPU * FA_WARPS, row_end - tb) - 1;
+    const int pos0 = DEC ? pos_tb : a.pos[row0], pos_last = DEC ? pos_tb : a.pos[row_end - 1]; // s's in this step
+    const int pb_first = pos_tb, pb_last = pb_first + min(TPU * FA_WARPS, row_end - tb) - 1;
     const int p_first = pb_first + uw * TPU, p_last = p_first + nt - 1;
-    const bool full = kvh < a.n_full;
 
     // tiles a query range [pf, pl] needs: [lo0, hi0] then [lo1, hi1] (streaming: sink, recent)
     auto range = [&](int pf, int pl, int &lo0, int &hi0, int &lo1, int &hi1) {
@@ -372,7 +391,11 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
             if (t < lo0) t = lo0;
             if (t > hi0 && t < lo1) t = lo1;
             if (t > hi0 && t > hi1) return INT_MAX;
-            int p = t / FA_PT, off = ((z - p % Z) % Z + Z) % Z;
+            int p = t / FA_PT, off = 0; // to the next partition p' with p' % Z == z
+            if (Z > 1) {
+                const int r = p - fdiv(p, a.z_div) * Z;
+                off = z >= r ? z - r : z - r + Z;
+            }
             if (off == 0) return t;
             t = (p + off) * FA_PT - 1; // the start of this block's next partition
         }
@@ -383,17 +406,78 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
     // the block table's latency overlaps a tile's arithmetic instead of stalling every load.
     static_assert(FA_KT * 4 == 32 * FA_WARPS, "one key row part a thread");
     const int kr = tid / 4, part = tid % 4;
-    const int bbase = full ? a.block_indptr[s] : 0, sslot = full ? 0 : a.stream_slot[s];
+    const int bbase = DEC ? bb_dec : full ? a.block_indptr[s] : 0, sslot = DEC ? ss_dec : full ? 0 : a.stream_slot[s];
     auto blk_of = [&](int tile) { // the pool block of key row kr of a tile (full heads)
         int j = tile == INT_MAX ? INT_MAX : tile * FA_KT + kr;
-        return full && j <= pos_last ? a.block_ids[bbase + j / a.block_size] : 0;
+        return full && j <= pos_last ? a.block_ids[bbase + fdiv(j, a.bs_div)] : 0;
     };
-    auto load_tile = [&](int buf, int tile, int blk_next) {
+    // Fused RoPE (COOP with a.rope_inv_freq; the host asks for it only when head_dim == HDP): the
+    // block rotates its token's G query rows into smem itself, as rope_append_kernel would
+    // (rope_pair's code: the same bits). The block that owns the token's own tile ("own") also
+    // rotates its K row, writes it and its V row into the tile in smem (never loading that row),
+    // appends them to the pool (retrieval heads) and writes the rotated K back to the q|k|v row;
+    // the rotated Q goes back there too, by the block that writes the output (after every block
+    // of the token has read the raw Q). So the step leaves what rope_append_kernel would.
+    constexpr int RH = HDP / 2, RSTEP = 32 * FA_WARPS / RH; // pair ri of rows rr0, rr0 + RSTEP, ..
+    const float *rif = COOP ? a.rope_inv_freq : NULL;
+    const int ri = tid % RH, rr0 = tid / RH;
+    const bool own = rif && next_tile(pos_tb / FA_KT - 1) == pos_tb / FA_KT;
+    __nv_bfloat16 *qrow = const_cast<__nv_bfloat16 *>(q) + (size_t)tb * rs + (size_t)kvh * G * HD; // head kvh*G + r
+    __nv_bfloat16 own_k[2], own_v; // the own row's rotated K pair ri (tid < RH) and V dim tid
+    auto write_q = [&]() { // the rotated Q rows from smem back to q|k|v
+        for (int r = rr0; r < nrows; r += RSTEP) qrow[r * HD + ri] = sq[r * LD + ri], qrow[r * HD + ri + RH] = sq[r * LD + ri + RH];
+    };
+    if (rif) {
+        float sn, cs;
+        rope_sincos(pos_tb, rif[ri], sn, cs);
+        float qv[16 / RSTEP][2];
+#pragma unroll
+        for (int u = 0; u < 16 / RSTEP; u++) {
+            const int r = rr0 + u * RSTEP;
+            qv[u][0] = qv[u][1] = 0.0f;
+            if (r < nrows) qv[u][0] = __bfloat162float(qrow[r * HD + ri]), qv[u][1] = __bfloat162float(qrow[r * HD + ri + RH]);
+        }
+        __nv_bfloat16 *krow = const_cast<__nv_bfloat16 *>(kb) + (size_t)tb * rs + (size_t)kvh * HD;
+        float kv0 = 0.0f, kv1 = 0.0f;
+        if (own && tid < RH) kv0 = __bfloat162float(krow[ri]), kv1 = __bfloat162float(krow[ri + RH]);
+        if (own && tid < HD) own_v = vb[(size_t)tb * rs + (size_t)kvh * HD + tid];
+        const int oblk = own && full ? a.block_ids[bbase + fdiv(pos_tb, a.bs_div)] : 0;
+#pragma unroll
+        for (int u = 0; u < 16 / RSTEP; u++) { // padding rows are zero
+            const int r = rr0 + u * RSTEP;
+            float x = 0.0f, y = 0.0f;
+            if (r < nrows) rope_rot(qv[u][0], qv[u][1], sn, cs, x, y);
+            sq[r * LD + ri] = __float2bfloat16(x), sq[r * LD + ri + RH] = __float2bfloat16(y);
+        }
+        if (own && tid < RH) {
+            float x, y;
+            rope_rot(kv0, kv1, sn, cs, x, y);
+            own_k[0] = __float2bfloat16(x), own_k[1] = __float2bfloat16(y);
+            krow[ri] = own_k[0], krow[ri + RH] = own_k[1];
+        }
+        if (own && full) { // this step's row into its pool block
+            const size_t row = (((size_t)oblk * a.block_size + (size_t)(pos_tb - fdiv(pos_tb, a.bs_div) * a.block_size)) * a.n_full + kvh) * HD;
+            if (tid < RH) a.k_full[row + ri] = own_k[0], a.k_full[row + ri + RH] = own_k[1];
+            if (tid < HD) a.v_full[row + tid] = own_v;
+        }
+        if (!split) write_q(); // (each thread rewrites only what it read)
+    }
+    // the own row of partition p's buffers from registers (after p's loads of that half)
+    auto put_own = [&](int p, int kv) {
+        if (!own || p != pos_tb / CUDA_ATTN_PART) return;
+        const int row = ((pos_tb / FA_KT) % FA_PT * FA_KT + pos_tb % FA_KT) * LD;
+        if ((kv & 1) && tid < RH) sk[row + ri] = own_k[0], sk[row + ri + RH] = own_k[1];
+        if ((kv & 2) && tid < HD) sv[row + tid] = own_v;
+    };
+
+    // (COOP loads a partition's K and V as two groups: kv 1 = K only, 2 = V only, 3 = both)
+    auto load_tile = [&](int buf, int tile, int blk_next, int kv = 3) {
         int j = tile * FA_KT + kr;
+        if (own && j == pos_tb) return; // put_own's
         const __nv_bfloat16 *kp = NULL, *vp = NULL;
         if (full) {
             if (j <= pos_last) {
-                size_t row = ((size_t)blk_next * a.block_size + (size_t)(j % a.block_size)) * a.n_full + (size_t)kvh;
+                size_t row = ((size_t)blk_next * a.block_size + (size_t)(j - fdiv(j, a.bs_div) * a.block_size)) * a.n_full + (size_t)kvh;
                 kp = a.k_full + row * HD;
                 vp = a.v_full + row * HD;
             }
@@ -404,54 +488,46 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
                 vp = vb + off;
             }
         } else if (j < a.sink || j >= pos0 - a.recent) {
-            size_t off = stream_off(a, sslot, j, kvh - a.n_full);
+            const int rr = j < a.sink ? j : a.sink + (j - a.sink) - fdiv(j - a.sink, a.rec_div) * a.recent; // stream_off's
+            size_t off = (((size_t)sslot * (a.sink + a.recent) + (size_t)rr) * a.n_stream + (size_t)(kvh - a.n_full)) * HD;
             kp = a.k_stream + off;
             vp = a.v_stream + off;
         }
         __nv_bfloat16 *dk = sk + (buf * FA_KT + kr) * LD, *dv = sv + (buf * FA_KT + kr) * LD;
         for (int c = part * 8; c < HDP; c += 32) {
             if (c < HD) {
-                fa_cp16(dk + c, kp ? kp + c : kb, kp != NULL);
-                fa_cp16(dv + c, vp ? vp + c : vb, vp != NULL);
+                if (kv & 1) fa_cp16(dk + c, kp ? kp + c : kb, kp != NULL);
+                if (kv & 2) fa_cp16(dv + c, vp ? vp + c : vb, vp != NULL);
             } else { // padded dims are zero
-                *reinterpret_cast<uint4 *>(dk + c) = make_uint4(0, 0, 0, 0);
-                *reinterpret_cast<uint4 *>(dv + c) = make_uint4(0, 0, 0, 0);
+                if (kv & 1) *reinterpret_cast<uint4 *>(dk + c) = make_uint4(0, 0, 0, 0);
+                if (kv & 2) *reinterpret_cast<uint4 *>(dv + c) = make_uint4(0, 0, 0, 0);
             }
         }
     };
 
     FA_STAMP(1);
-    // the walk's next S tiles: up[0] summed now, up[1 .. S-2] loading, up[S-1] loaded next (the
-    // block ids of all S read at once; after that each one an iteration ahead of its load)
-    int up[S], blk_last;
-    up[0] = next_tile(-1);
-#pragma unroll
-    for (int i = 1; i < S; i++) up[i] = up[i - 1] != INT_MAX ? next_tile(up[i - 1]) : INT_MAX;
-    int bl[S];
-#pragma unroll
-    for (int i = 0; i < S; i++) bl[i] = blk_of(up[i]);
-    blk_last = bl[S - 1];
-    if (up[0] != INT_MAX) {
-        // this warp's Q rows into smem (zero rows/dims beyond the unit; COOP: warp 0's, once),
-        // then the first tile
-        for (int i = COOP && warp ? 16 * (HDP / 8) : lane; i < 16 * (HDP / 8); i += 32) {
-            int r = i / (HDP / 8), c = (i % (HDP / 8)) * 8;
-            bool ok = r < nrows && c < HD;
-            const __nv_bfloat16 *src = ok ? q + (size_t)(t0 + r / G) * rs + (size_t)(kvh * G + r % G) * HD + c : q;
-            fa_cp16(sq + r * LD + c, src, ok);
-        }
-        load_tile(0, up[0], bl[0]);
-    }
-    asm volatile("cp.async.commit_group;\n" ::);
-
-    FA_STAMP(2);
     const int g = lane / 4, qd = lane % 4;
     // this thread's two rows: g and g + 8; their positions (or -1 when the row is padding)
     int ipos[2];
     for (int h = 0; h < 2; h++) {
         int r = g + 8 * h;
-        ipos[h] = r < nrows ? p_first + r / G : -1;
+        ipos[h] = r < nrows ? p_first + fdiv(r, a.g_div) : -1;
     }
+    // the mask: row h (at ipos[h]) sees key j iff j <= vhi[h] and (j >= vlo[h] or j < vse), i.e.
+    // j <= i and (retrieval) i - j < sliding_window when there is one, (streaming) j < sink or
+    // i - j < recent; padding rows (-1) see nothing. Evaluated without branches: the && / ||
+    // form compiled into divergent branches that cost ~900 cycles a tile.
+    int vhi[2], vlo[2];
+    const int vse = full ? 0 : a.sink;
+    for (int h = 0; h < 2; h++) {
+        const int i = ipos[h];
+        vhi[h] = i;
+        vlo[h] = full ? (a.sliding_window > 0 ? i - a.sliding_window + 1 : 0) : i - a.recent + 1;
+    }
+    // decode: rows 8-15 are all padding (a token of a GQA group up to 8): their softmax is
+    // skipped, giving what it would (p = 0, correction 1, m and l untouched). (Prefill keeps one
+    // straight-line tile body.)
+    const bool rows8 = !DEC || nrows > 8;
     const float sl2 = a.scale * 1.4426950408889634f; // scores in log2 units: exp2f
     // the partition being summed (m, l: this thread's part of the row sum; o) and the total
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, M[2] = {-INFINITY, -INFINITY}, L[2] = {0.0f, 0.0f};
@@ -459,6 +535,130 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
     for (int d = 0; d < OT; d++)
         for (int e = 0; e < 4; e++) o[d][e] = 0.0f, sO[(d * 4 + e) * 32] = 0.0f;
     uint32_t qa[HDP / 16][4];
+    // this warp's Q rows into smem (zero rows/dims beyond the unit; COOP: warp 0's, once)
+    auto load_q = [&]() {
+        for (int i = COOP && warp ? 16 * (HDP / 8) : lane; i < 16 * (HDP / 8); i += 32) {
+            int r = i / (HDP / 8), c = (i % (HDP / 8)) * 8;
+            bool ok = r < nrows && c < HD;
+            const int rt = fdiv(r, a.g_div);
+            const __nv_bfloat16 *src = ok ? q + (size_t)(t0 + rt) * rs + (size_t)(kvh * G + r - rt * G) * HD + c : q;
+            fa_cp16(sq + r * LD + c, src, ok);
+        }
+    };
+    auto load_qa = [&]() {
+        for (int k = 0; k < HDP / 16; k++) fa_ldsm_x4(qa[k], sq + (lane % 16) * LD + k * 16 + (lane / 16) * 8);
+    };
+
+    // One tile's sums, each the same code wherever it runs (prefill's lone warp, the COOP
+    // warps), so a row's bits never depend on the kernel that computed it.
+    // S = Q K^T: 16 rows x FA_KT keys from the tile's K rows ck. The k steps of the FA_KT / 8
+    // key groups are interleaved (each group's own sum still runs k = 0, 16, ... in order), so
+    // consecutive MMAs are independent.
+    auto tile_scores = [&](const __nv_bfloat16 *ck, float (&sc)[FA_KT / 8][4]) {
+#pragma unroll
+        for (int n = 0; n < FA_KT / 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) sc[n][e] = 0.0f;
+#pragma unroll
+        for (int k = 0; k < HDP / 16; k += 2) {
+            uint32_t b[FA_KT / 8][4]; // keys n*8 + lane%8, dims k*16 + (lane/8)*8: two k16 steps at once
+            const bool two = k + 1 < HDP / 16;
+#pragma unroll
+            for (int n = 0; n < FA_KT / 8; n++)
+                fa_ldsm_x4(b[n], ck + (n * 8 + lane % 8) * LD + k * 16 + (two ? lane / 8 : (lane / 8) % 2) * 8);
+#pragma unroll
+            for (int n = 0; n < FA_KT / 8; n++) fa_mma(sc[n], qa[k], b[n][0], b[n][1]);
+            if (two)
+#pragma unroll
+                for (int n = 0; n < FA_KT / 8; n++) fa_mma(sc[n], qa[k + 1], b[n][2], b[n][3]);
+        }
+    };
+    // the mask, and the scores in log2 units (an invisible key: -inf)
+    auto tile_mask = [&](int tile, float (&sc)[FA_KT / 8][4]) {
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            if (h && !rows8) continue;
+#pragma unroll
+            for (int n = 0; n < FA_KT / 8; n++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const int j = tile * FA_KT + n * 8 + 2 * qd + e;
+                    const bool vis = (j <= vhi[h]) & ((j >= vlo[h]) | (j < vse)); // no branches
+                    sc[n][2 * h + e] = vis ? sc[n][2 * h + e] * sl2 : -INFINITY;
+                }
+        }
+    };
+    // online softmax (each row's scores live in one quad of lanes): sc becomes p, o is rescaled
+    auto tile_softmax = [&](float (&sc)[FA_KT / 8][4]) {
+        float corr[2];
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            if (h && !rows8) {
+                corr[1] = 1.0f;
+#pragma unroll
+                for (int n = 0; n < FA_KT / 8; n++) sc[n][2] = sc[n][3] = 0.0f;
+                continue;
+            }
+            float mx = -INFINITY;
+#pragma unroll
+            for (int n = 0; n < FA_KT / 8; n++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) mx = fmaxf(mx, sc[n][2 * h + e]);
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            float mn = fmaxf(m[h], mx);
+            corr[h] = mn == -INFINITY ? 1.0f : exp2f(m[h] - mn);
+            float sum = 0.0f;
+#pragma unroll
+            for (int n = 0; n < FA_KT / 8; n++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    float p = mn == -INFINITY ? 0.0f : exp2f(sc[n][2 * h + e] - mn);
+                    sc[n][2 * h + e] = p;
+                    sum += p;
+                }
+            l[h] = l[h] * corr[h] + sum;
+            m[h] = mn;
+        }
+#pragma unroll
+        for (int d = 0; d < OT; d++) {
+            o[d][0] *= corr[0], o[d][1] *= corr[0];
+            if (rows8) o[d][2] *= corr[1], o[d][3] *= corr[1];
+        }
+    };
+    // O += P V with P straight from the score registers as the A operand, split into a bf16 head
+    // and a bf16 remainder (two MMAs): P keeps ~16 bits, close to the f32 reference
+    auto tile_pv = [&](const __nv_bfloat16 *cv, const float (&sc)[FA_KT / 8][4]) {
+#pragma unroll
+        for (int c = 0; c < FA_KT / 16; c++) {
+            uint32_t ph[4], pl[4];
+            split_p(sc[2 * c][0], sc[2 * c][1], ph[0], pl[0]);
+            split_p(sc[2 * c + 1][0], sc[2 * c + 1][1], ph[2], pl[2]);
+            if (rows8) {
+                split_p(sc[2 * c][2], sc[2 * c][3], ph[1], pl[1]);
+                split_p(sc[2 * c + 1][2], sc[2 * c + 1][3], ph[3], pl[3]);
+            } else {
+                ph[1] = pl[1] = ph[3] = pl[3] = 0u; // split_p(0, 0)
+            }
+            // every V fragment of the 16 keys first, then the head MMAs of this warp's output
+            // tiles d0 .. d0 + OT - 1 (pairs dd of them a fragment), then the remainder's (per
+            // output still head then remainder, c in order)
+            uint32_t b[OT / 2][4]; // keys c*16 + lane%16, dims (d0/2 + dd)*16 + (lane/16)*8, transposed
+#pragma unroll
+            for (int dd = 0; dd < OT / 2; dd++)
+                fa_ldsm_x4_t(b[dd], cv + (c * 16 + lane % 16) * LD + (d0 / 2 + dd) * 16 + (lane / 16) * 8);
+#pragma unroll
+            for (int dd = 0; dd < OT / 2; dd++) {
+                fa_mma(o[2 * dd], ph, b[dd][0], b[dd][1]);
+                fa_mma(o[2 * dd + 1], ph, b[dd][2], b[dd][3]);
+            }
+#pragma unroll
+            for (int dd = 0; dd < OT / 2; dd++) {
+                fa_mma(o[2 * dd], pl, b[dd][0], b[dd][1]);
+                fa_mma(o[2 * dd + 1], pl, b[dd][2], b[dd][3]);
+            }
+        }
+    };
 
     // split: the states of this warp's rows for partition p (m = -inf: empty), written in order
     const int n_parts = cuda_attn_parts(pos_last); // decode: one token, the unit's
@@ -467,7 +667,8 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
         for (int h = 0; h < 2; h++) {
             int r = g + 8 * h;
             if (r >= nrows) continue;
-            float *st = fa_state(a, t0 + r / G, p, kvh * G + r % G);
+            const int rt = fdiv(r, a.g_div);
+            float *st = fa_state(a, t0 + rt, p, kvh * G + r - rt * G);
             if (qd == 0 && (!COOP || warp == 0)) st[0] = empty ? -INFINITY : m[h], st[1] = empty ? 0.0f : lf[h];
             if (empty) continue;
             for (int d = 0; d < OT; d++) {
@@ -504,150 +705,150 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
             for (int e = 0; e < 4; e++) o[d][e] = 0.0f;
     };
 
-    bool q_loaded = false;
-    int it_ = 0;
-    // up[0] (in buffer buf) to up[S-2] are loading, a group each; each iteration starts up[S-1]
-    // and sums up[0]
-    int buf = 0;
+    if constexpr (COOP) {
+        // A partition at a time: its tiles (up to FA_PT) land in buffers 0 .. FA_PT - 1, K and V
+        // as two groups. Warp w computes the scores of tile w (tile_scores: the lone warp's code)
+        // into the exchange; then every warp walks the tiles in order, the mask and softmax (the
+        // same code after the same MMAs as a lone warp's, in each warp) and P V for its own
+        // output tiles. The next partition's K loads while this
+        // one's V is summed, its V while the partition closes.
+        float *xs = reinterpret_cast<float *>(fa_raw + CF::XS_OFF) + lane; // [tile][n][e], x 32 lanes
+        auto in_walk = [&](int t) { return (t >= lo0 && t <= hi0) || (t >= lo1 && t <= hi1); };
+        auto part_after = [&](int p) { // this block's next partition after p with tiles to sum, or -1
+            const int t = next_tile(p < 0 ? -1 : (p + 1) * FA_PT - 1);
+            return t == INT_MAX ? -1 : t / FA_PT;
+        };
+        int blq[FA_PT]; // the pool blocks of key row kr of the next partition's tiles
+        auto fetch_blocks = [&](int p) {
 #pragma unroll
-    for (int i = 1; i < S - 1; i++) {
-        if (up[i] != INT_MAX) load_tile(i, up[i], bl[i]);
-        asm volatile("cp.async.commit_group;\n" ::);
-    }
-    int tile = up[0];
-    while (tile != INT_MAX) { // partition by partition, each closed after its last tile
-      const int part = tile / FA_PT;
-      bool has_state = false; // the warp summed keys of this partition
-      do {
-        FA_STAMP(3 + 4 * min(it_, 8));
-        if (up[S - 1] != INT_MAX) load_tile((buf + S - 1) % S, up[S - 1], blk_last);
-        const int nn = up[S - 1] != INT_MAX ? next_tile(up[S - 1]) : INT_MAX, bn = blk_of(nn);
-        asm volatile("cp.async.commit_group;\n" ::);
-        asm volatile("cp.async.wait_group %0;\n" ::"n"(S - 1)); // this tile's group (and Q) landed
-        __syncthreads();
-        if (!q_loaded)
-            for (int k = 0; k < HDP / 16; k++) fa_ldsm_x4(qa[k], sq + (lane % 16) * LD + k * 16 + (lane / 16) * 8);
-        q_loaded = true;
-        FA_STAMP(4 + 4 * min(it_, 8));
-        bool mine = nrows > 0 && ((tile >= wlo0 && tile <= whi0) || (tile >= wlo1 && tile <= whi1));
-        if (mine) {
-            has_state = true;
-            const __nv_bfloat16 *ck = sk + buf * FA_KT * LD, *cv = sv + buf * FA_KT * LD;
-            // S = Q K^T: 16 rows x FA_KT keys. The k steps of the FA_KT / 8 key groups are
-            // interleaved (each group's own sum still runs k = 0, 16, ... in order), so
-            // consecutive MMAs are independent: a lone decode warp is not left waiting on each
-            // MMA's latency in turn.
-            float sc[FA_KT / 8][4];
+            for (int i = 0; i < FA_PT; i++) blq[i] = p >= 0 && in_walk(p * FA_PT + i) ? blk_of(p * FA_PT + i) : 0;
+        };
+        auto load_part = [&](int p, int kv) { // one commit group (empty when p < 0)
+            if (p >= 0) {
 #pragma unroll
-            for (int n = 0; n < FA_KT / 8; n++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) sc[n][e] = 0.0f;
-            if constexpr (COOP) { // key group `warp` only, then every group from the exchange
-                float sw[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-                for (int k = 0; k < HDP / 16; k += 2) {
-                    uint32_t b[4];
-                    const bool two = k + 1 < HDP / 16;
-                    fa_ldsm_x4(b, ck + (warp * 8 + lane % 8) * LD + k * 16 + (two ? lane / 8 : (lane / 8) % 2) * 8);
-                    fa_mma(sw, qa[k], b[0], b[1]);
-                    if (two) fa_mma(sw, qa[k + 1], b[2], b[3]);
-                }
-                float *xs = reinterpret_cast<float *>(fa_raw + CF::XS_OFF) + lane;
-#pragma unroll
-                for (int e = 0; e < 4; e++) xs[(warp * 4 + e) * 32] = sw[e];
-                __syncthreads(); // (every warp of a COOP block takes this branch: the same rows)
+                for (int i = 0; i < FA_PT; i++)
+                    if (in_walk(p * FA_PT + i)) load_tile(i, p * FA_PT + i, blq[i], kv);
+                put_own(p, kv);
+            }
+            asm volatile("cp.async.commit_group;\n" ::);
+        };
+        int p = part_after(-1);
+        fetch_blocks(p);
+        if (p >= 0 && !rif) load_q(); // in K's group (fused RoPE: sq is written already)
+        load_part(p, 1);
+        load_part(p, 2);
+        FA_STAMP(2);
+        int pn = p >= 0 ? part_after(p) : -1;
+        fetch_blocks(pn);
+        for (int it = 0; p >= 0; it++) {
+            asm volatile("cp.async.wait_group 1;\n" ::); // K of p (and Q) landed
+            __syncthreads();
+            if (it == 0) load_qa();
+            FA_STAMP(3 + 6 * min(it, 5));
+            const int tw = p * FA_PT + warp;
+            if (in_walk(tw)) {
+                float sc[FA_KT / 8][4];
+                tile_scores(sk + warp * FA_KT * LD, sc);
 #pragma unroll
                 for (int n = 0; n < FA_KT / 8; n++)
 #pragma unroll
-                    for (int e = 0; e < 4; e++) sc[n][e] = xs[(n * 4 + e) * 32];
-            } else {
-#pragma unroll
-                for (int k = 0; k < HDP / 16; k += 2) {
-                    uint32_t b[FA_KT / 8][4]; // keys n*8 + lane%8, dims k*16 + (lane/8)*8: two k16 steps at once
-                    const bool two = k + 1 < HDP / 16;
-#pragma unroll
-                    for (int n = 0; n < FA_KT / 8; n++)
-                        fa_ldsm_x4(b[n], ck + (n * 8 + lane % 8) * LD + k * 16 + (two ? lane / 8 : (lane / 8) % 2) * 8);
-#pragma unroll
-                    for (int n = 0; n < FA_KT / 8; n++) fa_mma(sc[n], qa[k], b[n][0], b[n][1]);
-                    if (two)
-#pragma unroll
-                        for (int n = 0; n < FA_KT / 8; n++) fa_mma(sc[n], qa[k + 1], b[n][2], b[n][3]);
-                }
+                    for (int e = 0; e < 4; e++)
+                        if (e < 2 || rows8) xs[((warp * (FA_KT / 8) + n) * 4 + e) * 32] = sc[n][e];
             }
-            // mask, online softmax (each row's scores live in one quad of lanes)
-            float corr[2];
-            for (int h = 0; h < 2; h++) {
-                float mx = -INFINITY;
+            FA_STAMP(4 + 6 * min(it, 5));
+            asm volatile("cp.async.wait_group 0;\n" ::); // V of p landed
+            __syncthreads(); // every score in the exchange; the K buffers free
+            FA_STAMP(5 + 6 * min(it, 5));
+            load_part(pn, 1);
+#pragma unroll
+            for (int i = 0; i < FA_PT; i++) {
+                if (!in_walk(p * FA_PT + i)) continue;
+                float sc[FA_KT / 8][4];
+#pragma unroll
                 for (int n = 0; n < FA_KT / 8; n++)
-                    for (int e = 0; e < 2; e++) {
-                        int j = tile * FA_KT + n * 8 + 2 * qd + e, i = ipos[h];
-                        bool vis = i >= 0 && j <= i &&
-                                   (full ? (a.sliding_window <= 0 || i - j < a.sliding_window)
-                                         : (j < a.sink || i - j < a.recent));
-                        float v = vis ? sc[n][2 * h + e] * sl2 : -INFINITY;
-                        sc[n][2 * h + e] = v;
-                        mx = fmaxf(mx, v);
-                    }
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-                float mn = fmaxf(m[h], mx);
-                corr[h] = mn == -INFINITY ? 1.0f : exp2f(m[h] - mn);
-                float sum = 0.0f;
-                for (int n = 0; n < FA_KT / 8; n++)
-                    for (int e = 0; e < 2; e++) {
-                        float p = mn == -INFINITY ? 0.0f : exp2f(sc[n][2 * h + e] - mn);
-                        sc[n][2 * h + e] = p;
-                        sum += p;
-                    }
-                l[h] = l[h] * corr[h] + sum;
-                m[h] = mn;
-            }
-            for (int d = 0; d < OT; d++) {
-                o[d][0] *= corr[0], o[d][1] *= corr[0];
-                o[d][2] *= corr[1], o[d][3] *= corr[1];
-            }
-            // O += P V with P straight from the score registers as the A operand, split into a
-            // bf16 head and a bf16 remainder (two MMAs): P keeps ~16 bits, close to the f32 reference
-            for (int c = 0; c < FA_KT / 16; c++) {
-                uint32_t ph[4], pl[4];
-                split_p(sc[2 * c][0], sc[2 * c][1], ph[0], pl[0]);
-                split_p(sc[2 * c][2], sc[2 * c][3], ph[1], pl[1]);
-                split_p(sc[2 * c + 1][0], sc[2 * c + 1][1], ph[2], pl[2]);
-                split_p(sc[2 * c + 1][2], sc[2 * c + 1][3], ph[3], pl[3]);
-                // every V fragment of the 16 keys first, then the head MMAs of all HDP / 8
-                // outputs, then the remainder's (per output still head then remainder, c in order)
-                // (this warp's output tiles d0 .. d0 + OT - 1: pairs dd of them a fragment)
-                uint32_t b[OT / 2][4]; // keys c*16 + lane%16, dims (d0/2 + dd)*16 + (lane/16)*8, transposed
 #pragma unroll
-                for (int dd = 0; dd < OT / 2; dd++)
-                    fa_ldsm_x4_t(b[dd], cv + (c * 16 + lane % 16) * LD + (d0 / 2 + dd) * 16 + (lane / 16) * 8);
-#pragma unroll
-                for (int dd = 0; dd < OT / 2; dd++) {
-                    fa_mma(o[2 * dd], ph, b[dd][0], b[dd][1]);
-                    fa_mma(o[2 * dd + 1], ph, b[dd][2], b[dd][3]);
-                }
-#pragma unroll
-                for (int dd = 0; dd < OT / 2; dd++) {
-                    fa_mma(o[2 * dd], pl, b[dd][0], b[dd][1]);
-                    fa_mma(o[2 * dd + 1], pl, b[dd][2], b[dd][3]);
-                }
+                    for (int e = 0; e < 4; e++)
+                        sc[n][e] = e < 2 || rows8 ? xs[((i * (FA_KT / 8) + n) * 4 + e) * 32] : 0.0f;
+                tile_mask(p * FA_PT + i, sc);
+                tile_softmax(sc);
+                tile_pv(sv + i * FA_KT * LD, sc);
             }
+            FA_STAMP(6 + 6 * min(it, 5));
+            __syncthreads(); // every warp done with the V buffers and the exchange
+            load_part(pn, 2);
+            close_partition(p);
+            FA_STAMP(7 + 6 * min(it, 5));
+            p = pn;
+            pn = p >= 0 ? part_after(p) : -1;
+            fetch_blocks(pn);
         }
-        FA_STAMP(5 + 4 * min(it_, 8));
-        __syncthreads(); // every warp done with buf before the next iteration refills it
-        FA_STAMP(6 + 4 * min(it_, 8)); it_++;
+    } else {
+        // the walk's next S tiles: up[0] summed now, up[1 .. S-2] loading, up[S-1] loaded next
+        // (the block ids of all S read at once; after that each one an iteration ahead of its load)
+        int up[S], blk_last;
+        up[0] = next_tile(-1);
 #pragma unroll
-        for (int i = 0; i < S - 1; i++) up[i] = up[i + 1];
-        up[S - 1] = nn;
-        blk_last = bn;
-        tile = up[0];
-        buf = (buf + 1) % S;
-      } while (tile != INT_MAX && tile / FA_PT == part);
-      if (has_state) close_partition(part);
+        for (int i = 1; i < S; i++) up[i] = up[i - 1] != INT_MAX ? next_tile(up[i - 1]) : INT_MAX;
+        int bl[S];
+#pragma unroll
+        for (int i = 0; i < S; i++) bl[i] = blk_of(up[i]);
+        blk_last = bl[S - 1];
+        if (up[0] != INT_MAX) {
+            load_q();
+            load_tile(0, up[0], bl[0]);
+        }
+        asm volatile("cp.async.commit_group;\n" ::);
+        FA_STAMP(2);
+
+        bool q_loaded = false;
+        int it_ = 0;
+        // up[0] (in buffer buf) to up[S-2] are loading, a group each; each iteration starts
+        // up[S-1] and sums up[0]
+        int buf = 0;
+#pragma unroll
+        for (int i = 1; i < S - 1; i++) {
+            if (up[i] != INT_MAX) load_tile(i, up[i], bl[i]);
+            asm volatile("cp.async.commit_group;\n" ::);
+        }
+        int tile = up[0];
+        while (tile != INT_MAX) { // partition by partition, each closed after its last tile
+            const int part = tile / FA_PT;
+            bool has_state = false; // the warp summed keys of this partition
+            do {
+                FA_STAMP(3 + 4 * min(it_, 8));
+                if (up[S - 1] != INT_MAX) load_tile((buf + S - 1) % S, up[S - 1], blk_last);
+                const int nn = up[S - 1] != INT_MAX ? next_tile(up[S - 1]) : INT_MAX, bn = blk_of(nn);
+                asm volatile("cp.async.commit_group;\n" ::);
+                asm volatile("cp.async.wait_group %0;\n" ::"n"(S - 1)); // this tile's group (and Q) landed
+                __syncthreads();
+                if (!q_loaded) load_qa();
+                q_loaded = true;
+                FA_STAMP(4 + 4 * min(it_, 8));
+                bool mine = nrows > 0 && ((tile >= wlo0 && tile <= whi0) || (tile >= wlo1 && tile <= whi1));
+                if (mine) {
+                    has_state = true;
+                    float sc[FA_KT / 8][4];
+                    tile_scores(sk + buf * FA_KT * LD, sc);
+                    tile_mask(tile, sc);
+                    tile_softmax(sc);
+                    tile_pv(sv + buf * FA_KT * LD, sc);
+                }
+                FA_STAMP(5 + 4 * min(it_, 8));
+                __syncthreads(); // every warp done with buf before the next iteration refills it
+                FA_STAMP(6 + 4 * min(it_, 8));
+                it_++;
+#pragma unroll
+                for (int i = 0; i < S - 1; i++) up[i] = up[i + 1];
+                up[S - 1] = nn;
+                blk_last = bn;
+                tile = up[0];
+                buf = (buf + 1) % S;
+            } while (tile != INT_MAX && tile / FA_PT == part);
+            if (has_state) close_partition(part);
+        }
     }
     asm volatile("cp.async.wait_group 0;\n" ::);
-    FA_STAMP(40);
+    FA_STAMP_GT(40, 49);
     if (split) { // the token's last block to finish (or fa_merge_kernel) writes the output
         if (nrows > 0) empty_until(n_parts);
         if (!a.counters) return;
@@ -662,6 +863,7 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
         __syncthreads();
         if (!last) return;
         fence_acq_rel();
+        if (rif) write_q(); // every block of the token has read the raw Q
         for (int hh = warp; hh < G; hh += FA_WARPS) fa_merge_head<(HDP + 31) / 32>(out, a, tb, kvh * G + hh, lane);
         return;
     }
@@ -671,7 +873,8 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
         int r = g + 8 * h;
         if (r >= nrows) continue;
         float inv = 1.0f / L[h];
-        __nv_bfloat16 *orow = out + ((size_t)(t0 + r / G) * a.n_heads + (size_t)(kvh * G + r % G)) * HD;
+        const int rt = fdiv(r, a.g_div);
+        __nv_bfloat16 *orow = out + ((size_t)(t0 + rt) * a.n_heads + (size_t)(kvh * G + r - rt * G)) * HD;
         for (int d = 0; d < OT; d++) {
             int col = (d0 + d) * 8 + 2 * qd;
             if (col < HD)
@@ -689,7 +892,7 @@ __global__ void fa_merge_kernel(__nv_bfloat16 *out, struct cuda_attn_args a) {
     pdl_wait();
     if (!fa_split_fits(a, gridDim.x)) return; // the flash kernel wrote the output itself
     const int t = blockIdx.x, head = blockIdx.y * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (head >= a.n_heads || cuda_attn_parts(a.pos[t]) == 1) return; // one partition: not split
+    if (head >= a.n_heads || cuda_attn_parts(a.pos[t]) < a.split_min_parts) return; // not split
     fa_merge_head<CUDA_ATTN_MAX_HEAD_DIM / 32>(out, a, t, head, lane);
 }
 
@@ -715,9 +918,12 @@ extern "C" int cuda_attention_init(void) {
     g_attn_simple = getenv_flag("DUOSERVE_ATTN_SIMPLE");
     g_attn_no_split = getenv_flag("DUOSERVE_ATTN_NO_SPLIT");
     g_attn_no_dec = getenv_flag("DUOSERVE_ATTN_NO_DEC");
+    g_attn_no_fused_rope = getenv_flag("DUOSERVE_ATTN_NO_FUSED_ROPE");
     const char *ms = getenv("DUOSERVE_ATTN_MAX_SPLIT"), *sf = getenv("DUOSERVE_ATTN_SPLIT_FILL");
     if (ms && atoi(ms) > 0) g_attn_max_split = min(atoi(ms), 64);
     if (sf && atoi(sf) > 0) g_attn_split_fill = min(atoi(sf), 16);
+    const char *mp = getenv("DUOSERVE_ATTN_SPLIT_MIN_PARTS");
+    if (mp && atoi(mp) >= 2) g_attn_split_min_parts = atoi(mp);
     int dev = 0;
     if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&g_attn_sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
         return -2;
@@ -786,42 +992,53 @@ extern "C" int cuda_attention(void *out, void *qkv, int rs, const struct cuda_at
                               bool split, const float *inv_freq, cudaStream_t st) {
     const __nv_bfloat16 *q = (const __nv_bfloat16 *)qkv;
     const __nv_bfloat16 *kb = q + (size_t)a->n_heads * a->head_dim, *vb = kb + (size_t)a->n_kv_heads * a->head_dim;
-    if (inv_freq) { // RoPE and the retrieval heads' append in one kernel
+    __nv_bfloat16 *o = (__nv_bfloat16 *)out;
+    const int G = a->n_heads / a->n_kv_heads;
+    const bool flash = a->head_dim % 8 == 0 && a->head_dim <= 128 && G <= 16 && !g_attn_simple;
+    const bool dec = decode && !g_attn_no_dec;
+    // split (decode steps): partitions in parallel when the step alone would leave SMs idle
+    // (a speed choice only: the partition states are merged in the same order either way)
+    int Z = 1;
+    if (flash && split && a->ws && a->part_off && !g_attn_no_split)
+        Z = max(1, min(g_attn_max_split, (g_attn_split_fill * g_attn_sms + n_tokens * a->n_kv_heads - 1) /
+                                             (n_tokens * a->n_kv_heads)));
+    // the last flash block of a (token, KV head) merges its states when a counter is there for it
+    struct cuda_attn_args fa = *a;
+    fa.rope_inv_freq = NULL;
+    fa.bs_div = cuda_fdiv_make(a->block_size > 0 ? a->block_size : 1);
+    fa.g_div = cuda_fdiv_make(G > 0 ? G : 1);
+    fa.z_div = cuda_fdiv_make(Z);
+    fa.rec_div = cuda_fdiv_make(a->recent > 0 ? a->recent : 1);
+    fa.split_min_parts = g_attn_split_min_parts;
+    if (n_tokens * a->n_kv_heads > a->n_counters) fa.counters = NULL;
+    // a decode step's RoPE and append inside the decode kernel (its COOP form: head dims 64 and
+    // 128; a split step needs the in-kernel merge, whose block writes the rotated Q back)
+    if (inv_freq && flash && dec && (a->head_dim == 64 || a->head_dim == 128) && (Z == 1 || fa.counters) &&
+        !g_attn_no_fused_rope)
+        fa.rope_inv_freq = inv_freq;
+    if (inv_freq && !fa.rope_inv_freq) { // RoPE and the retrieval heads' append in one kernel
         if (a->head_dim % 2) return -3;
         unsigned pairs = (unsigned)((a->n_heads + a->n_kv_heads) * (a->head_dim / 2));
         CUDA_CHECK(cuda_launch(rope_append_kernel, dim3(n_tokens, cuda_blocks(pairs, 128)), dim3(128), 0, st,
                                (__nv_bfloat16 *)qkv, rs, inv_freq, *a));
-    } else if (a->n_full) {
+    } else if (!inv_freq && a->n_full) {
         CUDA_CHECK(cuda_launch(append_full_kernel, dim3(n_tokens), dim3(128), 0, st, kb, vb, rs, *a));
     }
-    __nv_bfloat16 *o = (__nv_bfloat16 *)out;
-    const __nv_bfloat16 *qb = q;
-    int G = a->n_heads / a->n_kv_heads;
-    if (a->head_dim % 8 == 0 && a->head_dim <= 128 && G <= 16 && !g_attn_simple) {
-        // split (decode steps): partitions in parallel when the step alone would leave SMs idle
-        // (a speed choice only: the partition states are merged in the same order either way)
-        int Z = 1;
-        if (split && a->ws && a->part_off && !g_attn_no_split)
-            Z = max(1, min(g_attn_max_split, (g_attn_split_fill * g_attn_sms + n_tokens * a->n_kv_heads - 1) /
-                                                 (n_tokens * a->n_kv_heads)));
-        // the last flash block of a (token, KV head) merges its states when a counter is there for it
-        struct cuda_attn_args fa = *a;
-        if (n_tokens * a->n_kv_heads > a->n_counters) fa.counters = NULL;
+    if (flash) {
         dim3 fgrid(n_tokens, a->n_kv_heads, Z);
-        const bool dec = decode && !g_attn_no_dec;
-        int rc = a->head_dim <= 16   ? fa_launch<16>(dec, fgrid, st, o, qb, kb, vb, rs, fa)
-                 : a->head_dim <= 32 ? fa_launch<32>(dec, fgrid, st, o, qb, kb, vb, rs, fa)
-                 : a->head_dim <= 64 ? fa_launch<64>(dec, fgrid, st, o, qb, kb, vb, rs, fa)
-                                     : fa_launch<128>(dec, fgrid, st, o, qb, kb, vb, rs, fa);
+        int rc = a->head_dim <= 16   ? fa_launch<16>(dec, fgrid, st, o, q, kb, vb, rs, fa)
+                 : a->head_dim <= 32 ? fa_launch<32>(dec, fgrid, st, o, q, kb, vb, rs, fa)
+                 : a->head_dim <= 64 ? fa_launch<64>(dec, fgrid, st, o, q, kb, vb, rs, fa)
+                                     : fa_launch<128>(dec, fgrid, st, o, q, kb, vb, rs, fa);
         if (rc) return rc;
         if (Z > 1 && !fa.counters)
             CUDA_CHECK(cuda_launch(fa_merge_kernel, dim3(n_tokens, (a->n_heads + 3) / 4), dim3(128), 0, st, o, fa));
     } else {
         dim3 grid(n_tokens, a->n_heads);
-        if (a->head_dim <= 32) CUDA_CHECK(cuda_launch(attn_kernel<1>, grid, dim3(32 * ATTN_WARPS), 0, st, o, qb, kb, vb, rs, *a));
-        else if (a->head_dim <= 64) CUDA_CHECK(cuda_launch(attn_kernel<2>, grid, dim3(32 * ATTN_WARPS), 0, st, o, qb, kb, vb, rs, *a));
-        else if (a->head_dim <= 128) CUDA_CHECK(cuda_launch(attn_kernel<4>, grid, dim3(32 * ATTN_WARPS), 0, st, o, qb, kb, vb, rs, *a));
-        else if (a->head_dim <= CUDA_ATTN_MAX_HEAD_DIM) CUDA_CHECK(cuda_launch(attn_kernel<8>, grid, dim3(32 * ATTN_WARPS), 0, st, o, qb, kb, vb, rs, *a));
+        if (a->head_dim <= 32) CUDA_CHECK(cuda_launch(attn_kernel<1>, grid, dim3(32 * ATTN_WARPS), 0, st, o, q, kb, vb, rs, *a));
+        else if (a->head_dim <= 64) CUDA_CHECK(cuda_launch(attn_kernel<2>, grid, dim3(32 * ATTN_WARPS), 0, st, o, q, kb, vb, rs, *a));
+        else if (a->head_dim <= 128) CUDA_CHECK(cuda_launch(attn_kernel<4>, grid, dim3(32 * ATTN_WARPS), 0, st, o, q, kb, vb, rs, *a));
+        else if (a->head_dim <= CUDA_ATTN_MAX_HEAD_DIM) CUDA_CHECK(cuda_launch(attn_kernel<8>, grid, dim3(32 * ATTN_WARPS), 0, st, o, q, kb, vb, rs, *a));
         else return -3; // the engine refuses such models at load
     }
     if (a->n_stream) CUDA_CHECK(cuda_launch(append_stream_kernel, dim3(n_tokens), dim3(128), 0, st, kb, vb, rs, *a));

@@ -9,6 +9,17 @@
 
 #define CUDA_ATTN_MAX_HEAD_DIM 256
 
+/* n / d for 0 <= n < 2^31 by a multiply and a shift (d >= 1; the kernels' runtime divisors) */
+struct cuda_fdiv {
+    unsigned m, s;
+};
+static inline struct cuda_fdiv cuda_fdiv_make(int d) {
+    unsigned s = 0;
+    while (s < 31 && (1u << s) < (unsigned)d) s++;
+    struct cuda_fdiv f = {(unsigned)((((uint64_t)1 << 32) * (((uint64_t)1 << s) - (uint64_t)d)) / (uint64_t)d + 1), s};
+    return f;
+}
+
 struct cuda_attn_args {
     int n_heads, n_kv_heads, head_dim, n_full, n_stream, block_size, sink, recent, sliding_window;
     float scale;
@@ -24,6 +35,11 @@ struct cuda_attn_args {
     // step's tokens x KV heads: fa_merge_kernel merges instead
     int *counters;
     int n_counters;
+    // set by cuda_attention only: a decode step's RoPE is fused into the decode attention kernel
+    const float *rope_inv_freq;
+    // and the flash kernel's divisors: block_size, the GQA group, the split (gridDim.z), recent
+    struct cuda_fdiv bs_div, g_div, z_div, rec_div;
+    int split_min_parts; // a decode token splits from this many partitions on (>= 2)
 };
 
 /* Keys are summed in partitions of this many absolute positions, each from an empty softmax

@@ -4,6 +4,8 @@
 #define DUO_CUDA_COMMON_H
 
 #include <cuda_runtime.h>
+#include <pthread.h>
+#include <stdlib.h>
 #include <stdio.h>
 
 #define CUDA_CHECK(stmt)                                                                       \
@@ -39,12 +41,19 @@ __device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.lau
 __device__ __forceinline__ void fence_acq_rel() { asm volatile("fence.acq_rel.gpu;\n" ::: "memory"); }
 
 // RoPE of one pair (a, b) = (v[i], v[i + hd/2]) at angle pos * inv_freq (HF rotate_half); the
-// rope kernel and the fused rope + KV append share it, so both round alike.
+// rope kernel, the fused rope + KV append and the decode attention's fused RoPE share it, so
+// all round alike. Every rounding is explicit (no FMA contraction), as in the CPU reference.
+__device__ __forceinline__ void rope_sincos(int pos, float inv_freq, float &s, float &c) {
+    sincosf((float)pos * inv_freq, &s, &c);
+}
+__device__ __forceinline__ void rope_rot(float a, float b, float s, float c, float &ra, float &rb) {
+    ra = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+    rb = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
+}
 __device__ __forceinline__ void rope_pair(float a, float b, int pos, float inv_freq, float &ra, float &rb) {
     float s, c;
-    sincosf((float)pos * inv_freq, &s, &c);
-    ra = a * c - b * s;
-    rb = b * c + a * s;
+    rope_sincos(pos, inv_freq, s, c);
+    rope_rot(a, b, s, c, ra, rb);
 }
 
 // SwiGLU of one gate and up value (f32 from bf16): the silu_mul kernels and the fused SwiGLU
@@ -70,9 +79,33 @@ static inline bool cuda_pdl_on(void) {
     return on != 0;
 }
 
+// DUOSERVE_SMEM_CARVEOUT=N (0..100, A/B): every kernel launched through cuda_launch prefers an
+// N% shared-memory carveout (one setting for all, so the SMs never change their L1/shared split
+// between kernels); unset: the driver's choice per kernel.
+static inline void cuda_apply_carveout(const void *fn) {
+    static int pct = -2;
+    static const void *done[256];
+    static int n_done;
+    static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    if (pct == -2) {
+        const char *v = getenv("DUOSERVE_SMEM_CARVEOUT");
+        pct = v && *v ? atoi(v) : -1;
+    }
+    if (pct < 0) return;
+    pthread_mutex_lock(&mu);
+    bool seen = false;
+    for (int i = 0; i < n_done && !seen; i++) seen = done[i] == fn;
+    if (!seen && n_done < 256) {
+        done[n_done++] = fn;
+        cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout, pct > 100 ? 100 : pct);
+    }
+    pthread_mutex_unlock(&mu);
+}
+
 template <typename... KArgs, typename... Args>
 static cudaError_t cuda_launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
                                Args... args) {
+    cuda_apply_carveout((const void *)kernel);
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = block;

@@ -2,7 +2,7 @@
 # device_run.sh: one GPU-machine run of the checks, benchmarks, A/B of the switches, kernel
 # traces and ShareGPT serving; the stages to run are the arguments (default: all of them).
 #
-#   [AB="name:VAR=v,..."] bash scripts/device_run.sh [attnbench] [checks] [bench] [ab] [trace] [optime] [serving]
+#   [AB="name:VAR=v,..."] [TRACE_AB="name:VAR=v,..."] bash scripts/device_run.sh [attnbench] [checks] [bench] [ab] [trace] [optime] [serving]
 #
 # Expects .device/ prepared by ../shared/device/prepare.sh plus bin.txz (the stripped binaries of
 # make CUDA=1 BUILD=build-gpu, libktrace.so and libcupti.so.13 in bin/), models/stories260k,
@@ -21,7 +21,7 @@ M=/tmp/llama8b
 mk=$!
 t0=$SECONDS
 if has attnbench; then # one decode token's attention at several contexts; FA_CLOCKS build: phase stamps
-  for v in "" "DUOSERVE_ATTN_NO_DEC=1"; do
+  for v in "" "DUOSERVE_ATTN_NO_FUSED_ROPE=1" "DUOSERVE_ATTN_NO_DEC=1"; do
     echo "== attnbench [$v]"; env $v DUOSERVE_TEST_ONLY=attnbench $B/duoserve-test-cuda
     [ -x $B/duoserve-test-cuda-clk ] && env $v DUOSERVE_TEST_ONLY=attnbench $B/duoserve-test-cuda-clk
   done 2>&1 | tee $L/attnbench.log
@@ -50,11 +50,16 @@ if has ab; then
   done
 fi
 # kernel traces: every kernel of the decode graphs (scripts/ktrace.c), reported per kernel
-tr() { local name=$1; shift; CUDA_INJECTION64_PATH=$B/libktrace.so KTRACE_OUT=$L/kt_$name.txt timeout 100 $B/bench_gpu $M cuda --prefill 0 "$@" > $L/kt_$name.log 2>&1
+ktr() { local name=$1; shift; CUDA_INJECTION64_PATH=$B/libktrace.so KTRACE_OUT=$L/kt_$name.txt timeout 100 $B/bench_gpu $M cuda --prefill 0 "$@" > $L/kt_$name.log 2>&1
   grep decode $L/kt_$name.log | sed -E 's/ +/ /g'; python3 scripts/ktrace_report.py $L/kt_$name.txt --top 14 > $L/kt_$name.report 2>&1; head -40 $L/kt_$name.report; xz -T4 $L/kt_$name.txt; }
 if has trace; then
-  tr b1 --decode 1
-  tr b1_ctx1000 --decode 1 --decode-ctx 1000
+  ktr b1 --decode 1
+  ktr b1_ctx1000 --decode 1 --decode-ctx 1000
+  ktr b64 --decode 64
+  # TRACE_AB="name:VAR=v,... ..." (optional): the b1 trace again under each set of switches
+  for spec in ${TRACE_AB:-}; do
+    ( export $(echo "${spec#*:}" | tr ',' ' '); echo "== trace ${spec%%:*}"; ktr "b1_${spec%%:*}" --decode 1 )
+  done
 fi
 if has optime; then
   DUOSERVE_OP_TIMING=1 bg --decode 1 --prefill 0 > $L/optime.log 2>&1

@@ -633,7 +633,7 @@ static void attention_invariance(int H, int KV, int hd, int n_stream, int ctx, i
 }
 
 /* DUOSERVE_TEST_ONLY=attnbench (profiling, not a test): one Llama-3-8B-shaped decode token's
- * attention (32/8 heads, head dim 128) at several contexts: the time a call, and with an
+ * RoPE + attention (32/8 heads, head dim 128) at several contexts: the time a call, and with an
  * FA_CLOCKS build the flash kernel's phase stamps (clock64) of the last call. */
 int cuda_attention_clocks(long long *out);
 static void attention_bench(int ctx) {
@@ -657,26 +657,36 @@ static void attention_bench(int ctx) {
     struct attn_layer L = {.n_heads = H, .n_kv_heads = KV, .head_dim = hd, .n_full = KV, .n_stream = 0,
                            .block_size = bs, .sink = 0, .recent = 1, .k_full = kf, .v_full = vf,
                            .scale = 1.0f / sqrtf((float)hd)};
+    /* the engine's op: RoPE (llama3 tables) + append + attention (q and k rotate a little
+     * further each call, which changes no timing) */
+    struct model_config rc = {.rope_type = ROPE_TYPE_LLAMA3, .rope_theta = 500000.0f, .rope_factor = 8.0f,
+                              .rope_low_freq_factor = 1.0f, .rope_high_freq_factor = 4.0f,
+                              .rope_orig_max_pos = 8192, .head_dim = hd};
+    float inv[64];
+    model_rope_inv_freq(&rc, inv);
+    void *ig = gpu->ops->alloc(gpu, sizeof inv, &st);
+    gpu->ops->upload_f32(gpu, ig, inv, hd / 2);
     int reps = 200;
-    for (int r = 0; r < 10; r++) gpu->ops->attention(gpu, o, q, rs, &L);
+    for (int r = 0; r < 10; r++) gpu->ops->rope_attention(gpu, o, q, rs, &L, ig);
     gpu->ops->sync(gpu);
     double t0 = util_now();
-    for (int r = 0; r < reps; r++) gpu->ops->attention(gpu, o, q, rs, &L);
+    for (int r = 0; r < reps; r++) gpu->ops->rope_attention(gpu, o, q, rs, &L, ig);
     int err = gpu->ops->sync(gpu);
     double us = (util_now() - t0) / reps * 1e6;
-    printf("attnbench ctx %6d: %8.2f us a call (append + attention)%s\n", ctx, us, err ? " [device error]" : "");
+    printf("attnbench ctx %6d: %8.2f us a call (rope + append + attention)%s\n", ctx, us, err ? " [device error]" : "");
     long long c[64];
     if (cuda_attention_clocks(c) == 64) {
-        printf("  stamps (cycles from entry): setup %lld, first loads issued %lld;", c[1] - c[0], c[2] - c[0]);
-        for (int i = 0; i < 9; i++) {
-            long long *t = c + 3 + 4 * i;
-            if (t[0] <= c[0] || t[3] < t[0]) break;
-            printf(" tile %d: issue %lld wait %lld math %lld sync %lld;", i, t[0] - (i ? t[-1] : c[2]), t[1] - t[0],
-                   t[2] - t[1], t[3] - t[2]);
-        }
-        printf(" drain %lld\n", c[40] - c[0]);
+        /* stamp i (cycles after entry) for every one the kernel set: 1 setup, 2 first loads issued,
+         * then per tile (prefill kernel: 3 + 4i ..) or partition (decode: 3 + 6i ..); 40 end */
+        printf("  stamps (cycles from entry):");
+        for (int i = 1; i <= 40; i++)
+            if (c[i] > c[0]) printf(" %d:%lld", i, c[i] - c[0]);
+        if (c[49] > c[48] && c[40] > c[0])
+            printf("; entry to end %lld ns (%.0f MHz)", c[49] - c[48], (double)(c[40] - c[0]) * 1e3 / (double)(c[49] - c[48]));
+        printf("\n");
     }
     gpu->ops->free(gpu, kf), gpu->ops->free(gpu, vf), gpu->ops->free(gpu, q), gpu->ops->free(gpu, o);
+    gpu->ops->free(gpu, ig);
     free(hq), free(hk), free(ids);
 }
 
@@ -762,6 +772,12 @@ int main(void) {
     attention_case(32, 8, 128, 0, 2000, 1, 3, 0, 1, &fused);
     attention_case(32, 8, 128, 3, 700, 100, 2, 16, 64, &fused);
     attention_case(14, 2, 64, 1, 300, 33, 3, 4, 40, &fused);
+    /* ... decode steps take it inside the decode kernel: one partition (not split), streaming
+     * heads, head dim 64, and a split step over contexts of 1 to 5 partitions */
+    attention_case(32, 8, 128, 3, 100, 1, 2, 16, 64, &fused);
+    attention_case(14, 2, 64, 1, 300, 1, 3, 4, 40, &fused);
+    struct attn_opts fused_mix = {0, 1.0f, 1.0f, mixed, 1};
+    attention_case(32, 8, 128, 3, 5000, 1, 3, 16, 64, &fused_mix);
     /* the CUDA-core kernel: head dim 256, GQA 32 */
     attention_case(32, 1, 256, 0, 300, 3, 2, 0, 1, NULL);
     printf("\ncuda ops: %d passed, %d failed\n", n_pass, n_fail);
