@@ -25,7 +25,8 @@ static int g_attn_sms = 132; // SMs of the device (split decode sizing)
 // kernel for every shape), DUOSERVE_ATTN_NO_SPLIT=1 (decode steps never split)
 // DUOSERVE_ATTN_NO_DEC=1 (decode steps take the prefill kernel: one warp computes a token's unit)
 // DUOSERVE_ATTN_NO_FUSED_ROPE=1 (decode steps keep rope_append_kernel before the attention)
-static bool g_attn_simple, g_attn_no_split, g_attn_no_dec, g_attn_no_fused_rope;
+// DUOSERVE_ATTN_NO_PDL=1 (the fused decode kernel launches after the qkv GEMM ends, not during it)
+static bool g_attn_simple, g_attn_no_split, g_attn_no_dec, g_attn_no_fused_rope, g_attn_no_pdl;
 // split decode: blocks per (token, KV head) up to g_attn_max_split, aiming at g_attn_split_fill
 // blocks an SM (DUOSERVE_ATTN_MAX_SPLIT, DUOSERVE_ATTN_SPLIT_FILL: A/B)
 static int g_attn_max_split = 32, g_attn_split_fill = 2;
@@ -336,7 +337,10 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
     constexpr int LD = CF::LD, OT = CF::OT, S = CF::STAGES;
     constexpr bool COOP = CF::COOP;
     pdl_trigger();
-    pdl_wait();
+    // the fused decode kernel (COOP with a.rope_inv_freq) is launched programmatically after the
+    // qkv GEMM: its metadata and past K/V rows load while that GEMM runs, and it waits only
+    // before its first read of the q|k|v rows (below)
+    if (!COOP || !a.rope_inv_freq) pdl_wait();
     FA_STAMP_GT(0, 48);
     extern __shared__ __align__(16) unsigned char fa_raw[];
     __nv_bfloat16 *sk = reinterpret_cast<__nv_bfloat16 *>(fa_raw), *sv = sk + S * FA_KT * LD;
@@ -427,9 +431,12 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
     auto write_q = [&]() { // the rotated Q rows from smem back to q|k|v
         for (int r = rr0; r < nrows; r += RSTEP) qrow[r * HD + ri] = sq[r * LD + ri], qrow[r * HD + ri + RH] = sq[r * LD + ri + RH];
     };
-    if (rif) {
-        float sn, cs;
-        rope_sincos(pos_tb, rif[ri], sn, cs);
+    // before the wait: the angle (a constant table) and the own row's pool block (metadata)
+    float sn = 0.0f, cs = 1.0f;
+    if (rif) rope_sincos(pos_tb, rif[ri], sn, cs);
+    const int oblk = own && full ? a.block_ids[bbase + fdiv(pos_tb, a.bs_div)] : 0;
+    bool rope_done = false;
+    auto do_rope = [&]() { // (rif set) after pdl_wait: the q|k|v rows are the qkv GEMM's
         float qv[16 / RSTEP][2];
 #pragma unroll
         for (int u = 0; u < 16 / RSTEP; u++) {
@@ -441,7 +448,6 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
         float kv0 = 0.0f, kv1 = 0.0f;
         if (own && tid < RH) kv0 = __bfloat162float(krow[ri]), kv1 = __bfloat162float(krow[ri + RH]);
         if (own && tid < HD) own_v = vb[(size_t)tb * rs + (size_t)kvh * HD + tid];
-        const int oblk = own && full ? a.block_ids[bbase + fdiv(pos_tb, a.bs_div)] : 0;
 #pragma unroll
         for (int u = 0; u < 16 / RSTEP; u++) { // padding rows are zero
             const int r = rr0 + u * RSTEP;
@@ -461,10 +467,11 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
             if (tid < HD) a.v_full[row + tid] = own_v;
         }
         if (!split) write_q(); // (each thread rewrites only what it read)
-    }
+        rope_done = true;
+    };
     // the own row of partition p's buffers from registers (after p's loads of that half)
     auto put_own = [&](int p, int kv) {
-        if (!own || p != pos_tb / CUDA_ATTN_PART) return;
+        if (!own || !rope_done || p != pos_tb / CUDA_ATTN_PART) return;
         const int row = ((pos_tb / FA_KT) % FA_PT * FA_KT + pos_tb % FA_KT) * LD;
         if ((kv & 1) && tid < RH) sk[row + ri] = own_k[0], sk[row + ri + RH] = own_k[1];
         if ((kv & 2) && tid < HD) sv[row + tid] = own_v;
@@ -737,6 +744,11 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
         if (p >= 0 && !rif) load_q(); // in K's group (fused RoPE: sq is written already)
         load_part(p, 1);
         load_part(p, 2);
+        if (rif) { // now the GEMM's rows: Q into smem, the own row into the tiles
+            pdl_wait();
+            do_rope();
+            put_own(p, 1), put_own(p, 2);
+        }
         FA_STAMP(2);
         int pn = p >= 0 ? part_after(p) : -1;
         fetch_blocks(pn);
@@ -908,7 +920,11 @@ template <int HDP>
 static int fa_launch(bool dec, dim3 grid, cudaStream_t st, __nv_bfloat16 *o, const __nv_bfloat16 *q,
                      const __nv_bfloat16 *kb, const __nv_bfloat16 *vb, int rs, const struct cuda_attn_args &a) {
     const dim3 T(32 * FA_WARPS);
-    if (dec) CUDA_CHECK(cuda_launch(flash_kernel<HDP, true>, grid, T, fa_cfg<HDP, true>::BYTES, st, o, q, kb, vb, rs, a));
+    // the fused decode kernel starts while the qkv GEMM runs (it waits for it inside)
+    // (one wave of blocks: a larger step's blocks would take the GEMM's SMs and gain nothing)
+    const bool pdl = cuda_pdl_on() || (dec && fa_cfg<HDP, true>::COOP && a.rope_inv_freq && !g_attn_no_pdl &&
+                                       grid.x * grid.y <= (unsigned)g_attn_sms);
+    if (dec) CUDA_CHECK(cuda_launch_pdl(pdl, flash_kernel<HDP, true>, grid, T, fa_cfg<HDP, true>::BYTES, st, o, q, kb, vb, rs, a));
     else CUDA_CHECK(cuda_launch(flash_kernel<HDP, false>, grid, T, fa_cfg<HDP, false>::BYTES, st, o, q, kb, vb, rs, a));
     return 0;
 }
@@ -919,6 +935,7 @@ extern "C" int cuda_attention_init(void) {
     g_attn_no_split = getenv_flag("DUOSERVE_ATTN_NO_SPLIT");
     g_attn_no_dec = getenv_flag("DUOSERVE_ATTN_NO_DEC");
     g_attn_no_fused_rope = getenv_flag("DUOSERVE_ATTN_NO_FUSED_ROPE");
+    g_attn_no_pdl = getenv_flag("DUOSERVE_ATTN_NO_PDL");
     const char *ms = getenv("DUOSERVE_ATTN_MAX_SPLIT"), *sf = getenv("DUOSERVE_ATTN_SPLIT_FILL");
     if (ms && atoi(ms) > 0) g_attn_max_split = min(atoi(ms), 64);
     if (sf && atoi(sf) > 0) g_attn_split_fill = min(atoi(sf), 16);

@@ -23,15 +23,17 @@ static inline unsigned cuda_blocks(size_t n, unsigned threads) { return (unsigne
 #ifdef __CUDACC__
 #include <stdlib.h>
 
-// Programmatic dependent launch (PDL), opt-in with DUOSERVE_PDL=1: kernels queued with
-// cuda_launch may then launch while the kernel before them drains. pdl_trigger() lets the next
-// kernel launch once every block of this one has called it (or exited); pdl_wait() blocks until
-// the kernel before has finished and its writes are visible, and comes before any access to
-// memory an earlier kernel writes or reads (weights excepted). Short kernels trigger first, so
-// the GEMM after them launches at once and streams its first weights while they run; GEMMs
-// trigger after their main loop, so at most one GEMM's weights are in flight early. Every
-// kernel waits in at least one block, so a kernel's end implies the end of all before it.
-// Without PDL both are no-ops.
+// Programmatic dependent launch (PDL): a kernel launched with it may start while the kernel
+// before it runs. pdl_trigger() lets the next kernel launch once every block of this one has
+// called it (or exited); pdl_wait() blocks until the kernel before has finished and its writes
+// are visible, and comes before any access to memory an earlier kernel writes or reads (weights
+// and the step's metadata excepted). By default two kinds of launch use it: the weight streams
+// (their first two weight buffers load while the kernel before runs; DUOSERVE_PDL_GEMM=0 turns
+// it off) and the fused decode attention (metadata and past K/V rows load while the qkv GEMM
+// runs; DUOSERVE_ATTN_NO_PDL=1). DUOSERVE_PDL=1 launches every kernel so (A/B: slower at b64).
+// Short kernels and the weight stream trigger at their start; the tile GEMMs after their main
+// loop. Every kernel waits in at least one block, so a kernel's end implies the end of all
+// before it. Without PDL both are no-ops.
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 __device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;\n" ::); }
 
@@ -102,9 +104,11 @@ static inline void cuda_apply_carveout(const void *fn) {
     pthread_mutex_unlock(&mu);
 }
 
+// pdl: this launch may start while the kernel before it runs (programmatic dependent launch),
+// whatever DUOSERVE_PDL says; the kernel must pdl_wait() before touching that kernel's data.
 template <typename... KArgs, typename... Args>
-static cudaError_t cuda_launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
-                               Args... args) {
+static cudaError_t cuda_launch_pdl(bool pdl, void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
+                                   cudaStream_t s, Args... args) {
     cuda_apply_carveout((const void *)kernel);
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
@@ -115,8 +119,14 @@ static cudaError_t cuda_launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, 
     at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     at[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = at;
-    cfg.numAttrs = cuda_pdl_on() ? 1 : 0;
+    cfg.numAttrs = pdl ? 1 : 0;
     return cudaLaunchKernelEx(&cfg, kernel, (KArgs)args...);
+}
+
+template <typename... KArgs, typename... Args>
+static cudaError_t cuda_launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
+                               Args... args) {
+    return cuda_launch_pdl(cuda_pdl_on(), kernel, grid, block, smem, s, args...);
 }
 #endif
 

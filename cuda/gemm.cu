@@ -34,6 +34,9 @@ static int g_stream_m = 32; // the largest M of the weight stream (8, 16 or 32; 
 static unsigned g_split_tiles;   // 64-row tile grids below this many tiles split K (default: half the SMs)
 static unsigned g_nosplit_strips; // weight streams of at least this many strips do not split K (default 1024)
 static bool g_stream_groups = true; // weight streams split K in groups of chunks (DUOSERVE_STREAM_GROUPS=0: one a block)
+// Weight streams launch programmatically (their first two weight buffers load while the kernel
+// before runs; they wait before reading x or writing): DUOSERVE_PDL_GEMM=0 turns it off
+static bool g_stream_pdl = true;
 
 __device__ __forceinline__ void cp_async16(void *smem, const void *gmem, bool pred) {
     unsigned s = (unsigned)__cvta_generic_to_shared(smem);
@@ -422,8 +425,14 @@ __global__ void __launch_bounds__(32 * GEMM_STREAM_WARPS, NT == 1 ? 4 : 1)
 
     uint4 a0[U], a1[U];
     int kb = c_lo * (GEMM_KC / 16), kb_end = min(KB, kb + GEMM_KC / 16);
-    if (strip < NB) load_a(a0, kb, kb_end); // weights first: they do not depend on the kernel before (PDL)
+    // weights first, the first two buffers: they do not depend on the kernel before (PDL)
+    bool a1_loaded = false;
+    if (strip < NB) {
+        load_a(a0, kb, kb_end);
+        if (!NORM && kb + U < kb_end) load_a(a1, kb + U, kb_end), a1_loaded = true; // (NORM: registers)
+    }
     pdl_wait();
+    pdl_trigger(); // the next kernel may launch now (the decode attention: its prologue overlaps this)
     if constexpr (NORM) { // the input row, normalised (block 0 also stores x + y for the next add)
         rms_row(nrm.x, nrm.y, nrm.w, blockIdx.x == 0 && blockIdx.y == 0 ? nrm.x_out : NULL, K, nrm.eps,
                 [&](int c, uint4 v) { hs[c] = v; });
@@ -440,7 +449,8 @@ __global__ void __launch_bounds__(32 * GEMM_STREAM_WARPS, NT == 1 ? 4 : 1)
             for (int e = 0; e < 4; e++) acc[j][e] = 0.0f;
         // a0 holds steps kb..kb+U-1; steps alternate between the two buffers
         for (int s = kb; s < kb_end; s += 2 * U) {
-            if (s + U < kb_end) load_a(a1, s + U, kb_end);
+            if (a1_loaded) a1_loaded = false; // (the first one, before the wait)
+            else if (s + U < kb_end) load_a(a1, s + U, kb_end);
             else if (nkb >= 0) load_a(a1, nkb, nkb_end);
             steps(a0, s, kb_end);
             if (s + U >= kb_end) { // a1 holds the next chunk's first steps (or nothing)
@@ -462,7 +472,6 @@ __global__ void __launch_bounds__(32 * GEMM_STREAM_WARPS, NT == 1 ? 4 : 1)
                 for (int e = 0; e < 4; e++) total[j][e] += acc[j][e];
         }
     }
-    pdl_trigger(); // the next kernel may launch (and stream its weights) while the strips drain
 
     if (split) {
         fence_acq_rel();
@@ -572,7 +581,7 @@ static int launch_stream(OUT *y, const void *x, const void *w, const void *bias,
         split = cpg < chunks;
     }
     dim3 grid(blocks, split ? (chunks + cpg - 1) / cpg : 1);
-    CUDA_CHECK(cuda_launch(kern, grid, dim3(32 * GEMM_STREAM_WARPS), 0, s, y, (const __nv_bfloat16 *)x,
+    CUDA_CHECK(cuda_launch_pdl(cuda_pdl_on() || g_stream_pdl, kern, grid, dim3(32 * GEMM_STREAM_WARPS), 0, s, y, (const __nv_bfloat16 *)x,
                            (const __nv_bfloat16 *)w, (const __nv_bfloat16 *)bias, M, N, K, g_ws, g_counters, (int)cpg,
                            nrm));
     return 0;
@@ -651,6 +660,7 @@ int cuda_gemm_init(void) {
                *sm = getenv("DUOSERVE_GEMM_STREAM_M");
     g_stream_m = sm ? atoi(sm) : GEMM_STREAM_M;
     g_stream_groups = !getenv("DUOSERVE_STREAM_GROUPS") || atoi(getenv("DUOSERVE_STREAM_GROUPS")) != 0;
+    g_stream_pdl = !getenv("DUOSERVE_PDL_GEMM") || atoi(getenv("DUOSERVE_PDL_GEMM")) != 0;
     g_nosplit_strips = ns ? (unsigned)atoi(ns) : 1024;
     g_mid_cfg = mc ? atoi(mc) : 1;
     g_big_cfg = bc ? atoi(bc) : 1;
