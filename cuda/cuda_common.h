@@ -4,8 +4,6 @@
 #define DUO_CUDA_COMMON_H
 
 #include <cuda_runtime.h>
-#include <pthread.h>
-#include <stdlib.h>
 #include <stdio.h>
 
 #define CUDA_CHECK(stmt)                                                                       \
@@ -81,35 +79,11 @@ static inline bool cuda_pdl_on(void) {
     return on != 0;
 }
 
-// DUOSERVE_SMEM_CARVEOUT=N (0..100, A/B): every kernel launched through cuda_launch prefers an
-// N% shared-memory carveout (one setting for all, so the SMs never change their L1/shared split
-// between kernels); unset: the driver's choice per kernel.
-static inline void cuda_apply_carveout(const void *fn) {
-    static int pct = -2;
-    static const void *done[256];
-    static int n_done;
-    static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
-    if (pct == -2) {
-        const char *v = getenv("DUOSERVE_SMEM_CARVEOUT");
-        pct = v && *v ? atoi(v) : -1;
-    }
-    if (pct < 0) return;
-    pthread_mutex_lock(&mu);
-    bool seen = false;
-    for (int i = 0; i < n_done && !seen; i++) seen = done[i] == fn;
-    if (!seen && n_done < 256) {
-        done[n_done++] = fn;
-        cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout, pct > 100 ? 100 : pct);
-    }
-    pthread_mutex_unlock(&mu);
-}
-
 // pdl: this launch may start while the kernel before it runs (programmatic dependent launch),
 // whatever DUOSERVE_PDL says; the kernel must pdl_wait() before touching that kernel's data.
 template <typename... KArgs, typename... Args>
 static cudaError_t cuda_launch_pdl(bool pdl, void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
                                    cudaStream_t s, Args... args) {
-    cuda_apply_carveout((const void *)kernel);
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = block;
