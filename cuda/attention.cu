@@ -32,6 +32,7 @@ static bool g_attn_simple, g_attn_no_split, g_attn_no_dec, g_attn_no_fused_rope,
 static int g_attn_max_split = 32, g_attn_split_fill = 2;
 // a decode token's partitions run in parallel from this many on (DUOSERVE_ATTN_SPLIT_MIN_PARTS)
 static int g_attn_split_min_parts = 2;
+static int g_attn_early_trigger; // DUOSERVE_ATTN_EARLY_TRIGGER=1: the decode kernel triggers at its start (A/B)
 
 static bool getenv_flag(const char *name) {
     const char *v = getenv(name);
@@ -42,16 +43,25 @@ __device__ __forceinline__ int fdiv(int n, const struct cuda_fdiv &f) {
     return (int)((__umulhi((unsigned)n, f.m) + (unsigned)n) >> f.s);
 }
 
+// The two pools' layouts, in rows of head_dim: full pool [block][in_blk][n_full head]; streaming
+// pool [slot][ring row r][n_stream head], r = p for the sinks, sink + (p - sink) % recent after
+// (every kernel that addresses a pool goes through these)
+__device__ __forceinline__ size_t full_pool_row(const struct cuda_attn_args &a, int blk, int in_blk, int h) {
+    return ((size_t)blk * a.block_size + (size_t)in_blk) * a.n_full + (size_t)h;
+}
+__device__ __forceinline__ size_t stream_pool_row(const struct cuda_attn_args &a, int slot, int r, int h) {
+    return ((size_t)slot * (a.sink + a.recent) + (size_t)r) * a.n_stream + (size_t)h;
+}
+
 __device__ __forceinline__ const __nv_bfloat16 *full_row(const __nv_bfloat16 *cache, const struct cuda_attn_args &a,
                                                          int s, int p, int h) {
     int blk = a.block_ids[a.block_indptr[s] + p / a.block_size];
-    size_t row = ((size_t)blk * a.block_size + (size_t)(p % a.block_size)) * a.n_full + (size_t)h;
-    return cache + row * a.head_dim;
+    return cache + full_pool_row(a, blk, p % a.block_size, h) * a.head_dim;
 }
 
 __device__ __forceinline__ size_t stream_off(const struct cuda_attn_args &a, int slot, int p, int h) {
     int r = p < a.sink ? p : a.sink + (p - a.sink) % a.recent;
-    return (((size_t)slot * (a.sink + a.recent) + (size_t)r) * a.n_stream + (size_t)h) * a.head_dim;
+    return stream_pool_row(a, slot, r, h) * a.head_dim;
 }
 
 // One visible key per call: the number of visible keys and the j of the v-th one.
@@ -183,10 +193,13 @@ __device__ __forceinline__ long long fa_globaltimer() { long long t; asm volatil
 #define FA_STAMP_GT(i, k) do { if (threadIdx.x == 0 && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0) { \
     if ((i) == 0) for (int c_ = 1; c_ < 64; c_++) g_fa_clk[c_] = 0; \
     g_fa_clk[k] = fa_globaltimer(); g_fa_clk[i] = clock64(); } } while (0)
+// %globaltimer (ns) into [k] from thread 0 of any block of (token 0, KV head 0): the merging block
+#define FA_GT_ANY(k) do { if (threadIdx.x == 0 && blockIdx.x == 0 && blockIdx.y == 0) g_fa_clk[k] = fa_globaltimer(); } while (0)
 extern "C" int cuda_attention_clocks(long long *out) { return cudaMemcpyFromSymbol(out, g_fa_clk, sizeof g_fa_clk) == cudaSuccess ? 64 : 0; }
 #else
 #define FA_STAMP(i) do { } while (0)
 #define FA_STAMP_GT(i, k) do { } while (0)
+#define FA_GT_ANY(k) do { } while (0)
 extern "C" int cuda_attention_clocks(long long *out) { (void)out; return 0; }
 #endif
 
@@ -336,10 +349,13 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
     using CF = fa_cfg<HDP, DEC>;
     constexpr int LD = CF::LD, OT = CF::OT, S = CF::STAGES;
     constexpr bool COOP = CF::COOP;
-    pdl_trigger();
     // the fused decode kernel (COOP with a.rope_inv_freq) is launched programmatically after the
     // qkv GEMM: its metadata and past K/V rows load while that GEMM runs, and it waits only
-    // before its first read of the q|k|v rows (below)
+    // before its first read of the q|k|v rows (below). It lets the next kernel (the wo GEMM,
+    // whose weight loads would queue ahead of its own) launch only once its last K/V tile has
+    // landed (a.early_trigger: at its start, as every other kernel)
+    const bool late_trigger = COOP && a.rope_inv_freq && !a.early_trigger;
+    if (!late_trigger) pdl_trigger();
     if (!COOP || !a.rope_inv_freq) pdl_wait();
     FA_STAMP_GT(0, 48);
     extern __shared__ __align__(16) unsigned char fa_raw[];
@@ -369,6 +385,9 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
     const int pos0 = DEC ? pos_tb : a.pos[row0], pos_last = DEC ? pos_tb : a.pos[row_end - 1]; // s's in this step
     const int pb_first = pos_tb, pb_last = pb_first + min(TPU * FA_WARPS, row_end - tb) - 1;
     const int p_first = pb_first + uw * TPU, p_last = p_first + nt - 1;
+    // split: blocks z < z_used have partitions (z, z + Z, ..); the others exit (no state, no count)
+    const int z_used = split ? min(Z, cuda_attn_parts(pos_last)) : 1;
+    if (z >= z_used) return;
 
     // tiles a query range [pf, pl] needs: [lo0, hi0] then [lo1, hi1] (streaming: sink, recent)
     auto range = [&](int pf, int pl, int &lo0, int &hi0, int &lo1, int &hi1) {
@@ -462,7 +481,7 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
             krow[ri] = own_k[0], krow[ri + RH] = own_k[1];
         }
         if (own && full) { // this step's row into its pool block
-            const size_t row = (((size_t)oblk * a.block_size + (size_t)(pos_tb - fdiv(pos_tb, a.bs_div) * a.block_size)) * a.n_full + kvh) * HD;
+            const size_t row = full_pool_row(a, oblk, pos_tb - fdiv(pos_tb, a.bs_div) * a.block_size, kvh) * HD;
             if (tid < RH) a.k_full[row + ri] = own_k[0], a.k_full[row + ri + RH] = own_k[1];
             if (tid < HD) a.v_full[row + tid] = own_v;
         }
@@ -484,7 +503,7 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
         const __nv_bfloat16 *kp = NULL, *vp = NULL;
         if (full) {
             if (j <= pos_last) {
-                size_t row = ((size_t)blk_next * a.block_size + (size_t)(j - fdiv(j, a.bs_div) * a.block_size)) * a.n_full + (size_t)kvh;
+                size_t row = full_pool_row(a, blk_next, j - fdiv(j, a.bs_div) * a.block_size, kvh);
                 kp = a.k_full + row * HD;
                 vp = a.v_full + row * HD;
             }
@@ -496,7 +515,7 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
             }
         } else if (j < a.sink || j >= pos0 - a.recent) {
             const int rr = j < a.sink ? j : a.sink + (j - a.sink) - fdiv(j - a.sink, a.rec_div) * a.recent; // stream_off's
-            size_t off = (((size_t)sslot * (a.sink + a.recent) + (size_t)rr) * a.n_stream + (size_t)(kvh - a.n_full)) * HD;
+            size_t off = stream_pool_row(a, sslot, rr, kvh - a.n_full) * HD;
             kp = a.k_stream + off;
             vp = a.v_stream + off;
         }
@@ -746,8 +765,10 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
         load_part(p, 2);
         if (rif) { // now the GEMM's rows: Q into smem, the own row into the tiles
             pdl_wait();
+            FA_STAMP_GT(41, 50);
             do_rope();
             put_own(p, 1), put_own(p, 2);
+            FA_STAMP_GT(42, 51);
         }
         FA_STAMP(2);
         int pn = p >= 0 ? part_after(p) : -1;
@@ -860,6 +881,7 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
         }
     }
     asm volatile("cp.async.wait_group 0;\n" ::);
+    if (late_trigger) pdl_trigger();
     FA_STAMP_GT(40, 49);
     if (split) { // the token's last block to finish (or fa_merge_kernel) writes the output
         if (nrows > 0) empty_until(n_parts);
@@ -869,14 +891,16 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
         __syncthreads();
         if (tid == 0) {
             int *cnt = a.counters + tb * a.n_kv_heads + kvh;
-            last = atomicAdd(cnt, 1) == Z - 1;
+            last = atomicAdd(cnt, 1) == z_used - 1;
             if (last) *cnt = 0; // ready for the next launch
         }
         __syncthreads();
         if (!last) return;
+        FA_GT_ANY(52);
         fence_acq_rel();
         if (rif) write_q(); // every block of the token has read the raw Q
         for (int hh = warp; hh < G; hh += FA_WARPS) fa_merge_head<(HDP + 31) / 32>(out, a, tb, kvh * G + hh, lane);
+        FA_GT_ANY(53);
         return;
     }
 
@@ -936,6 +960,7 @@ extern "C" int cuda_attention_init(void) {
     g_attn_no_dec = getenv_flag("DUOSERVE_ATTN_NO_DEC");
     g_attn_no_fused_rope = getenv_flag("DUOSERVE_ATTN_NO_FUSED_ROPE");
     g_attn_no_pdl = getenv_flag("DUOSERVE_ATTN_NO_PDL");
+    g_attn_early_trigger = getenv_flag("DUOSERVE_ATTN_EARLY_TRIGGER");
     const char *ms = getenv("DUOSERVE_ATTN_MAX_SPLIT"), *sf = getenv("DUOSERVE_ATTN_SPLIT_FILL");
     if (ms && atoi(ms) > 0) g_attn_max_split = min(atoi(ms), 64);
     if (sf && atoi(sf) > 0) g_attn_split_fill = min(atoi(sf), 16);
@@ -1027,6 +1052,7 @@ extern "C" int cuda_attention(void *out, void *qkv, int rs, const struct cuda_at
     fa.z_div = cuda_fdiv_make(Z);
     fa.rec_div = cuda_fdiv_make(a->recent > 0 ? a->recent : 1);
     fa.split_min_parts = g_attn_split_min_parts;
+    fa.early_trigger = g_attn_early_trigger;
     if (n_tokens * a->n_kv_heads > a->n_counters) fa.counters = NULL;
     // a decode step's RoPE and append inside the decode kernel (its COOP form: head dims 64 and
     // 128; a split step needs the in-kernel merge, whose block writes the rotated Q back)

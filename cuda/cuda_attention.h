@@ -40,6 +40,7 @@ struct cuda_attn_args {
     // and the flash kernel's divisors: block_size, the GQA group, the split (gridDim.z), recent
     struct cuda_fdiv bs_div, g_div, z_div, rec_div;
     int split_min_parts; // a decode token splits from this many partitions on (>= 2)
+    int early_trigger;   // the fused decode kernel lets the next kernel launch at its start (else after its loads)
 };
 
 /* Keys are summed in partitions of this many absolute positions, each from an empty softmax

@@ -3,6 +3,7 @@
 // Each op: __global__ kernel -> launcher on raw pointers and a stream (STYLE.md).
 #include <cuda_bf16.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "cuda/cuda_common.h"
 #include "cuda/rmsnorm.cuh"
@@ -35,13 +36,22 @@ __global__ void rmsnorm_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *x, const
 // x + y stored to x_out (in place when x_out == x). The same per-element arithmetic as the
 // kernels above; only the order of the sum of squares differs (it is fixed per row, so batch
 // invariance holds).
+// DUOSERVE_NORM_EARLY_TRIGGER=1 (A/B): rmsnorm_vec_kernel lets the next kernel launch at its start
+static bool norm_early_trigger() {
+    static int v = -1; // (read once; every thread reads the same)
+    if (v < 0) v = getenv("DUOSERVE_NORM_EARLY_TRIGGER") && getenv("DUOSERVE_NORM_EARLY_TRIGGER")[0] == '1';
+    return v == 1;
+}
+
 __global__ void rmsnorm_vec_kernel(__nv_bfloat16 *out, __nv_bfloat16 *x_out, const __nv_bfloat16 *x,
-                                   const __nv_bfloat16 *y, const __nv_bfloat16 *w, int dim, float eps) {
-    pdl_trigger();
+                                   const __nv_bfloat16 *y, const __nv_bfloat16 *w, int dim, float eps, bool early) {
+    // the next kernel (a weight stream, launched programmatically) launches once this block's
+    // row has landed (early, DUOSERVE_NORM_EARLY_TRIGGER=1: at its start)
+    if (early) pdl_trigger();
     pdl_wait();
     const size_t row = (size_t)blockIdx.x * dim;
     uint4 *orow = reinterpret_cast<uint4 *>(out + row);
-    rms_row(x + row, y ? y + row : NULL, w, y ? x_out + row : NULL, dim, eps, [&](int c, uint4 v) { orow[c] = v; });
+    rms_row(x + row, y ? y + row : NULL, w, y ? x_out + row : NULL, dim, eps, [&](int c, uint4 v) { orow[c] = v; }, !early);
 }
 
 // One thread per (token, pair (i, i + hd/2) of a head): one round trip per element pair.
@@ -250,7 +260,8 @@ int cuda_rmsnorm(void *out, const void *x, const void *w, int n, int dim, float 
     if (n == 0) return 0;
     if (unsigned t = rms_threads(dim, out, x, w, NULL)) {
         CUDA_CHECK(cuda_launch(rmsnorm_vec_kernel, dim3(n), dim3(t), 0, s, (__nv_bfloat16 *)out, (__nv_bfloat16 *)NULL,
-                               (const __nv_bfloat16 *)x, (const __nv_bfloat16 *)NULL, (const __nv_bfloat16 *)w, dim, eps));
+                               (const __nv_bfloat16 *)x, (const __nv_bfloat16 *)NULL, (const __nv_bfloat16 *)w, dim, eps,
+                               norm_early_trigger()));
         return 0;
     }
     CUDA_CHECK(cuda_launch(rmsnorm_kernel, dim3(n), dim3(256), 0, s, (__nv_bfloat16 *)out, (const __nv_bfloat16 *)x, (const __nv_bfloat16 *)w, dim, eps));
@@ -294,7 +305,8 @@ int cuda_add_rmsnorm_to(void *out, void *x_out, const void *x, const void *y, co
     unsigned t = (uintptr_t)x_out % 16 ? 0 : rms_threads(dim, out, x, y, w);
     if (t) {
         CUDA_CHECK(cuda_launch(rmsnorm_vec_kernel, dim3(n), dim3(t), 0, s, (__nv_bfloat16 *)out, (__nv_bfloat16 *)x_out,
-                               (const __nv_bfloat16 *)x, (const __nv_bfloat16 *)y, (const __nv_bfloat16 *)w, dim, eps));
+                               (const __nv_bfloat16 *)x, (const __nv_bfloat16 *)y, (const __nv_bfloat16 *)w, dim, eps,
+                               norm_early_trigger()));
         return 0;
     }
     CUDA_CHECK(cuda_launch(add_rmsnorm_kernel, dim3(n), dim3(256), 0, s, (__nv_bfloat16 *)out, (__nv_bfloat16 *)x_out,

@@ -32,6 +32,26 @@ static struct engine_sampling greedy(int n) {
                                     .skip_special_tokens = true, .logprobs = -1};
 }
 
+#ifdef DUO_CUDA
+int cuda_attention_clocks(long long *out);
+#endif
+/* An FA_CLOCKS build (profiling): the last decode attention call's phase stamps, block (0, 0, 0):
+ * cycles from entry of stamps 1..42, then %globaltimer ns from entry: 50 the q|k|v wait returned,
+ * 51 RoPE done, 49 the partition loop done; 52 / 53 the merge of (token 0, KV head 0) began / ended. */
+static void print_fa_clocks(void) {
+#ifdef DUO_CUDA
+    long long c[64];
+    if (cuda_attention_clocks(c) != 64) return;
+    printf("  flash stamps (cycles):");
+    for (int i = 1; i <= 42; i++)
+        if (c[i] > c[0]) printf(" %d:%lld", i, c[i] - c[0]);
+    printf("\n  flash globaltimer (ns from entry):");
+    for (int i = 49; i <= 53; i++)
+        if (c[i] > c[48]) printf(" %d:%lld", i, c[i] - c[48]);
+    printf("\n");
+#endif
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) {
         fprintf(stderr, "usage: %s MODEL_DIR [cuda|cpu] [--decode 1,8,64,256] [--prefill 2048,32768]\n", argv[0]);
@@ -142,6 +162,7 @@ int main(int argc, char **argv) {
         printf("decode batch %4d, context %5d: %7.2f ms/step, %9.1f tokens/s (forward %.2f ms, sampling %.2f ms per step)\n", B,
                dctx, dt / steps * 1e3, B * steps / dt, (s1.forward_seconds - s0.forward_seconds) / steps * 1e3,
                (s1.sample_seconds - s0.sample_seconds) / steps * 1e3);
+        print_fa_clocks();
         while (core_has_work(c)) core_step(c);
     }
     for (int k = 0; k < n_pre; k++) {

@@ -2,14 +2,14 @@
 # device_run.sh: one GPU-machine run of the checks, benchmarks, A/B of the switches, kernel
 # traces and ShareGPT serving; the stages to run are the arguments (default: all of them).
 #
-#   [AB="name:VAR=v,..."] [TRACE_AB="name:VAR=v,..."] bash scripts/device_run.sh [attnbench] [checks] [bench] [ab] [trace] [optime] [serving]
+#   [AB="name:VAR=v,..."] [TRACE_AB="name:VAR=v,..."] bash scripts/device_run.sh [attnbench] [checks] [bench] [gemmprof] [stamps] [ab] [trace] [optime] [serving]
 #
-# Expects .device/ prepared by ../shared/device/prepare.sh plus bin.txz (the stripped binaries of
-# make CUDA=1 BUILD=build-gpu, libktrace.so and libcupti.so.13 in bin/), models/stories260k,
-# traces/ and tokenizers/llama3 copied from ../shared. Run with the device tool: command
+# Expects .device/ as scripts/device_pack.sh leaves it (run there first): bin.txz (the stripped
+# binaries of make CUDA=1 BUILD=build-gpu, libktrace.so and libcupti.so.13 in bin/),
+# models/stories260k, traces/ and tokenizers/llama3 copied from ../shared. Run with the device tool: command
 # "bash scripts/device_run.sh ...", carry [".device"]. Logs and traces come back in $OUT/run.tgz.
 set -u
-stages=${*:-attnbench checks bench ab trace optime serving}
+stages=${*:-attnbench checks bench gemmprof stamps ab trace optime serving}
 has() { [[ " $stages " == *" $1 "* ]]; }
 source .device/env.sh
 tar xJf .device/bin.txz -C /tmp
@@ -41,6 +41,26 @@ bg() { timeout 100 $B/bench_gpu $M cuda "$@"; }
 if has bench; then
   bg --decode 1,8,64,256 --prefill 2048,32768 > $L/bench.log 2>&1; grep -E "decode|prefill" $L/bench.log | sed -E 's/ +/ /g'
   for x in 1000 4000 32000; do bg --decode 1 --decode-ctx $x --prefill 0 > $L/bench_long.log 2>&1; grep -E "decode" $L/bench_long.log | sed -E 's/ +/ /g'; done
+fi
+# each GEMM of a layer alone at M = 1..2048 (back to back, 50 calls): us and the weight bandwidth
+# (GEMMPROF_AB="name:VAR=v,... ...": again under each set of switches, M = 1 only)
+if has gemmprof; then
+  BENCH_PROFILE=1 bg --decode 1 --prefill 0 > $L/gemmprof.log 2>&1; grep -E "profile" $L/gemmprof.log | grep -E "M +(1|8|64) " | sed -E 's/ +/ /g'
+  for spec in ${GEMMPROF_AB:-}; do
+    echo "== gemmprof ${spec%%:*}"
+    env $(echo "${spec#*:}" | tr ',' ' ') BENCH_PROFILE=1 timeout 100 $B/bench_gpu $M cuda --decode 1 --prefill 0 > $L/gemmprof_${spec%%:*}.log 2>&1
+    grep -E "profile gemm" $L/gemmprof_${spec%%:*}.log | grep -E "M +1 " | sed -E 's/ +/ /g'
+  done
+fi
+# the flash kernel's phase stamps in real decode steps (bench_gpu-clk, an FA_CLOCKS build): b1 at
+# context 128 and 1000, then b1 again under each of STAMP_AB="name:VAR=v,..."
+if has stamps && [ -x $B/bench_gpu-clk ]; then
+  for spec in "default:" ${STAMP_AB:-}; do
+    for x in 128 1000; do
+      echo "== stamps ${spec%%:*} ctx $x"
+      env $(echo "${spec#*:}" | tr ',' ' ') timeout 100 $B/bench_gpu-clk $M cuda --decode 1 --decode-ctx $x --prefill 0 2>&1 | grep -E "decode|flash" | sed -E 's/ +/ /g'
+    done
+  done
 fi
 ab() { local name=$1; shift; env "$@" timeout 100 $B/bench_gpu $M cuda --decode 1,8,64 --prefill 2048 > $L/ab_$name.log 2>&1; echo "== $name: $(grep -E 'decode|prefill' $L/ab_$name.log | sed -E 's/ +/ /g; s/ context 128//; s/ tokens\/s.*//; s/ms\/step,/ms/' | tr '\n' '|')"; }
 # A/B: AB="name:VAR=v,VAR2=v name2:VAR=v" (default: the split sizing switches), decode and prefill 2k

@@ -6,7 +6,10 @@
 Kernels are grouped into graph launches (consecutive kernels of one graph id). For each graph
 replayed at least --min-launches times: the mean wall time of a launch (first kernel start to
 last kernel end), the kernels' busy time and the idle gaps between them; then, per kernel
-(name and grid), how many run a launch, their mean time and the mean gap before each.
+(name and grid), how many run a launch, their mean time, the mean gap before each and the
+critical-path time it adds ("crit": its end minus the latest end before it, so a kernel that
+starts early under programmatic launch is charged only for what it extends the launch by;
+the crit column sums to the launch's wall time).
 Standard library only; names are demangled with c++filt when it is installed."""
 import argparse
 import collections
@@ -68,17 +71,21 @@ def main():
         busy = sum(sum(k[1] - k[0] for k in ks) for ks in group) / n / 1e3
         print(f"graph {gid}: {nk} kernels, {n} launches: {wall:.1f} us a launch, kernels busy {busy:.1f} us, "
               f"gaps {wall - busy:.1f} us ({(wall - busy) / max(nk - 1, 1) * 1e3:.0f} ns a kernel boundary)")
-        stat = collections.defaultdict(lambda: [0, 0.0, 0.0])  # count, time, gap before
+        stat = collections.defaultdict(lambda: [0, 0.0, 0.0, 0.0])  # count, time, gap before, crit
         for ks in group:
+            last_end = ks[0][0]
             for i, k in enumerate(ks):
                 s = stat[(names.get(k[5], k[5]), k[3], k[4])]
                 s[0] += 1
                 s[1] += (k[1] - k[0]) / 1e3
                 s[2] += (k[0] - ks[i - 1][1]) / 1e3 if i else 0.0
+                s[3] += max(0, k[1] - last_end) / 1e3
+                last_end = max(last_end, k[1])
         rows = sorted(stat.items(), key=lambda kv: -kv[1][1])
-        print(f"  {'kernel':70} {'grid':>12} {'blk':>4} {'/launch':>7} {'us each':>8} {'gap us':>7} {'us/launch':>9}")
-        for (name, grid, blk), (c, t, gap) in rows[: args.top]:
-            print(f"  {short(name):70} {grid:>12} {blk:>4} {c / n:7.1f} {t / c:8.2f} {gap / c:7.2f} {t / n:9.1f}")
+        print(f"  {'kernel':70} {'grid':>12} {'blk':>4} {'/launch':>7} {'us each':>8} {'gap us':>7} {'us/launch':>9} {'crit us':>7} {'crit/launch':>11}")
+        for (name, grid, blk), (c, t, gap, crit) in rows[: args.top]:
+            print(f"  {short(name):70} {grid:>12} {blk:>4} {c / n:7.1f} {t / c:8.2f} {gap / c:7.2f} {t / n:9.1f} "
+                  f"{crit / c:7.2f} {crit / n:11.1f}")
         print()
 
 
