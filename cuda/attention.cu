@@ -9,6 +9,7 @@
 // GQA groups up to 16; attn_kernel (CUDA cores: one block per (query token, query head), 4
 // warps taking every 4th visible key, lanes splitting the head dimension, online softmax per
 // warp, merged at the end) serves the rest.
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <limits.h>
 #include <stdint.h>
@@ -32,7 +33,13 @@ static bool g_attn_simple, g_attn_no_split, g_attn_no_dec, g_attn_no_fused_rope,
 static int g_attn_max_split = 32, g_attn_split_fill = 2;
 // a decode token's partitions run in parallel from this many on (DUOSERVE_ATTN_SPLIT_MIN_PARTS)
 static int g_attn_split_min_parts = 2;
-static int g_attn_early_trigger; // DUOSERVE_ATTN_EARLY_TRIGGER=1: the decode kernel triggers at its start (A/B)
+// where the fused decode kernel lets the next kernel (the wo GEMM) launch: DUOSERVE_ATTN_TRIGGER=0
+// at its start, 1 once it has read the q|k|v rows (RoPE done), 2 after its partition loop (A/B)
+static int g_attn_trigger = 2;
+// split decode steps of short contexts merge in a thread-block cluster (CUDA_ATTN_CLUSTER);
+// DUOSERVE_ATTN_NO_CLUSTER=1: through global memory as longer ones do (A/B); off where the device
+// cannot run such a cluster
+static bool g_attn_cluster = true;
 
 static bool getenv_flag(const char *name) {
     const char *v = getenv(name);
@@ -256,7 +263,10 @@ template <int HDP, bool DEC> struct fa_cfg {
     // lane-private, OT * 4 a lane); then (COOP) the partition's scores, [tile][FA_KT / 8][4][32] f32
     static constexpr size_t BF16_BYTES = (size_t)(2 * STAGES * FA_KT + 16 * QW) * LD * 2;
     static constexpr size_t XS_OFF = BF16_BYTES + (size_t)FA_WARPS * OT * 4 * 32 * 4;
-    static constexpr size_t BYTES = XS_OFF + (COOP ? (size_t)FA_PT * (FA_KT / 8) * 4 * 32 * 4 : 0);
+    // then (COOP) the block's partition state of each of up to 16 heads, [head][HDP + 2] f32
+    // (cluster merges: read by the cluster's first block)
+    static constexpr size_t ST_OFF = XS_OFF + (COOP ? (size_t)FA_PT * (FA_KT / 8) * 4 * 32 * 4 : 0);
+    static constexpr size_t BYTES = ST_OFF + (COOP ? (size_t)16 * (HDP + 2) * 4 : 0);
 };
 
 #define FA_MERGE_AHEAD 8 // partition states a merging warp loads at once (two batches in flight)
@@ -339,6 +349,107 @@ __device__ void fa_merge_head(__nv_bfloat16 *out, const struct cuda_attn_args &a
     }
 }
 
+// The same merge by the flash kernel's last block of a (token t, KV head kvh): the states of its G
+// heads are copied into shared memory (cp.async, smem_bytes of it) a group of partitions at a
+// time, one round trip a group, and folded in order from there by one warp a head (heads warp,
+// warp + FA_WARPS, ..: up to 4 a warp), with fa_merge_head's arithmetic (the same bits). Short
+// loops, not unrolled: like the rest of a decode step's attention it runs once a layer on an SM
+// whose instruction cache does not hold it. Every thread of the block calls it.
+template <int NI> // head dims up to 32 * NI
+__device__ void fa_merge_block(__nv_bfloat16 *out, const struct cuda_attn_args &a, int t, int kvh, int G,
+                               unsigned char *smem, size_t smem_bytes) {
+    const int HD = a.head_dim, SW = HD + 2, n_parts = cuda_attn_parts(a.pos[t]);
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    // a partition's G states are contiguous: seg16 16-byte pieces from the one holding their
+    // first float (reading up to 15 bytes of neighbours on each side, all inside the workspace,
+    // whose partition counters follow the states)
+    const int seg16 = (G * SW * 4 + 15) / 16 + 1, PG = max(1, (int)(smem_bytes / ((size_t)seg16 * 16)));
+    auto first = [&](int p) { return reinterpret_cast<uintptr_t>(fa_state(a, t, p, kvh * G)); };
+    float M[4], L[4], O[4][NI];
+#pragma unroll
+    for (int hs = 0; hs < 4; hs++) {
+        M[hs] = -INFINITY, L[hs] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < NI; i++) O[hs][i] = 0.0f;
+    }
+    for (int g0 = 0; g0 < n_parts; g0 += PG) {
+        const int np = min(PG, n_parts - g0);
+#pragma unroll 1
+        for (int pp = 0; pp < np; pp++) {
+            const char *src = reinterpret_cast<const char *>(first(g0 + pp) & ~(uintptr_t)15);
+            unsigned char *dst = smem + (size_t)pp * seg16 * 16;
+            for (int k = tid; k < seg16; k += blockDim.x) fa_cp16(dst + k * 16, src + k * 16, true);
+        }
+        asm volatile("cp.async.commit_group;\n" ::);
+        asm volatile("cp.async.wait_group 0;\n" ::);
+        __syncthreads();
+#pragma unroll
+        for (int hs = 0; hs < 4; hs++) {
+            const int hh = warp + hs * FA_WARPS;
+            if (hh >= G) break;
+#pragma unroll 1
+            for (int pp = 0; pp < np; pp++) {
+                const float *st = reinterpret_cast<const float *>(smem + (size_t)pp * seg16 * 16 + (first(g0 + pp) & 15)) +
+                                  (size_t)hh * SW;
+                float ca, cb;
+                if (!fa_merge_begin(M[hs], L[hs], st[0], st[1], ca, cb)) continue;
+#pragma unroll
+                for (int i = 0; i < NI; i++)
+                    if (lane + 32 * i < HD) O[hs][i] = fa_merge_o(O[hs][i], st[2 + lane + 32 * i], ca, cb);
+            }
+        }
+        __syncthreads(); // the group read before the next one lands
+    }
+#pragma unroll
+    for (int hs = 0; hs < 4; hs++) {
+        const int hh = warp + hs * FA_WARPS;
+        if (hh >= G) break;
+        float inv = 1.0f / L[hs];
+        __nv_bfloat16 *orow = out + ((size_t)t * a.n_heads + (size_t)(kvh * G + hh)) * HD;
+        for (int i = 0; i < NI; i++) {
+            int d = lane + 32 * i;
+            if (d < HD) orow[d] = __float2bfloat16(O[hs][i] * inv);
+        }
+    }
+}
+
+// The same merge in a cluster (a.cluster: the Z blocks of a (token t, KV head kvh) form one, and
+// block z holds partition z's states of the G heads in its shared memory, sst, [head][HD + 2]):
+// the cluster's first block folds them in order from the other blocks' shared memory, with
+// fa_merge_head's arithmetic (the same bits), one warp a head (up to 4 a warp). Between two
+// cluster barriers (every state written before; no block leaves before the fold is done).
+template <int NI> // head dims up to 32 * NI
+__device__ void fa_merge_cluster(__nv_bfloat16 *out, const struct cuda_attn_args &a, int t, int kvh, int G,
+                                 int n_parts, float *sst) {
+    namespace cg = cooperative_groups;
+    cg::cluster_group cl = cg::this_cluster();
+    const int HD = a.head_dim, SW = HD + 2, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+#pragma unroll
+    for (int hs = 0; hs < 4; hs++) {
+        const int hh = warp + hs * FA_WARPS;
+        if (hh >= G) break;
+        float M = -INFINITY, L = 0.0f, O[NI];
+#pragma unroll
+        for (int i = 0; i < NI; i++) O[i] = 0.0f;
+#pragma unroll 1
+        for (int p = 0; p < n_parts; p++) {
+            const float *st = cl.map_shared_rank(sst, (unsigned)p) + (size_t)hh * SW;
+            float ca, cb;
+            if (!fa_merge_begin(M, L, st[0], st[1], ca, cb)) continue;
+#pragma unroll
+            for (int i = 0; i < NI; i++)
+                if (lane + 32 * i < HD) O[i] = fa_merge_o(O[i], st[2 + lane + 32 * i], ca, cb);
+        }
+        float inv = 1.0f / L;
+        __nv_bfloat16 *orow = out + ((size_t)t * a.n_heads + (size_t)(kvh * G + hh)) * HD;
+        for (int i = 0; i < NI; i++) {
+            int d = lane + 32 * i;
+            if (d < HD) orow[d] = __float2bfloat16(O[i] * inv);
+        }
+    }
+}
+__device__ __forceinline__ void fa_cluster_sync() { cooperative_groups::this_cluster().sync(); }
+
 // Grid (token, KV head, split). Split (gridDim.z = Z > 1, decode steps): block z computes the
 // partitions p with p % Z == z and writes their states (empty ones too); the last of the Z
 // blocks to finish merges them (a.counters), else fa_merge_kernel does.
@@ -353,9 +464,10 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
     // qkv GEMM: its metadata and past K/V rows load while that GEMM runs, and it waits only
     // before its first read of the q|k|v rows (below). It lets the next kernel (the wo GEMM,
     // whose weight loads would queue ahead of its own) launch only once its last K/V tile has
-    // landed (a.early_trigger: at its start, as every other kernel)
-    const bool late_trigger = COOP && a.rope_inv_freq && !a.early_trigger;
-    if (!late_trigger) pdl_trigger();
+    // landed (a.trigger_at: 2; 1: once RoPE has read the q|k|v rows; 0: at its start, as every
+    // other kernel)
+    const int trig = COOP && a.rope_inv_freq ? a.trigger_at : 0;
+    if (trig == 0) pdl_trigger();
     if (!COOP || !a.rope_inv_freq) pdl_wait();
     FA_STAMP_GT(0, 48);
     extern __shared__ __align__(16) unsigned char fa_raw[];
@@ -385,9 +497,23 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
     const int pos0 = DEC ? pos_tb : a.pos[row0], pos_last = DEC ? pos_tb : a.pos[row_end - 1]; // s's in this step
     const int pb_first = pos_tb, pb_last = pb_first + min(TPU * FA_WARPS, row_end - tb) - 1;
     const int p_first = pb_first + uw * TPU, p_last = p_first + nt - 1;
-    // split: blocks z < z_used have partitions (z, z + Z, ..); the others exit (no state, no count)
+    // split: blocks z < z_used have partitions (z, z + Z, ..); the others exit (no state, no count;
+    // in a cluster, after its two barriers, letting the next kernel launch first)
     const int z_used = split ? min(Z, cuda_attn_parts(pos_last)) : 1;
-    if (z >= z_used) return;
+    // cluster merge (COOP decode, Z >= the token's partitions: block z has partition z): this
+    // block's partition states in shared memory, m = -inf (empty) until the partition closes
+    const bool clus = COOP && split && a.cluster;
+    float *sst = reinterpret_cast<float *>(fa_raw + CF::ST_OFF);
+    if (z >= z_used) {
+        if (clus) {
+            pdl_trigger();
+            fa_cluster_sync();
+            fa_cluster_sync();
+        }
+        return;
+    }
+    if (clus)
+        for (int i = threadIdx.x; i < G; i += blockDim.x) sst[(size_t)i * (a.head_dim + 2)] = -INFINITY;
 
     // tiles a query range [pf, pl] needs: [lo0, hi0] then [lo1, hi1] (streaming: sink, recent)
     auto range = [&](int pf, int pl, int &lo0, int &hi0, int &lo1, int &hi1) {
@@ -694,7 +820,7 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
             int r = g + 8 * h;
             if (r >= nrows) continue;
             const int rt = fdiv(r, a.g_div);
-            float *st = fa_state(a, t0 + rt, p, kvh * G + r - rt * G);
+            float *st = clus ? sst + (size_t)r * (HD + 2) : fa_state(a, t0 + rt, p, kvh * G + r - rt * G);
             if (qd == 0 && (!COOP || warp == 0)) st[0] = empty ? -INFINITY : m[h], st[1] = empty ? 0.0f : lf[h];
             if (empty) continue;
             for (int d = 0; d < OT; d++) {
@@ -768,6 +894,7 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
             FA_STAMP_GT(41, 50);
             do_rope();
             put_own(p, 1), put_own(p, 2);
+            if (trig == 1) pdl_trigger();
             FA_STAMP_GT(42, 51);
         }
         FA_STAMP(2);
@@ -793,7 +920,10 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
             __syncthreads(); // every score in the exchange; the K buffers free
             FA_STAMP(5 + 6 * min(it, 5));
             load_part(pn, 1);
-#pragma unroll
+            // one tile an iteration, not unrolled: this code runs once a layer on an SM whose
+            // instruction cache does not hold it (a decode step runs it on a few SMs between
+            // GEMMs), so its length, not its arithmetic, is what a partition costs
+#pragma unroll 1
             for (int i = 0; i < FA_PT; i++) {
                 if (!in_walk(p * FA_PT + i)) continue;
                 float sc[FA_KT / 8][4];
@@ -881,10 +1011,21 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
         }
     }
     asm volatile("cp.async.wait_group 0;\n" ::);
-    if (late_trigger) pdl_trigger();
+    if (trig == 2) pdl_trigger();
     FA_STAMP_GT(40, 49);
     if (split) { // the token's last block to finish (or fa_merge_kernel) writes the output
         if (nrows > 0) empty_until(n_parts);
+        if (clus) { // the cluster's first block, from every block's shared memory
+            fa_cluster_sync(); // every state written; every block has read the raw Q
+            if (z == 0) {
+                FA_GT_ANY(52);
+                if (rif) write_q();
+                fa_merge_cluster<(HDP + 31) / 32>(out, a, tb, kvh, G, n_parts, sst);
+                FA_GT_ANY(53);
+            }
+            fa_cluster_sync(); // the fold is done: the blocks may leave
+            return;
+        }
         if (!a.counters) return;
         __shared__ int last;
         fence_acq_rel(); // this block's states before its count
@@ -899,7 +1040,7 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
         FA_GT_ANY(52);
         fence_acq_rel();
         if (rif) write_q(); // every block of the token has read the raw Q
-        for (int hh = warp; hh < G; hh += FA_WARPS) fa_merge_head<(HDP + 31) / 32>(out, a, tb, kvh * G + hh, lane);
+        fa_merge_block<(HDP + 31) / 32>(out, a, tb, kvh, G, fa_raw, CF::BYTES);
         FA_GT_ANY(53);
         return;
     }
@@ -948,9 +1089,29 @@ static int fa_launch(bool dec, dim3 grid, cudaStream_t st, __nv_bfloat16 *o, con
     // (one wave of blocks: a larger step's blocks would take the GEMM's SMs and gain nothing)
     const bool pdl = cuda_pdl_on() || (dec && fa_cfg<HDP, true>::COOP && a.rope_inv_freq && !g_attn_no_pdl &&
                                        grid.x * grid.y <= (unsigned)g_attn_sms);
-    if (dec) CUDA_CHECK(cuda_launch_pdl(pdl, flash_kernel<HDP, true>, grid, T, fa_cfg<HDP, true>::BYTES, st, o, q, kb, vb, rs, a));
+    if (dec) CUDA_CHECK(cuda_launch_cluster(pdl, a.cluster ? grid.z : 1, flash_kernel<HDP, true>, grid, T,
+                                            fa_cfg<HDP, true>::BYTES, st, o, q, kb, vb, rs, a));
     else CUDA_CHECK(cuda_launch(flash_kernel<HDP, false>, grid, T, fa_cfg<HDP, false>::BYTES, st, o, q, kb, vb, rs, a));
     return 0;
+}
+
+// Whether the device runs the decode kernel (head dims 64, 128) in clusters of CUDA_ATTN_CLUSTER.
+template <int HDP> static bool fa_cluster_fits() {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(1, 1, CUDA_ATTN_CLUSTER);
+    cfg.blockDim = dim3(32 * FA_WARPS);
+    cfg.dynamicSmemBytes = fa_cfg<HDP, true>::BYTES;
+    cudaLaunchAttribute at;
+    at.id = cudaLaunchAttributeClusterDimension;
+    at.val.clusterDim.x = 1, at.val.clusterDim.y = 1, at.val.clusterDim.z = CUDA_ATTN_CLUSTER;
+    cfg.attrs = &at;
+    cfg.numAttrs = 1;
+    int n = 0;
+    if (cudaOccupancyMaxActiveClusters(&n, flash_kernel<HDP, true>, &cfg) != cudaSuccess) {
+        cudaGetLastError(); // not an error of a launch: no clusters
+        return false;
+    }
+    return n > 0;
 }
 
 /* Once per process, before any launch: the opt-in shared memory of the attention kernels. */
@@ -960,7 +1121,7 @@ extern "C" int cuda_attention_init(void) {
     g_attn_no_dec = getenv_flag("DUOSERVE_ATTN_NO_DEC");
     g_attn_no_fused_rope = getenv_flag("DUOSERVE_ATTN_NO_FUSED_ROPE");
     g_attn_no_pdl = getenv_flag("DUOSERVE_ATTN_NO_PDL");
-    g_attn_early_trigger = getenv_flag("DUOSERVE_ATTN_EARLY_TRIGGER");
+    if (const char *tr = getenv("DUOSERVE_ATTN_TRIGGER")) g_attn_trigger = min(2, max(0, atoi(tr)));
     const char *ms = getenv("DUOSERVE_ATTN_MAX_SPLIT"), *sf = getenv("DUOSERVE_ATTN_SPLIT_FILL");
     if (ms && atoi(ms) > 0) g_attn_max_split = min(atoi(ms), 64);
     if (sf && atoi(sf) > 0) g_attn_split_fill = min(atoi(sf), 16);
@@ -969,7 +1130,11 @@ extern "C" int cuda_attention_init(void) {
     int dev = 0;
     if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&g_attn_sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
         return -2;
-    return fa_allow_smem<16>() | fa_allow_smem<32>() | fa_allow_smem<64>() | fa_allow_smem<128>() ? -2 : 0;
+    if (fa_allow_smem<16>() | fa_allow_smem<32>() | fa_allow_smem<64>() | fa_allow_smem<128>()) return -2;
+    int cl = 0;
+    if (cudaDeviceGetAttribute(&cl, cudaDevAttrClusterLaunch, dev) != cudaSuccess) cudaGetLastError(), cl = 0;
+    g_attn_cluster = cl && !getenv_flag("DUOSERVE_ATTN_NO_CLUSTER") && fa_cluster_fits<64>() && fa_cluster_fits<128>();
+    return 0;
 }
 
 // Retrieval heads: this step's K/V rows into their blocks (before attention reads them).
@@ -1031,7 +1196,7 @@ __global__ void append_stream_kernel(const __nv_bfloat16 *kb, const __nv_bfloat1
 }
 
 extern "C" int cuda_attention(void *out, void *qkv, int rs, const struct cuda_attn_args *a, int n_tokens, bool decode,
-                              bool split, const float *inv_freq, cudaStream_t st) {
+                              int split, const float *inv_freq, cudaStream_t st) {
     const __nv_bfloat16 *q = (const __nv_bfloat16 *)qkv;
     const __nv_bfloat16 *kb = q + (size_t)a->n_heads * a->head_dim, *vb = kb + (size_t)a->n_kv_heads * a->head_dim;
     __nv_bfloat16 *o = (__nv_bfloat16 *)out;
@@ -1040,10 +1205,15 @@ extern "C" int cuda_attention(void *out, void *qkv, int rs, const struct cuda_at
     const bool dec = decode && !g_attn_no_dec;
     // split (decode steps): partitions in parallel when the step alone would leave SMs idle
     // (a speed choice only: the partition states are merged in the same order either way)
+    // (every token within 2, 4 or 8 partitions (split 1, 2, 3), the decode kernel's head dims,
+    // and the step splits at all: a cluster of that many blocks a token and KV head, block z
+    // computing partition z)
     int Z = 1;
     if (flash && split && a->ws && a->part_off && !g_attn_no_split)
         Z = max(1, min(g_attn_max_split, (g_attn_split_fill * g_attn_sms + n_tokens * a->n_kv_heads - 1) /
                                              (n_tokens * a->n_kv_heads)));
+    const bool clus = Z > 1 && split >= 1 && split <= 3 && dec && g_attn_cluster && a->head_dim > 32;
+    if (clus) Z = 1 << split;
     // the last flash block of a (token, KV head) merges its states when a counter is there for it
     struct cuda_attn_args fa = *a;
     fa.rope_inv_freq = NULL;
@@ -1052,11 +1222,12 @@ extern "C" int cuda_attention(void *out, void *qkv, int rs, const struct cuda_at
     fa.z_div = cuda_fdiv_make(Z);
     fa.rec_div = cuda_fdiv_make(a->recent > 0 ? a->recent : 1);
     fa.split_min_parts = g_attn_split_min_parts;
-    fa.early_trigger = g_attn_early_trigger;
+    fa.trigger_at = g_attn_trigger;
+    fa.cluster = clus;
     if (n_tokens * a->n_kv_heads > a->n_counters) fa.counters = NULL;
     // a decode step's RoPE and append inside the decode kernel (its COOP form: head dims 64 and
     // 128; a split step needs the in-kernel merge, whose block writes the rotated Q back)
-    if (inv_freq && flash && dec && (a->head_dim == 64 || a->head_dim == 128) && (Z == 1 || fa.counters) &&
+    if (inv_freq && flash && dec && (a->head_dim == 64 || a->head_dim == 128) && (Z == 1 || fa.counters || clus) &&
         !g_attn_no_fused_rope)
         fa.rope_inv_freq = inv_freq;
     if (inv_freq && !fa.rope_inv_freq) { // RoPE and the retrieval heads' append in one kernel
@@ -1074,7 +1245,7 @@ extern "C" int cuda_attention(void *out, void *qkv, int rs, const struct cuda_at
                  : a->head_dim <= 64 ? fa_launch<64>(dec, fgrid, st, o, q, kb, vb, rs, fa)
                                      : fa_launch<128>(dec, fgrid, st, o, q, kb, vb, rs, fa);
         if (rc) return rc;
-        if (Z > 1 && !fa.counters)
+        if (Z > 1 && !fa.counters && !clus)
             CUDA_CHECK(cuda_launch(fa_merge_kernel, dim3(n_tokens, (a->n_heads + 3) / 4), dim3(128), 0, st, o, fa));
     } else {
         dim3 grid(n_tokens, a->n_heads);

@@ -90,7 +90,10 @@ struct cuda_ctx {
     float *attn_ws; // split-decode partition states (cuda/attention.cu)
     int *attn_counters; // the split blocks done per (token, KV head), after the states in attn_ws
     bool decode_step;  // this step: every sequence one token
-    bool split_decode; // and one of them past the first partition
+    // and one of them past the first partition: 0 no; 1, 2, 3 every token within 2, 4, 8
+    // partitions (merged in a thread-block cluster of that many blocks when the step splits);
+    // 4 longer (merged through global memory). Decode graphs are kept apart by it.
+    int split_decode;
     size_t attn_ws_floats;
     int n_tokens, n_seqs, n_logits;
     float *d_logits;
@@ -111,14 +114,15 @@ struct cuda_ctx {
     // CUDA graphs of decode steps, by batch size (and whether the logits go to the host); all
     // invalid when a buffer they use moves
     // [ids only][split decode][batch size]
-    cudaGraphExec_t graphs[2][2][CUDA_MAX_GRAPHS + 1];
+    cudaGraphExec_t graphs[2][5][CUDA_MAX_GRAPHS + 1];
     bool graphs_off;
     struct op_timing *tm;             // DUOSERVE_OP_TIMING=1, else NULL
-    int *graph_labels[2][2][CUDA_MAX_GRAPHS + 1]; // per graph: the labels of its event nodes
-    int graph_n_ev[2][2][CUDA_MAX_GRAPHS + 1];
+    int *graph_labels[2][5][CUDA_MAX_GRAPHS + 1]; // per graph: the labels of its event nodes
+    int graph_n_ev[2][5][CUDA_MAX_GRAPHS + 1];
     uint16_t *stage;   // weight upload staging, [2][32 Mi] bf16
     bool stage_pinned;
     bool cublas; // BACKEND_CUDA_CUBLAS: cuBLAS GEMMs (faster at large batches, not batch-invariant)
+    bool fused_norm_qkv; // norm_matmul fuses the norm into the qkv GEMM too (DUOSERVE_FUSED_NORM=2)
     void *blas_ws;
 };
 
@@ -126,7 +130,7 @@ struct cuda_ctx {
 
 static void drop_graphs(struct cuda_ctx *c) {
     for (int k = 0; k < 2; k++)
-        for (int sp = 0; sp < 2; sp++)
+        for (int sp = 0; sp < 5; sp++)
             for (int i = 0; i <= CUDA_MAX_GRAPHS; i++)
                 if (c->graphs[k][sp][i]) {
                     cudaGraphExecDestroy(c->graphs[k][sp][i]);
@@ -404,13 +408,17 @@ static int cu_begin_step(struct backend *b, const struct fwd_batch *bt) {
     if (bt->n_logits) memcpy(h + off[6], bt->logit_rows, 4 * (size_t)bt->n_logits);
     /* each token's first slot of split-decode partition states (attention.cu) */
     h[off[7]] = 0;
-    for (size_t t = 0; t < T; t++) h[off[7] + t + 1] = h[off[7] + t] + cuda_attn_parts(bt->pos[t]);
+    int max_parts = 0;
+    for (size_t t = 0; t < T; t++) {
+        h[off[7] + t + 1] = h[off[7] + t] + cuda_attn_parts(bt->pos[t]);
+        if (cuda_attn_parts(bt->pos[t]) > max_parts) max_parts = cuda_attn_parts(bt->pos[t]);
+    }
     /* decode steps split attention only when a context spans partitions (the result is the same
      * either way; short contexts skip the merge kernel) */
     bool one_each = T == S && bt->seq_start[0] == 0; /* every sequence exactly one token (not merely T == S) */
     for (size_t s = 0; one_each && s < S; s++) one_each = bt->seq_start[s + 1] - bt->seq_start[s] == 1;
     c->decode_step = one_each;
-    c->split_decode = one_each && (size_t)h[off[7] + T] > T;
+    c->split_decode = !one_each || (size_t)h[off[7] + T] == T ? 0 : max_parts <= 2 ? 1 : max_parts <= 4 ? 2 : max_parts <= 8 ? 3 : 4;
     if (NB) memcpy(h + off[8], bt->block_ids, 4 * NB);
     c->n_tokens = (int)T;
     c->n_seqs = (int)S;
@@ -470,7 +478,7 @@ static void attention(struct backend *b, void *out, void *qkv, int row_stride, c
                                (__nv_bfloat16 *)L->k_stream, (__nv_bfloat16 *)L->v_stream,
                                c->pos, c->tok_seq, c->seq_start, c->indptr, c->blocks, c->slots,
                                c->part_off, c->attn_ws, c->attn_ws_floats, c->attn_counters, ATTN_COUNTERS, NULL,
-                               {0, 0}, {0, 0}, {0, 0}, {0, 0}, 2, 0}; // (the rest: cuda_attention's)
+                               {0, 0}, {0, 0}, {0, 0}, {0, 0}, 2, 0, 0}; // (the rest: cuda_attention's)
     CKI(b, cuda_attention(out, qkv, row_stride, &a, c->n_tokens, c->decode_step, c->split_decode, inv_freq,
                           c->stream));
     tm_mark(c, "%sattention%s", inv_freq ? "rope+" : "", c->split_decode ? " (split)" : "");
@@ -511,7 +519,7 @@ static void cu_norm_matmul(struct backend *b, void *out, void *gu, void *h, void
                            const void *norm_w, float eps, const void *w, const void *bias, int n, int n_out, int dim,
                            bool swiglu) {
     struct cuda_ctx *c = CTX(b);
-    if (packed_weight(c, dim) && x_next != x) {
+    if (packed_weight(c, dim) && x_next != x && (swiglu || c->fused_norm_qkv)) {
         int rc = cuda_gemm_norm(out, x_next, x, y, norm_w, eps, w, bias, n, swiglu ? 2 * n_out : n_out, dim, swiglu,
                                 c->stream);
         if (rc <= 0) {
@@ -807,11 +815,13 @@ extern "C" struct backend *backend_cuda_create(int device, int flags, char *err,
     c->cublas = (flags & BACKEND_CUDA_CUBLAS) != 0;
     /* the fused ops (A/B): SwiGLU in the gate|up GEMM's epilogue, weights interleaved at load (on;
      * DUOSERVE_FUSED_SWIGLU=0 turns it off), and one-token GEMMs that make their own normalised
-     * input (DUOSERVE_FUSED_NORM=1; off by default: measured no faster on the H200) */
+     * input: the gate|up GEMM (DUOSERVE_FUSED_NORM=1, the default: measured faster on the
+     * H200, docs/PERF_NOTES.md runs C-E), also the qkv GEMM (=2: slower there), neither (=0) */
     c->ops = cuda_ops;
     const char *fs = getenv("DUOSERVE_FUSED_SWIGLU"), *fn = getenv("DUOSERVE_FUSED_NORM");
     if (fs && fs[0] == '0') c->ops.matmul_swiglu = NULL;
-    if (!fn || fn[0] != '1') c->ops.norm_matmul = NULL;
+    c->fused_norm_qkv = fn && fn[0] == '2';
+    if (fn && fn[0] == '0') c->ops.norm_matmul = NULL;
     b->ops = &c->ops;
     b->name = "cuda";
     b->ctx = c;

@@ -40,7 +40,8 @@ struct cuda_attn_args {
     // and the flash kernel's divisors: block_size, the GQA group, the split (gridDim.z), recent
     struct cuda_fdiv bs_div, g_div, z_div, rec_div;
     int split_min_parts; // a decode token splits from this many partitions on (>= 2)
-    int early_trigger;   // the fused decode kernel lets the next kernel launch at its start (else after its loads)
+    int trigger_at;      // the fused decode kernel lets the next kernel launch: 0 at its start, 1 after RoPE, 2 after its loop
+    int cluster;         // a split step's blocks of a (token, KV head) form a cluster and merge in shared memory
 };
 
 /* Keys are summed in partitions of this many absolute positions, each from an empty softmax
@@ -59,12 +60,19 @@ static inline int cuda_attn_parts(int pos) { return pos / CUDA_ATTN_PART + 1; }
 #ifdef __cplusplus
 extern "C" {
 #endif
+/* A split decode step whose tokens each span at most 2, 4 or this many partitions runs them in
+ * one thread-block cluster of that many blocks a (token, KV head), which merges the partition
+ * states through distributed shared memory (no round trip through global memory); longer
+ * contexts merge through the workspace. */
+#define CUDA_ATTN_CLUSTER 8
+
 /* decode: every sequence has one token in the step, token t of sequence t (the decode kernel: a
  * block's warps share the token); split: and some token spans more than one partition (they may
- * then run in parallel); inv_freq: RoPE q and k first (in place, as cuda_rope), fused with the
- * KV append; NULL: qkv is already rotated */
+ * then run in parallel): 1, 2, 3 when every token spans at most 2, 4, 8 partitions (a
+ * cluster of that many blocks, where the step splits), 4 when some token spans more; inv_freq: RoPE q and k first (in place, as cuda_rope), fused with the KV append;
+ * NULL: qkv is already rotated */
 int cuda_attention(void *out, void *qkv, int row_stride, const struct cuda_attn_args *a, int n_tokens, bool decode,
-                   bool split, const float *inv_freq, cudaStream_t st);
+                   int split, const float *inv_freq, cudaStream_t st);
 #ifdef __cplusplus
 }
 #endif

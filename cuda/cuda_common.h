@@ -81,20 +81,34 @@ static inline bool cuda_pdl_on(void) {
 
 // pdl: this launch may start while the kernel before it runs (programmatic dependent launch),
 // whatever DUOSERVE_PDL says; the kernel must pdl_wait() before touching that kernel's data.
+// cluster_z > 1: blocks (x, y, z) with z in [k * cluster_z, (k + 1) * cluster_z) form a thread-block
+// cluster (gridDim.z a multiple of it).
 template <typename... KArgs, typename... Args>
-static cudaError_t cuda_launch_pdl(bool pdl, void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
-                                   cudaStream_t s, Args... args) {
+static cudaError_t cuda_launch_cluster(bool pdl, unsigned cluster_z, void (*kernel)(KArgs...), dim3 grid, dim3 block,
+                                       size_t smem, cudaStream_t s, Args... args) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = block;
     cfg.dynamicSmemBytes = smem;
     cfg.stream = s;
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchAttribute at[2];
+    unsigned n = 0;
+    if (pdl) {
+        at[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[n++].val.programmaticStreamSerializationAllowed = 1;
+    }
+    if (cluster_z > 1) {
+        at[n].id = cudaLaunchAttributeClusterDimension;
+        at[n].val.clusterDim.x = 1, at[n].val.clusterDim.y = 1, at[n++].val.clusterDim.z = cluster_z;
+    }
     cfg.attrs = at;
-    cfg.numAttrs = pdl ? 1 : 0;
+    cfg.numAttrs = n;
     return cudaLaunchKernelEx(&cfg, kernel, (KArgs)args...);
+}
+template <typename... KArgs, typename... Args>
+static cudaError_t cuda_launch_pdl(bool pdl, void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
+                                   cudaStream_t s, Args... args) {
+    return cuda_launch_cluster(pdl, 1, kernel, grid, block, smem, s, args...);
 }
 
 template <typename... KArgs, typename... Args>
