@@ -54,8 +54,11 @@ def main():
     recs.sort()
     names = demangle(sorted({r[5] for r in recs}))
     launches = []  # (graph id, [records])
+    # a launch goes on while the graph id stays and the kernels follow within 200 us, until its
+    # first kernel (name and grid) comes again: back-to-back replays of one graph are apart
     for r in recs:
-        if r[2] and launches and launches[-1][0] == r[2] and r[0] - launches[-1][1][-1][1] < 200_000:
+        if (r[2] and launches and launches[-1][0] == r[2] and r[0] - launches[-1][1][-1][1] < 200_000
+                and (r[5], r[3]) != (launches[-1][1][0][5], launches[-1][1][0][3])):
             launches[-1][1].append(r)
         elif r[2]:
             launches.append((r[2], [r]))
