@@ -2,7 +2,7 @@
 # device_run.sh: one GPU-machine run of the checks, benchmarks, A/B of the switches, kernel
 # traces and ShareGPT serving; the stages to run are the arguments (default: all of them).
 #
-#   [AB="name:VAR=v,..."] [TRACE_AB="name:VAR=v,..."] bash scripts/device_run.sh [attnbench] [checks] [bench] [gemmprof] [stamps] [ab] [trace] [optime] [serving]
+#   [AB="name:VAR=v,..."] [TRACE_AB="name:VAR=v,..."] bash scripts/device_run.sh [attnbench] [optest] [checks] [bench] [gemmprof] [stamps] [ab] [trace] [optime] [serving]
 #
 # Expects .device/ as scripts/device_pack.sh leaves it (run there first): bin.txz (the stripped
 # binaries of make CUDA=1 BUILD=build-gpu, libktrace.so and libcupti.so.13 in bin/),
@@ -25,6 +25,13 @@ if has attnbench; then # one decode token's attention at several contexts; FA_CL
     echo "== attnbench [$v]"; env $v DUOSERVE_TEST_ONLY=attnbench $B/duoserve-test-cuda
     [ -x $B/duoserve-test-cuda-clk ] && env $v DUOSERVE_TEST_ONLY=attnbench $B/duoserve-test-cuda-clk
   done 2>&1 | tee $L/attnbench.log
+fi
+# the op test alone, as built and again under OPTEST_ENV="VAR=v,..." (a new path behind a switch)
+if has optest; then
+  for v in "" ${OPTEST_ENV:-}; do
+    env $(echo "$v" | tr ',' ' ') $B/duoserve-test-cuda > $L/optest.log 2>&1
+    echo "op test [$v]: $(grep FAIL $L/optest.log | head -5) $(tail -1 $L/optest.log)"
+  done
 fi
 if has checks; then
   scripts/gpu_check.sh $B checks $L
