@@ -748,9 +748,9 @@ int main(void) {
     attention_invariance(8, 2, 16, 0, 300, 70, 30, 0, 1, 48);
     /* a prompt from position 0: the sink inside chunk 1, chunk 1 longer than the ring */
     attention_invariance(32, 8, 128, 3, 0, 300, 100, 64, 96, 0);
-    /* contexts over several 1024-key partitions: the last, single-token chunk is a decode step
-     * whose partitions run in parallel (split) and merge from memory; a sliding window that
-     * leaves the first partitions empty */
+    /* contexts over several partitions: the last, single-token chunk is a decode step whose
+     * partitions run in parallel (split) and merge (in a cluster up to 8 partitions, else from
+     * memory); a sliding window that leaves the first partitions empty */
     attention_invariance(32, 8, 128, 3, 2500, 100, 40, 16, 64, 0);
     attention_invariance(8, 2, 64, 0, 3000, 60, 21, 0, 1, 1500);
     attention_invariance(16, 2, 128, 1, 5030, 30, 9, 4, 300, 0);
@@ -778,6 +778,11 @@ int main(void) {
     attention_case(14, 2, 64, 1, 300, 1, 3, 4, 40, &fused);
     struct attn_opts fused_mix = {0, 1.0f, 1.0f, mixed, 1};
     attention_case(32, 8, 128, 3, 5000, 1, 3, 16, 64, &fused_mix);
+    /* split decode steps merged in a thread-block cluster: 2 partitions (a cluster of 2), 4
+     * partitions with GQA 8 (4), and GQA 16 (four heads a merging warp) */
+    attention_case(32, 8, 128, 3, 200, 1, 2, 16, 64, &fused);
+    attention_case(16, 2, 64, 1, 450, 1, 2, 4, 40, &fused);
+    attention_case(32, 2, 128, 0, 200, 1, 3, 0, 1, NULL);
     /* the CUDA-core kernel: head dim 256, GQA 32 */
     attention_case(32, 1, 256, 0, 300, 3, 2, 0, 1, NULL);
     printf("\ncuda ops: %d passed, %d failed\n", n_pass, n_fail);
