@@ -410,8 +410,9 @@ static int cu_begin_step(struct backend *b, const struct fwd_batch *bt) {
     h[off[7]] = 0;
     int max_parts = 0;
     for (size_t t = 0; t < T; t++) {
-        h[off[7] + t + 1] = h[off[7] + t] + cuda_attn_parts(bt->pos[t]);
-        if (cuda_attn_parts(bt->pos[t]) > max_parts) max_parts = cuda_attn_parts(bt->pos[t]);
+        const int parts = cuda_attn_parts(bt->pos[t]);
+        h[off[7] + t + 1] = h[off[7] + t] + parts;
+        if (parts > max_parts) max_parts = parts;
     }
     /* decode steps split attention only when a context spans partitions (the result is the same
      * either way; short contexts skip the merge kernel) */

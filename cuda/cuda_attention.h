@@ -68,9 +68,9 @@ extern "C" {
 
 /* decode: every sequence has one token in the step, token t of sequence t (the decode kernel: a
  * block's warps share the token); split: and some token spans more than one partition (they may
- * then run in parallel): 1, 2, 3 when every token spans at most 2, 4, 8 partitions (a
- * cluster of that many blocks, where the step splits), 4 when some token spans more; inv_freq: RoPE q and k first (in place, as cuda_rope), fused with the KV append;
- * NULL: qkv is already rotated */
+ * then run in parallel): 1, 2, 3 when every token spans at most 2, 4, 8 partitions (a cluster
+ * of that many blocks, where the step splits), 4 when some token spans more; inv_freq: RoPE q
+ * and k first (in place, as cuda_rope), fused with the KV append; NULL: qkv is already rotated */
 int cuda_attention(void *out, void *qkv, int row_stride, const struct cuda_attn_args *a, int n_tokens, bool decode,
                    int split, const float *inv_freq, cudaStream_t st);
 #ifdef __cplusplus
