@@ -287,6 +287,29 @@ __device__ __forceinline__ bool fa_merge_begin(float &M, float &L, float m, floa
 __device__ __forceinline__ float fa_merge_o(float O, float o, float ca, float cb) {
     return __fadd_rn(__fmul_rn(O, ca), __fmul_rn(o, cb));
 }
+// One partition state {m, l, o} of a head folded into its running total (M, L, O) by one warp:
+// this lane's dims lane, lane + 32, .. (o_at(i): o[lane + 32 i])
+template <int NI, typename OAT>
+__device__ __forceinline__ void fa_fold(float &M, float &L, float (&O)[NI], float m, float l, int lane, int HD,
+                                        OAT &&o_at) {
+    float ca, cb;
+    if (!fa_merge_begin(M, L, m, l, ca, cb)) return;
+#pragma unroll
+    for (int i = 0; i < NI; i++)
+        if (lane + 32 * i < HD) O[i] = fa_merge_o(O[i], o_at(i), ca, cb);
+}
+// A merged head's output, O / L, written by its warp (this lane's dims)
+template <int NI>
+__device__ __forceinline__ void fa_store_head(__nv_bfloat16 *out, const struct cuda_attn_args &a, int t, int head,
+                                              const float (&O)[NI], float L, int lane) {
+    const int HD = a.head_dim;
+    float inv = 1.0f / L;
+    __nv_bfloat16 *orow = out + ((size_t)t * a.n_heads + head) * HD;
+    for (int i = 0; i < NI; i++) {
+        int d = lane + 32 * i;
+        if (d < HD) orow[d] = __float2bfloat16(O[i] * inv);
+    }
+}
 
 // Partition states in a.ws: slot ((part_off[t] + p) * n_heads + head) * (HD + 2) = {m, l, o[HD]}.
 __device__ __forceinline__ float *fa_state(const struct cuda_attn_args &a, int t, int p, int head) {
@@ -325,13 +348,7 @@ __device__ void fa_merge_head(__nv_bfloat16 *out, const struct cuda_attn_args &a
     };
     auto fold = [&](const batch &b) {
 #pragma unroll
-        for (int u = 0; u < FA_MERGE_AHEAD; u++) {
-            float ca, cb;
-            if (!fa_merge_begin(M, L, b.m[u], b.l[u], ca, cb)) continue;
-#pragma unroll
-            for (int i = 0; i < NI; i++)
-                if (lane + 32 * i < HD) O[i] = fa_merge_o(O[i], b.o[u][i], ca, cb);
-        }
+        for (int u = 0; u < FA_MERGE_AHEAD; u++) fa_fold(M, L, O, b.m[u], b.l[u], lane, HD, [&](int i) { return b.o[u][i]; });
     };
     load(bA, 0);
     for (int p0 = 0; p0 < n_parts; p0 += 2 * FA_MERGE_AHEAD) {
@@ -341,12 +358,7 @@ __device__ void fa_merge_head(__nv_bfloat16 *out, const struct cuda_attn_args &a
         load(bA, p0 + 2 * FA_MERGE_AHEAD);
         fold(bB);
     }
-    float inv = 1.0f / L;
-    __nv_bfloat16 *orow = out + ((size_t)t * a.n_heads + head) * HD;
-    for (int i = 0; i < NI; i++) {
-        int d = lane + 32 * i;
-        if (d < HD) orow[d] = __float2bfloat16(O[i] * inv);
-    }
+    fa_store_head(out, a, t, head, O, L, lane);
 }
 
 // The same merge by the flash kernel's last block of a (token t, KV head kvh): the states of its G
@@ -391,11 +403,7 @@ __device__ void fa_merge_block(__nv_bfloat16 *out, const struct cuda_attn_args &
             for (int pp = 0; pp < np; pp++) {
                 const float *st = reinterpret_cast<const float *>(smem + (size_t)pp * seg16 * 16 + (first(g0 + pp) & 15)) +
                                   (size_t)hh * SW;
-                float ca, cb;
-                if (!fa_merge_begin(M[hs], L[hs], st[0], st[1], ca, cb)) continue;
-#pragma unroll
-                for (int i = 0; i < NI; i++)
-                    if (lane + 32 * i < HD) O[hs][i] = fa_merge_o(O[hs][i], st[2 + lane + 32 * i], ca, cb);
+                fa_fold(M[hs], L[hs], O[hs], st[0], st[1], lane, HD, [&](int i) { return st[2 + lane + 32 * i]; });
             }
         }
         __syncthreads(); // the group read before the next one lands
@@ -404,12 +412,7 @@ __device__ void fa_merge_block(__nv_bfloat16 *out, const struct cuda_attn_args &
     for (int hs = 0; hs < 4; hs++) {
         const int hh = warp + hs * FA_WARPS;
         if (hh >= G) break;
-        float inv = 1.0f / L[hs];
-        __nv_bfloat16 *orow = out + ((size_t)t * a.n_heads + (size_t)(kvh * G + hh)) * HD;
-        for (int i = 0; i < NI; i++) {
-            int d = lane + 32 * i;
-            if (d < HD) orow[d] = __float2bfloat16(O[hs][i] * inv);
-        }
+        fa_store_head(out, a, t, kvh * G + hh, O[hs], L[hs], lane);
     }
 }
 
@@ -434,18 +437,9 @@ __device__ void fa_merge_cluster(__nv_bfloat16 *out, const struct cuda_attn_args
 #pragma unroll 1
         for (int p = 0; p < n_parts; p++) {
             const float *st = cl.map_shared_rank(sst, (unsigned)p) + (size_t)hh * SW;
-            float ca, cb;
-            if (!fa_merge_begin(M, L, st[0], st[1], ca, cb)) continue;
-#pragma unroll
-            for (int i = 0; i < NI; i++)
-                if (lane + 32 * i < HD) O[i] = fa_merge_o(O[i], st[2 + lane + 32 * i], ca, cb);
+            fa_fold(M, L, O, st[0], st[1], lane, HD, [&](int i) { return st[2 + lane + 32 * i]; });
         }
-        float inv = 1.0f / L;
-        __nv_bfloat16 *orow = out + ((size_t)t * a.n_heads + (size_t)(kvh * G + hh)) * HD;
-        for (int i = 0; i < NI; i++) {
-            int d = lane + 32 * i;
-            if (d < HD) orow[d] = __float2bfloat16(O[i] * inv);
-        }
+        fa_store_head(out, a, t, kvh * G + hh, O, L, lane);
     }
 }
 __device__ __forceinline__ void fa_cluster_sync() { cooperative_groups::this_cluster().sync(); }

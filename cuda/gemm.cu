@@ -92,11 +92,6 @@ __global__ void gemm_pack_kernel(__nv_bfloat16 *__restrict__ dst, const __nv_bfl
     *reinterpret_cast<uint4 *>(dst + i * 8) = *reinterpret_cast<const uint4 *>(v);
 }
 
-// Packed row n as a plain row (the embedding lookup of a packed table).
-__device__ __forceinline__ __nv_bfloat16 packed_at(const __nv_bfloat16 *w, int n, int k, int K) {
-    return w[packed_index(n, k, (K + 15) / 16)];
-}
-
 // Split-K: a thread's NO outputs (idx(o, n, t) names output o; those outside M x N are skipped)
 // from the partials ws[chunk][M][N], each added in chunk order from zero into v[o] (the same sum
 // the unsplit kernels make in registers); every split reduction goes through here (or, for one
@@ -641,11 +636,27 @@ static int gemm(OUT *y, const void *x, const void *w, const void *bias, int M, i
     }
 }
 
-__global__ void embed_packed_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *table, const int32_t *tokens, int dim) {
+// Row tokens[t] of a packed table (dim % 8 == 0), a block a token. Elements k, k + 1 (k even) are
+// adjacent in their lane slot: one 32-bit load a pair, EMBED_AHEAD of a thread's loads issued
+// before its first store (restrict: one round trip a row, not one an element).
+#define EMBED_AHEAD 8
+__global__ void embed_packed_kernel(__nv_bfloat16 *__restrict__ out, const __nv_bfloat16 *__restrict__ table,
+                                    const int32_t *__restrict__ tokens, int dim) {
     pdl_trigger();
     pdl_wait();
-    int t = blockIdx.x, row = tokens[t];
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) out[(size_t)t * dim + i] = packed_at(table, row, i, dim);
+    const int t = blockIdx.x, row = tokens[t], KB = (dim + 15) / 16, pairs = dim / 2;
+    uint32_t *orow = reinterpret_cast<uint32_t *>(out + (size_t)t * dim);
+    for (int i0 = threadIdx.x; i0 < pairs; i0 += EMBED_AHEAD * blockDim.x) {
+        uint32_t v[EMBED_AHEAD];
+#pragma unroll
+        for (int u = 0; u < EMBED_AHEAD; u++) {
+            const int i = i0 + u * blockDim.x;
+            v[u] = i < pairs ? *reinterpret_cast<const uint32_t *>(table + packed_index(row, 2 * i, KB)) : 0u;
+        }
+#pragma unroll
+        for (int u = 0; u < EMBED_AHEAD; u++)
+            if (i0 + u * (int)blockDim.x < pairs) orow[i0 + u * blockDim.x] = v[u];
+    }
 }
 
 extern "C" {

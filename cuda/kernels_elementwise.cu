@@ -141,11 +141,30 @@ __global__ void add_bias_kernel(__nv_bfloat16 *x, const __nv_bfloat16 *bias, int
     if (i < n) x[i] = __float2bfloat16(__bfloat162float(x[i]) + __bfloat162float(bias[i % dim]));
 }
 
-__global__ void get_rows_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *x, const int32_t *rows, int dim) {
+// A row a block; dim % 8 == 0 rows move as 16-byte pieces, all of a thread's loads issued before
+// its first store (restrict: one round trip a row, not one an element)
+__global__ void get_rows_kernel(__nv_bfloat16 *__restrict__ out, const __nv_bfloat16 *__restrict__ x,
+                                const int32_t *__restrict__ rows, int dim) {
     pdl_trigger();
     pdl_wait();
     const __nv_bfloat16 *src = x + (size_t)rows[blockIdx.x] * dim;
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) out[(size_t)blockIdx.x * dim + i] = src[i];
+    __nv_bfloat16 *dst = out + (size_t)blockIdx.x * dim;
+    if (dim % 8) {
+        for (int i = threadIdx.x; i < dim; i += blockDim.x) dst[i] = src[i];
+        return;
+    }
+    constexpr int P = 4;
+    const uint4 *s16 = reinterpret_cast<const uint4 *>(src);
+    uint4 *d16 = reinterpret_cast<uint4 *>(dst);
+    for (int i0 = threadIdx.x; i0 < dim / 8; i0 += P * blockDim.x) {
+        uint4 v[P];
+#pragma unroll
+        for (int u = 0; u < P; u++)
+            if (i0 + u * (int)blockDim.x < dim / 8) v[u] = s16[i0 + u * blockDim.x];
+#pragma unroll
+        for (int u = 0; u < P; u++)
+            if (i0 + u * (int)blockDim.x < dim / 8) d16[i0 + u * blockDim.x] = v[u];
+    }
 }
 
 __global__ void f32_to_bf16_kernel(__nv_bfloat16 *dst, const float *src, size_t n) {
@@ -166,8 +185,10 @@ __global__ void bf16_to_f32_kernel(float *dst, const __nv_bfloat16 *src, size_t 
 // each reducing a slice to a (value, index) pair; the row's last block to finish combines the
 // pairs (the rule is a total order, so the combination order does not matter). ws holds a
 // counter per row of its capacity (zero between launches), then [rows][ARGMAX_SLICES] pairs.
-#define ARGMAX_SLICES 16
-__global__ void argmax_kernel(int32_t *ids, const float *x, int vocab, int32_t *ws, int ws_rows) {
+// Each thread's loads go out ARGMAX_AHEAD at a time (one round trip for a 128k vocabulary).
+#define ARGMAX_SLICES 64
+#define ARGMAX_AHEAD 8
+__global__ void argmax_kernel(int32_t *__restrict__ ids, const float *__restrict__ x, int vocab, int32_t *ws, int ws_rows) {
     pdl_trigger();
     pdl_wait();
     __shared__ float sv[32];
@@ -177,7 +198,18 @@ __global__ void argmax_kernel(int32_t *ids, const float *x, int vocab, int32_t *
     const float *row = x + (size_t)r * vocab;
     float best = -INFINITY;
     int bi = 0x7fffffff;
-    for (int i = p * per + threadIdx.x; i < min(vocab, (p + 1) * per); i += blockDim.x) argmax_take(best, bi, row[i], i);
+    const int end = min(vocab, (p + 1) * per);
+    for (int i0 = p * per + threadIdx.x; i0 < end; i0 += ARGMAX_AHEAD * blockDim.x) {
+        float v[ARGMAX_AHEAD];
+#pragma unroll
+        for (int u = 0; u < ARGMAX_AHEAD; u++) {
+            const int i = i0 + u * blockDim.x;
+            v[u] = i < end ? row[i] : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < ARGMAX_AHEAD; u++)
+            if (i0 + u * (int)blockDim.x < end) argmax_take(best, bi, v[u], i0 + u * blockDim.x);
+    }
     // the block's pair into sv[0], si[0]
     auto block_argmax = [&]() {
         warp_argmax(best, bi);

@@ -80,9 +80,11 @@ fi
 ktr() { local name=$1; shift; CUDA_INJECTION64_PATH=$B/libktrace.so KTRACE_OUT=$L/kt_$name.txt timeout 100 $B/bench_gpu $M cuda --prefill 0 "$@" > $L/kt_$name.log 2>&1
   grep decode $L/kt_$name.log | sed -E 's/ +/ /g'; python3 scripts/ktrace_report.py $L/kt_$name.txt --top 14 > $L/kt_$name.report 2>&1; head -40 $L/kt_$name.report; xz -T4 $L/kt_$name.txt; }
 if has trace; then
-  ktr b1 --decode 1
-  ktr b1_ctx1000 --decode 1 --decode-ctx 1000
-  ktr b64 --decode 64
+  # TRACE_RUNS (default "b1 b1_ctx1000 b64"): which of the three base traces to take
+  has_t() { [[ " ${TRACE_RUNS:-b1 b1_ctx1000 b64} " == *" $1 "* ]]; }
+  has_t b1 && ktr b1 --decode 1
+  has_t b1_ctx1000 && ktr b1_ctx1000 --decode 1 --decode-ctx 1000
+  has_t b64 && ktr b64 --decode 64
   # TRACE_AB="name:VAR=v,... ..." (optional): the b1 trace again under each set of switches
   for spec in ${TRACE_AB:-}; do
     ( export $(echo "${spec#*:}" | tr ',' ' '); echo "== trace ${spec%%:*}"; ktr "b1_${spec%%:*}" --decode 1 )
