@@ -37,6 +37,14 @@ static bool g_stream_groups = true; // weight streams split K in groups of chunk
 // Weight streams launch programmatically (their first two weight buffers load while the kernel
 // before runs; they wait before reading x or writing): DUOSERVE_PDL_GEMM=0 turns it off
 static bool g_stream_pdl = true;
+// Weight streams of at least g_stream_k_units units (K chunks of 16-row strips) whose grid is short
+// of a wave spread their units evenly over a full wave (stream-K; DUOSERVE_STREAM_K=0: off,
+// DUOSERVE_STREAM_K_MIN_UNITS). At Llama-3-8B's shapes that is the gate|up GEMM (14,336 units);
+// the smaller ones keep their grids: they start under PDL while the kernel before them still
+// holds SM slots, and a full-wave grid waits for those (H200, runs 24-25: gate|up alone 58.5
+// against 62.8 us; the b1 step 4.51-4.53 ms with it, 4.57 with every stream, 4.61-4.65 with none).
+static bool g_stream_k = true;
+static unsigned g_stream_k_units = 8192;
 
 __device__ __forceinline__ void cp_async16(void *smem, const void *gmem, bool pred) {
     unsigned s = (unsigned)__cvta_generic_to_shared(smem);
@@ -347,48 +355,57 @@ struct gemm_norm_args {
     float eps;
 };
 
-// The weight stream (M <= 8 * NT): each warp owns one 16-row strip of packed weights and one K
-// chunk (split: the strip's last warp to finish adds the chunk partials in order) or every
-// chunk in order (no split). Its A fragments are 16-byte loads of a contiguous stream, U k
-// steps at a time and the next U in flight; the tokens' B fragments come from global (L1).
+// The weight stream (M <= 8 * NT). A warp's work is a range [u0, u1) of units, unit u being K
+// chunk u % chunks of 16-row strip u / chunks of the packed weights: by strip (sk = 0), warp w of
+// block (b, gy) takes strip 4b + w, chunks [gy * cpg, (gy + 1) * cpg) (every chunk when the grid
+// has one row); stream-K (sk = 1), the grid's warps share the units of all strips evenly in
+// order (a warp's range may end or begin mid-strip), so that every resident warp streams the
+// same number of bytes. A warp holding a whole strip sums its chunks in registers; otherwise
+// each chunk's sum is a partial of its own and the strip's last warp to finish adds them in
+// chunk order (the same adds). The A fragments are 16-byte loads of a contiguous stream, U k
+// steps at a time and the next U in flight (across unit ends too); the tokens' B fragments come
+// from global (L1).
 #define GEMM_STREAM_WARPS 4
 #define GEMM_STREAM_U 8
 template <int NT, typename OUT, bool SW, bool NORM>
 __global__ void __launch_bounds__(32 * GEMM_STREAM_WARPS, NT == 1 ? 4 : 1)
     gemm_stream_kernel(OUT *__restrict__ y, const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ w,
                        const __nv_bfloat16 *__restrict__ bias, int M, int N, int K, float *__restrict__ ws,
-                       int *__restrict__ counters, int cpg, struct gemm_norm_args nrm) {
+                       int *__restrict__ counters, int cpg, int sk, struct gemm_norm_args nrm) {
     static_assert(!NORM || NT == 1, "the normalised input is one token");
-    constexpr int U = GEMM_STREAM_U;
+    constexpr int U = GEMM_STREAM_U, CKB = GEMM_KC / 16; // k blocks a chunk
     const int lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
-    const int strip = blockIdx.x * GEMM_STREAM_WARPS + threadIdx.x / 32;
+    const int warp_id = blockIdx.x * GEMM_STREAM_WARPS + threadIdx.x / 32;
     const int NB = (N + 15) / 16, KB = (K + 15) / 16, chunks = (K + GEMM_KC - 1) / GEMM_KC;
-    if (!NORM && strip >= NB) return; // (NORM: every thread makes the input row first)
+    int u0 = 0, u1 = 0;
+    if (sk) {
+        const long long W = (long long)gridDim.x * GEMM_STREAM_WARPS, units = (long long)NB * chunks;
+        u0 = (int)(warp_id * units / W), u1 = (int)((warp_id + 1) * units / W);
+    } else if (warp_id < NB) {
+        const int c_lo = blockIdx.y * cpg, c_hi = gridDim.y > 1 ? min(chunks, c_lo + cpg) : chunks;
+        u0 = warp_id * chunks + c_lo, u1 = warp_id * chunks + c_hi;
+    }
+    if (!NORM && u0 >= u1) return; // (NORM: every thread makes the input row first)
     __shared__ __align__(16) uint4 hs[NORM ? GEMM_NORM_MAX / 8 : 1]; // NORM: the normalised row
     const uint32_t *hs32 = reinterpret_cast<const uint32_t *>(hs);
-    const bool split = gridDim.y > 1; // this block sums the cpg chunks of group blockIdx.y
-    const int c_lo = split ? blockIdx.y * cpg : 0, c_hi = split ? min(chunks, c_lo + cpg) : chunks;
-    const uint4 *wp = reinterpret_cast<const uint4 *>(w) + (size_t)strip * KB * 32 + lane; // + kb * 32
+    const uint4 *w16 = reinterpret_cast<const uint4 *>(w) + lane;
+    auto strip_w = [&](int u) { return w16 + (size_t)(u / chunks) * KB * 32; }; // + kb * 32
     const uint32_t *x32 = reinterpret_cast<const uint32_t *>(x);
 
-    auto load_a = [&](uint4 *a, int kb, int kb_end) {
+    auto load_a = [&](uint4 *a, const uint4 *wp, int kb, int kb_end) {
 #pragma unroll
         for (int u = 0; u < U; u++) a[u] = kb + u < kb_end ? __ldcs(wp + (size_t)(kb + u) * 32) : make_uint4(0, 0, 0, 0);
     };
     // U k steps from kb: B fragments (token j*8 + g: b0 = x[k + 2q, +1], b1 = x[k + 8 + 2q, +1]) and mma
     float total[NT][4], acc[NT][4];
-#pragma unroll
-    for (int j = 0; j < NT; j++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) total[j][e] = 0.0f;
-    // f(n, t, v[j][e]) for each output this lane holds in v (acc or total): rows g, g + 8;
-    // tokens j * 8 + 2q, +1
-    auto each_out = [&](float (&v)[NT][4], auto &&f) {
+    // f(n, t, v[j][e]) for each output of strip s this lane holds in v (acc or total): rows g,
+    // g + 8; tokens j * 8 + 2q, +1
+    auto each_out = [&](int s, float (&v)[NT][4], auto &&f) {
 #pragma unroll
         for (int j = 0; j < NT; j++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                int n = strip * 16 + g + 8 * (e >> 1), t = j * 8 + 2 * q + (e & 1);
+                int n = s * 16 + g + 8 * (e >> 1), t = j * 8 + 2 * q + (e & 1);
                 if (n < N && t < M) f(n, t, v[j][e]);
             }
     };
@@ -417,14 +434,28 @@ __global__ void __launch_bounds__(32 * GEMM_STREAM_WARPS, NT == 1 ? 4 : 1)
                 for (int j = 0; j < NT; j++) mma_bf16(acc[j], av, b[u][j]);
             }
     };
+    // strip s's outputs from total
+    auto store = [&](int s) {
+        if constexpr (SW) { // total[j][e] is row g, total[j][2 + e] row g + 8
+#pragma unroll
+            for (int j = 0; j < NT; j++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    int n = s * 16 + g, t = j * 8 + 2 * q + e;
+                    if (n < N && t < M) store_swiglu(y, N, n, t, total[j][e], total[j][2 + e]);
+                }
+        } else {
+            each_out(s, total, [&](int n, int t, float &v) { store_out(y + (size_t)t * N + n, out_value(v, bias, n)); });
+        }
+    };
 
     uint4 a0[U], a1[U];
-    int kb = c_lo * (GEMM_KC / 16), kb_end = min(KB, kb + GEMM_KC / 16);
     // weights first, the first two buffers: they do not depend on the kernel before (PDL)
     bool a1_loaded = false;
-    if (strip < NB) {
-        load_a(a0, kb, kb_end);
-        if (!NORM && kb + U < kb_end) load_a(a1, kb + U, kb_end), a1_loaded = true; // (NORM: registers)
+    if (u0 < u1) {
+        const int kb = (int)(u0 % chunks) * CKB, kb_end = min(KB, kb + CKB);
+        load_a(a0, strip_w(u0), kb, kb_end);
+        if (!NORM && kb + U < kb_end) load_a(a1, strip_w(u0), kb + U, kb_end), a1_loaded = true; // (NORM: registers)
     }
     pdl_wait();
     pdl_trigger(); // the next kernel may launch now (the decode attention: its prologue overlaps this)
@@ -432,55 +463,74 @@ __global__ void __launch_bounds__(32 * GEMM_STREAM_WARPS, NT == 1 ? 4 : 1)
         rms_row(nrm.x, nrm.y, nrm.w, blockIdx.x == 0 && blockIdx.y == 0 ? nrm.x_out : NULL, K, nrm.eps,
                 [&](int c, uint4 v) { hs[c] = v; });
         __syncthreads();
-        if (strip >= NB) return;
+        if (u0 >= u1) return;
     }
-    for (int c = c_lo; c < c_hi; c++) {
-        kb = c * (GEMM_KC / 16), kb_end = min(KB, kb + GEMM_KC / 16);
-        // the next chunk's first steps, for the prefetch past this chunk's end
-        const int nkb = kb_end < KB && c + 1 < c_hi ? kb_end : -1, nkb_end = min(KB, nkb + GEMM_KC / 16);
+    // the chunks of strip s this warp holds: [seg_lo(s), seg_hi(s)); a range holds at most
+    // `chunks` units (the host sees to it), so it is a whole strip or parts of at most two
+    auto seg_lo = [&](int s) { return max(u0, s * chunks); };
+    auto seg_hi = [&](int s) { return min(u1, (s + 1) * chunks); };
+    for (int u = u0; u < u1; u++) {
+        const int s = u / chunks, c = u % chunks;
+        if (u == u0 || c == 0) {
+#pragma unroll
+            for (int j = 0; j < NT; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) total[j][e] = 0.0f;
+        }
+        const int kb = c * CKB, kb_end = min(KB, kb + CKB);
+        // the next unit's first steps, for the prefetch past this chunk's end
+        const int nkb = u + 1 < u1 ? (u + 1) % chunks * CKB : -1, nkb_end = min(KB, nkb + CKB);
 #pragma unroll
         for (int j = 0; j < NT; j++)
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[j][e] = 0.0f;
         // a0 holds steps kb..kb+U-1; steps alternate between the two buffers
-        for (int s = kb; s < kb_end; s += 2 * U) {
+        for (int st = kb; st < kb_end; st += 2 * U) {
             if (a1_loaded) a1_loaded = false; // (the first one, before the wait)
-            else if (s + U < kb_end) load_a(a1, s + U, kb_end);
-            else if (nkb >= 0) load_a(a1, nkb, nkb_end);
-            steps(a0, s, kb_end);
-            if (s + U >= kb_end) { // a1 holds the next chunk's first steps (or nothing)
+            else if (st + U < kb_end) load_a(a1, strip_w(u), st + U, kb_end);
+            else if (nkb >= 0) load_a(a1, strip_w(u + 1), nkb, nkb_end);
+            steps(a0, st, kb_end);
+            if (st + U >= kb_end) { // a1 holds the next unit's first steps (or nothing)
 #pragma unroll
-                for (int u = 0; u < U; u++) a0[u] = a1[u];
+                for (int v = 0; v < U; v++) a0[v] = a1[v];
                 break;
             }
-            if (s + 2 * U < kb_end) load_a(a0, s + 2 * U, kb_end);
-            else if (nkb >= 0) load_a(a0, nkb, nkb_end);
-            steps(a1, s + U, kb_end);
+            if (st + 2 * U < kb_end) load_a(a0, strip_w(u), st + 2 * U, kb_end);
+            else if (nkb >= 0) load_a(a0, strip_w(u + 1), nkb, nkb_end);
+            steps(a1, st + U, kb_end);
         }
-        if (split) { // each chunk's sum is a partial of its own, whatever the group
-            float *part = ws + (size_t)c * M * N;
-            each_out(acc, [&](int n, int t, float &v) { part[(size_t)t * N + n] = v; });
-        } else {
+        if (seg_hi(s) - seg_lo(s) == chunks) { // the whole strip: its chunks summed in registers
 #pragma unroll
             for (int j = 0; j < NT; j++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) total[j][e] += acc[j][e];
+        } else { // each chunk's sum is a partial of its own, whoever sums it
+            float *part = ws + (size_t)c * M * N;
+            each_out(s, acc, [&](int n, int t, float &v) { part[(size_t)t * N + n] = v; });
         }
     }
-
-    if (split) {
+    const int s_first = u0 / chunks, s_last = (u1 - 1) / chunks;
+    if (seg_hi(s_last) - seg_lo(s_last) == chunks) { // (then the range's only strip)
+        store(s_last);
+        return;
+    }
+    // the strips held in part: the last warp to finish its part of one adds all its partials
+    // (after the loop, when the stream's registers are free)
+#pragma unroll 1
+    for (int s = s_first; s <= s_last; s++) {
+        const int held = seg_hi(s) - seg_lo(s);
         fence_acq_rel();
         __syncwarp();
         int last = 0;
-        if (lane == 0) last = atomicAdd(&counters[strip], c_hi - c_lo) == chunks - (c_hi - c_lo);
-        if (!__shfl_sync(0xffffffffu, last, 0)) return;
+        if (lane == 0) last = atomicAdd(&counters[s], held) == chunks - held;
+        if (!__shfl_sync(0xffffffffu, last, 0)) continue;
         fence_acq_rel();
         if (NT == 1 && M == 1 && chunks <= 32) { // one token: all partials in one round trip
-            partials_in_order_row16(ws, chunks, N, strip * 16, lane, total[0][0], total[0][2]);
+            partials_in_order_row16(ws, chunks, N, s * 16, lane, total[0][0], total[0][2]);
         } else { // every partial of this lane's outputs, in chunk order
             float v[NT * 4];
             partials_in_order<NT * 4, 8 / NT>(ws, chunks, M, N, [&](int o, int &n, int &t) {
-                n = strip * 16 + g + 8 * ((o % 4) >> 1);
+                n = s * 16 + g + 8 * ((o % 4) >> 1);
                 t = o / 4 * 8 + 2 * q + (o & 1);
             }, v);
 #pragma unroll
@@ -488,18 +538,8 @@ __global__ void __launch_bounds__(32 * GEMM_STREAM_WARPS, NT == 1 ? 4 : 1)
 #pragma unroll
                 for (int e = 0; e < 4; e++) total[j][e] = v[j * 4 + e];
         }
-        if (lane == 0) counters[strip] = 0;
-    }
-    if constexpr (SW) { // total[j][e] is row g, total[j][2 + e] row g + 8
-#pragma unroll
-        for (int j = 0; j < NT; j++)
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                int n = strip * 16 + g, t = j * 8 + 2 * q + e;
-                if (n < N && t < M) store_swiglu(y, N, n, t, total[j][e], total[j][2 + e]);
-            }
-    } else {
-        each_out(total, [&](int n, int t, float &v) { store_out(y + (size_t)t * N + n, out_value(v, bias, n)); });
+        if (lane == 0) counters[s] = 0;
+        store(s);
     }
 }
 
@@ -564,21 +604,33 @@ static int launch_stream(OUT *y, const void *x, const void *w, const void *bias,
     // split: K in groups of cpg chunks, as many groups as keep the grid one wave of resident
     // blocks (a second, partial wave is a tail as long as the first); DUOSERVE_STREAM_GROUPS=0:
     // one chunk a block
+    static int resident = 0; // blocks of this kernel an SM holds
+    if (!resident && cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kern, 32 * GEMM_STREAM_WARPS, 0)) {
+        cudaGetLastError(); // not an error of the launch: assume one block an SM
+        resident = 1;
+    }
+    const unsigned wave = (unsigned)(resident * g_sms); // blocks one wave holds
     unsigned cpg = 1;
     if (split && g_stream_groups) {
-        static int resident = 0; // blocks of this kernel an SM holds
-        if (!resident && cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kern, 32 * GEMM_STREAM_WARPS, 0)) {
-            cudaGetLastError(); // not an error of the launch: assume one block an SM
-            resident = 1;
-        }
-        unsigned groups = max(1u, min(chunks, (unsigned)(resident * g_sms) / blocks));
+        unsigned groups = max(1u, min(chunks, wave / blocks));
         cpg = (chunks + groups - 1) / groups;
         split = cpg < chunks;
     }
     dim3 grid(blocks, split ? (chunks + cpg - 1) / cpg : 1);
+    // stream-K: a grid short of a full wave leaves SMs with fewer warps than others, and a
+    // weight stream's time is that of the SM streaming the most bytes; the units of all strips
+    // spread evenly over a full wave instead (a warp's range holds at most `chunks` units: the
+    // kernel counts on it)
+    int sk = 0;
+    const size_t units = (size_t)strips * chunks;
+    if (g_stream_k && grid.x * grid.y < wave && units >= g_stream_k_units && split_fits(chunks, M, N, strips)) {
+        const unsigned blocks_sk = (unsigned)min((size_t)wave, (units + GEMM_STREAM_WARPS - 1) / GEMM_STREAM_WARPS);
+        const size_t W = (size_t)blocks_sk * GEMM_STREAM_WARPS;
+        if ((units + W - 1) / W <= chunks) grid = dim3(blocks_sk, 1), sk = 1;
+    }
     CUDA_CHECK(cuda_launch_pdl(cuda_pdl_on() || g_stream_pdl, kern, grid, dim3(32 * GEMM_STREAM_WARPS), 0, s, y, (const __nv_bfloat16 *)x,
                            (const __nv_bfloat16 *)w, (const __nv_bfloat16 *)bias, M, N, K, g_ws, g_counters, (int)cpg,
-                           nrm));
+                           sk, nrm));
     return 0;
 }
 
@@ -672,6 +724,8 @@ int cuda_gemm_init(void) {
     g_stream_m = sm ? atoi(sm) : GEMM_STREAM_M;
     g_stream_groups = !getenv("DUOSERVE_STREAM_GROUPS") || atoi(getenv("DUOSERVE_STREAM_GROUPS")) != 0;
     g_stream_pdl = !getenv("DUOSERVE_PDL_GEMM") || atoi(getenv("DUOSERVE_PDL_GEMM")) != 0;
+    g_stream_k = !getenv("DUOSERVE_STREAM_K") || atoi(getenv("DUOSERVE_STREAM_K")) != 0;
+    if (const char *ku = getenv("DUOSERVE_STREAM_K_MIN_UNITS")) g_stream_k_units = (unsigned)max(0, atoi(ku));
     g_nosplit_strips = ns ? (unsigned)atoi(ns) : 1024;
     g_mid_cfg = mc ? atoi(mc) : 1;
     g_big_cfg = bc ? atoi(bc) : 1;

@@ -69,8 +69,9 @@ if has stamps && [ -x $B/bench_gpu-clk ]; then
     done
   done
 fi
-ab() { local name=$1; shift; env "$@" timeout 100 $B/bench_gpu $M cuda --decode 1,8,64 --prefill 2048 > $L/ab_$name.log 2>&1; echo "== $name: $(grep -E 'decode|prefill' $L/ab_$name.log | sed -E 's/ +/ /g; s/ context 128//; s/ tokens\/s.*//; s/ms\/step,/ms/' | tr '\n' '|')"; }
+ab() { local name=$1; shift; env "$@" timeout 100 $B/bench_gpu $M cuda ${AB_ARGS:---decode 1,8,64 --prefill 2048} > $L/ab_$name.log 2>&1; echo "== $name: $(grep -E 'decode|prefill' $L/ab_$name.log | sed -E 's/ +/ /g; s/ context 128//; s/ tokens\/s.*//; s/ms\/step,/ms/' | tr '\n' '|')"; }
 # A/B: AB="name:VAR=v,VAR2=v name2:VAR=v" (default: the split sizing switches), decode and prefill 2k
+# (AB_ARGS: other bench_gpu arguments, e.g. "--decode 1,1,1 --prefill 0" for three b1 figures a run)
 if has ab; then
   for spec in ${AB:-attn_split64:DUOSERVE_ATTN_MAX_SPLIT=64,DUOSERVE_ATTN_SPLIT_FILL=4}; do
     ab "${spec%%:*}" $(echo "${spec#*:}" | tr ',' ' ')

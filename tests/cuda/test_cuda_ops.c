@@ -220,7 +220,7 @@ static void gpu_fill_nan(void *p, size_t n) {
  * tiles with and without split-K, 128-row tiles, and row-major weights (K % 8 != 0). */
 static void test_matmul_swiglu(void) {
     int shapes[][3] = {{1, 2048, 4096}, {5, 1024, 512}, {12, 512, 1024}, {29, 1024, 4096}, {64, 1024, 4096},
-                       {200, 2048, 1024}, {2048, 2048, 512}, {3, 64, 100}};
+                       {200, 2048, 1024}, {2048, 2048, 512}, {3, 64, 100}, {1, 14336, 4096}};
     for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
         int n = shapes[k][0], F = shapes[k][1], ni = shapes[k][2];
         float *x = rand_bf16((size_t)n * ni, 1.0f), *w = rand_bf16((size_t)2 * F * ni, 1.0f / sqrtf((float)ni));
@@ -319,8 +319,9 @@ static void test_matmul_invariance(void) {
  * add_rmsnorm + matmul (or matmul_swiglu): one token at dim 4096 and 3584 (the GEMM normalises
  * its input itself), and the fallbacks (3 tokens; dim 1024), with and without SwiGLU. */
 static void test_norm_matmul(void) {
+    /* (1 x 28672 x 4096: Llama-3-8B's gate|up, a stream-K warp's range across two strips) */
     int shapes[][4] = {{1, 6144, 4096, 0}, {1, 2048, 4096, 1}, {1, 1000, 3584, 0}, {3, 1024, 4096, 1},
-                       {1, 512, 1024, 0},  {5, 256, 1024, 1}};
+                       {1, 512, 1024, 0},  {5, 256, 1024, 1},  {1, 14336, 4096, 1}};
     for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
         int n = shapes[k][0], no = shapes[k][1], D = shapes[k][2], sw = shapes[k][3];
         int rows = sw ? 2 * no : no, outs = n * no;
