@@ -360,25 +360,26 @@ struct gemm_norm_args {
 // block (b, gy) takes strip 4b + w, chunks [gy * cpg, (gy + 1) * cpg) (every chunk when the grid
 // has one row); stream-K (sk = 1), the grid's warps share the units of all strips evenly in
 // order (a warp's range may end or begin mid-strip), so that every resident warp streams the
-// same number of bytes. A warp holding a whole strip sums its chunks in registers; otherwise
+// same number of bytes (SK: a kernel of its own, so that the strip of a by-strip warp stays a
+// constant). A warp holding a whole strip sums its chunks in registers; otherwise
 // each chunk's sum is a partial of its own and the strip's last warp to finish adds them in
 // chunk order (the same adds). The A fragments are 16-byte loads of a contiguous stream, U k
 // steps at a time and the next U in flight (across unit ends too); the tokens' B fragments come
 // from global (L1).
 #define GEMM_STREAM_WARPS 4
 #define GEMM_STREAM_U 8
-template <int NT, typename OUT, bool SW, bool NORM>
+template <int NT, typename OUT, bool SW, bool NORM, bool SK>
 __global__ void __launch_bounds__(32 * GEMM_STREAM_WARPS, NT == 1 ? 4 : 1)
     gemm_stream_kernel(OUT *__restrict__ y, const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ w,
                        const __nv_bfloat16 *__restrict__ bias, int M, int N, int K, float *__restrict__ ws,
-                       int *__restrict__ counters, int cpg, int sk, struct gemm_norm_args nrm) {
+                       int *__restrict__ counters, int cpg, struct gemm_norm_args nrm) {
     static_assert(!NORM || NT == 1, "the normalised input is one token");
     constexpr int U = GEMM_STREAM_U, CKB = GEMM_KC / 16; // k blocks a chunk
     const int lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
     const int warp_id = blockIdx.x * GEMM_STREAM_WARPS + threadIdx.x / 32;
     const int NB = (N + 15) / 16, KB = (K + 15) / 16, chunks = (K + GEMM_KC - 1) / GEMM_KC;
     int u0 = 0, u1 = 0;
-    if (sk) {
+    if constexpr (SK) {
         const long long W = (long long)gridDim.x * GEMM_STREAM_WARPS, units = (long long)NB * chunks;
         u0 = (int)(warp_id * units / W), u1 = (int)((warp_id + 1) * units / W);
     } else if (warp_id < NB) {
@@ -389,7 +390,8 @@ __global__ void __launch_bounds__(32 * GEMM_STREAM_WARPS, NT == 1 ? 4 : 1)
     __shared__ __align__(16) uint4 hs[NORM ? GEMM_NORM_MAX / 8 : 1]; // NORM: the normalised row
     const uint32_t *hs32 = reinterpret_cast<const uint32_t *>(hs);
     const uint4 *w16 = reinterpret_cast<const uint4 *>(w) + lane;
-    auto strip_w = [&](int u) { return w16 + (size_t)(u / chunks) * KB * 32; }; // + kb * 32
+    auto strip_of = [&](int u) { return SK ? u / chunks : warp_id; };
+    auto strip_w = [&](int u) { return w16 + (size_t)strip_of(u) * KB * 32; }; // + kb * 32
     const uint32_t *x32 = reinterpret_cast<const uint32_t *>(x);
 
     auto load_a = [&](uint4 *a, const uint4 *wp, int kb, int kb_end) {
@@ -450,80 +452,43 @@ __global__ void __launch_bounds__(32 * GEMM_STREAM_WARPS, NT == 1 ? 4 : 1)
     };
 
     uint4 a0[U], a1[U];
-    // weights first, the first two buffers: they do not depend on the kernel before (PDL)
     bool a1_loaded = false;
-    if (u0 < u1) {
-        const int kb = (int)(u0 % chunks) * CKB, kb_end = min(KB, kb + CKB);
-        load_a(a0, strip_w(u0), kb, kb_end);
-        if (!NORM && kb + U < kb_end) load_a(a1, strip_w(u0), kb + U, kb_end), a1_loaded = true; // (NORM: registers)
-    }
-    pdl_wait();
-    pdl_trigger(); // the next kernel may launch now (the decode attention: its prologue overlaps this)
-    if constexpr (NORM) { // the input row, normalised (block 0 also stores x + y for the next add)
-        rms_row(nrm.x, nrm.y, nrm.w, blockIdx.x == 0 && blockIdx.y == 0 ? nrm.x_out : NULL, K, nrm.eps,
-                [&](int c, uint4 v) { hs[c] = v; });
-        __syncthreads();
-        if (u0 >= u1) return;
-    }
-    // the chunks of strip s this warp holds: [seg_lo(s), seg_hi(s)); a range holds at most
-    // `chunks` units (the host sees to it), so it is a whole strip or parts of at most two
-    auto seg_lo = [&](int s) { return max(u0, s * chunks); };
-    auto seg_hi = [&](int s) { return min(u1, (s + 1) * chunks); };
-    for (int u = u0; u < u1; u++) {
-        const int s = u / chunks, c = u % chunks;
-        if (u == u0 || c == 0) {
-#pragma unroll
-            for (int j = 0; j < NT; j++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) total[j][e] = 0.0f;
-        }
-        const int kb = c * CKB, kb_end = min(KB, kb + CKB);
-        // the next unit's first steps, for the prefetch past this chunk's end
-        const int nkb = u + 1 < u1 ? (u + 1) % chunks * CKB : -1, nkb_end = min(KB, nkb + CKB);
+    // one chunk (k blocks kb..kb_end of the strip at wp) summed into acc: a0 holds its first U
+    // steps on entry and the next chunk's (nkb of the strip at nwp; nkb < 0: none) on exit
+    auto chunk = [&](const uint4 *wp, int kb, int kb_end, const uint4 *nwp, int nkb, int nkb_end) {
 #pragma unroll
         for (int j = 0; j < NT; j++)
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[j][e] = 0.0f;
-        // a0 holds steps kb..kb+U-1; steps alternate between the two buffers
+        // steps alternate between the two buffers
         for (int st = kb; st < kb_end; st += 2 * U) {
             if (a1_loaded) a1_loaded = false; // (the first one, before the wait)
-            else if (st + U < kb_end) load_a(a1, strip_w(u), st + U, kb_end);
-            else if (nkb >= 0) load_a(a1, strip_w(u + 1), nkb, nkb_end);
+            else if (st + U < kb_end) load_a(a1, wp, st + U, kb_end);
+            else if (nkb >= 0) load_a(a1, nwp, nkb, nkb_end);
             steps(a0, st, kb_end);
-            if (st + U >= kb_end) { // a1 holds the next unit's first steps (or nothing)
+            if (st + U >= kb_end) { // a1 holds the next chunk's first steps (or nothing)
 #pragma unroll
                 for (int v = 0; v < U; v++) a0[v] = a1[v];
                 break;
             }
-            if (st + 2 * U < kb_end) load_a(a0, strip_w(u), st + 2 * U, kb_end);
-            else if (nkb >= 0) load_a(a0, strip_w(u + 1), nkb, nkb_end);
+            if (st + 2 * U < kb_end) load_a(a0, wp, st + 2 * U, kb_end);
+            else if (nkb >= 0) load_a(a0, nwp, nkb, nkb_end);
             steps(a1, st + U, kb_end);
         }
-        if (seg_hi(s) - seg_lo(s) == chunks) { // the whole strip: its chunks summed in registers
-#pragma unroll
-            for (int j = 0; j < NT; j++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) total[j][e] += acc[j][e];
-        } else { // each chunk's sum is a partial of its own, whoever sums it
-            float *part = ws + (size_t)c * M * N;
-            each_out(s, acc, [&](int n, int t, float &v) { part[(size_t)t * N + n] = v; });
-        }
-    }
-    const int s_first = u0 / chunks, s_last = (u1 - 1) / chunks;
-    if (seg_hi(s_last) - seg_lo(s_last) == chunks) { // (then the range's only strip)
-        store(s_last);
-        return;
-    }
-    // the strips held in part: the last warp to finish its part of one adds all its partials
-    // (after the loop, when the stream's registers are free)
-#pragma unroll 1
-    for (int s = s_first; s <= s_last; s++) {
-        const int held = seg_hi(s) - seg_lo(s);
+    };
+    // chunk c's sum (acc) as a partial of its own, whoever adds it
+    auto partial = [&](int s, int c) {
+        float *part = ws + (size_t)c * M * N;
+        each_out(s, acc, [&](int n, int t, float &v) { part[(size_t)t * N + n] = v; });
+    };
+    // this warp's `held` partials of strip s are written: the strip's last warp to finish adds all
+    // of them in chunk order into total (true) and stores nothing else
+    auto add_partials = [&](int s, int held) {
         fence_acq_rel();
         __syncwarp();
         int last = 0;
         if (lane == 0) last = atomicAdd(&counters[s], held) == chunks - held;
-        if (!__shfl_sync(0xffffffffu, last, 0)) continue;
+        if (!__shfl_sync(0xffffffffu, last, 0)) return false;
         fence_acq_rel();
         if (NT == 1 && M == 1 && chunks <= 32) { // one token: all partials in one round trip
             partials_in_order_row16(ws, chunks, N, s * 16, lane, total[0][0], total[0][2]);
@@ -539,7 +504,70 @@ __global__ void __launch_bounds__(32 * GEMM_STREAM_WARPS, NT == 1 ? 4 : 1)
                 for (int e = 0; e < 4; e++) total[j][e] = v[j * 4 + e];
         }
         if (lane == 0) counters[s] = 0;
+        return true;
+    };
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) total[j][e] = 0.0f;
+
+    // weights first, the first two buffers: they do not depend on the kernel before (PDL)
+    if (u0 < u1) {
+        const int kb = (u0 - strip_of(u0) * chunks) * CKB, kb_end = min(KB, kb + CKB);
+        load_a(a0, strip_w(u0), kb, kb_end);
+        if (!NORM && kb + U < kb_end) load_a(a1, strip_w(u0), kb + U, kb_end), a1_loaded = true; // (NORM: registers)
+    }
+    pdl_wait();
+    pdl_trigger(); // the next kernel may launch now (the decode attention: its prologue overlaps this)
+    if constexpr (NORM) { // the input row, normalised (block 0 also stores x + y for the next add)
+        rms_row(nrm.x, nrm.y, nrm.w, blockIdx.x == 0 && blockIdx.y == 0 ? nrm.x_out : NULL, K, nrm.eps,
+                [&](int c, uint4 v) { hs[c] = v; });
+        __syncthreads();
+        if (u0 >= u1) return;
+    }
+    if constexpr (!SK) { // one strip, chunks c_lo..c_hi - 1: split (some of them) or whole
+        const int s = warp_id, c_lo = u0 - s * chunks, c_hi = u1 - s * chunks;
+        const bool split = c_hi - c_lo < chunks;
+        const uint4 *wp = strip_w(u0);
+        for (int c = c_lo; c < c_hi; c++) {
+            const int kb = c * CKB, kb_end = min(KB, kb + CKB);
+            const int nkb = kb_end < KB && c + 1 < c_hi ? kb_end : -1, nkb_end = min(KB, nkb + CKB);
+            chunk(wp, kb, kb_end, wp, nkb, nkb_end);
+            if (split) partial(s, c);
+            else
+#pragma unroll
+                for (int j = 0; j < NT; j++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) total[j][e] += acc[j][e];
+        }
+        if (split && !add_partials(s, c_hi - c_lo)) return;
         store(s);
+    } else {
+        // the chunks of strip s this warp holds: [seg_lo(s), seg_hi(s)); a range holds at most
+        // `chunks` units (the host sees to it), so it is a whole strip or parts of at most two
+        auto seg_lo = [&](int s) { return max(u0, s * chunks); };
+        auto seg_hi = [&](int s) { return min(u1, (s + 1) * chunks); };
+        for (int u = u0; u < u1; u++) {
+            const int s = strip_of(u), c = u - s * chunks, kb = c * CKB, kb_end = min(KB, kb + CKB);
+            // the next unit's first steps, for the prefetch past this chunk's end
+            const int nkb = u + 1 < u1 ? (u + 1 - strip_of(u + 1) * chunks) * CKB : -1, nkb_end = min(KB, nkb + CKB);
+            chunk(strip_w(u), kb, kb_end, strip_w(u + 1), nkb, nkb_end);
+            if (seg_hi(s) - seg_lo(s) < chunks) partial(s, c);
+            else // (a whole strip: the range's only one)
+#pragma unroll
+                for (int j = 0; j < NT; j++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) total[j][e] += acc[j][e];
+        }
+        const int s_first = strip_of(u0), s_last = strip_of(u1 - 1);
+        if (seg_hi(s_last) - seg_lo(s_last) == chunks) {
+            store(s_last);
+            return;
+        }
+        // the strips held in part (after the loop, when the stream's registers are free)
+#pragma unroll 1
+        for (int s = s_first; s <= s_last; s++)
+            if (add_partials(s, seg_hi(s) - seg_lo(s))) store(s);
     }
 }
 
@@ -599,7 +627,7 @@ static int launch_stream(OUT *y, const void *x, const void *w, const void *bias,
     // enough strips to fill the GPU with one warp each (DUOSERVE_STREAM_NOSPLIT_STRIPS, A/B):
     // each warp sums its strip's chunks in registers, no partials (a speed choice only)
     bool split = split_fits(chunks, M, N, strips) && !(g_nosplit_strips && strips >= g_nosplit_strips);
-    auto kern = gemm_stream_kernel<NT, OUT, SW, NORM>;
+    auto kern = gemm_stream_kernel<NT, OUT, SW, NORM, false>;
     const unsigned blocks = (strips + GEMM_STREAM_WARPS - 1) / GEMM_STREAM_WARPS;
     // split: K in groups of cpg chunks, as many groups as keep the grid one wave of resident
     // blocks (a second, partial wave is a tail as long as the first); DUOSERVE_STREAM_GROUPS=0:
@@ -621,16 +649,27 @@ static int launch_stream(OUT *y, const void *x, const void *w, const void *bias,
     // weight stream's time is that of the SM streaming the most bytes; the units of all strips
     // spread evenly over a full wave instead (a warp's range holds at most `chunks` units: the
     // kernel counts on it)
-    int sk = 0;
     const size_t units = (size_t)strips * chunks;
     if (g_stream_k && grid.x * grid.y < wave && units >= g_stream_k_units && split_fits(chunks, M, N, strips)) {
-        const unsigned blocks_sk = (unsigned)min((size_t)wave, (units + GEMM_STREAM_WARPS - 1) / GEMM_STREAM_WARPS);
+        auto kern_sk = gemm_stream_kernel<NT, OUT, SW, NORM, true>;
+        static int resident_sk = 0;
+        if (!resident_sk && cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident_sk, kern_sk, 32 * GEMM_STREAM_WARPS, 0)) {
+            cudaGetLastError();
+            resident_sk = 1;
+        }
+        const size_t wave_sk = (size_t)resident_sk * g_sms;
+        const unsigned blocks_sk = (unsigned)min(wave_sk, (units + GEMM_STREAM_WARPS - 1) / GEMM_STREAM_WARPS);
         const size_t W = (size_t)blocks_sk * GEMM_STREAM_WARPS;
-        if ((units + W - 1) / W <= chunks) grid = dim3(blocks_sk, 1), sk = 1;
+        if ((units + W - 1) / W <= chunks) {
+            CUDA_CHECK(cuda_launch_pdl(cuda_pdl_on() || g_stream_pdl, kern_sk, dim3(blocks_sk), dim3(32 * GEMM_STREAM_WARPS),
+                                       0, s, y, (const __nv_bfloat16 *)x, (const __nv_bfloat16 *)w,
+                                       (const __nv_bfloat16 *)bias, M, N, K, g_ws, g_counters, 1, nrm));
+            return 0;
+        }
     }
     CUDA_CHECK(cuda_launch_pdl(cuda_pdl_on() || g_stream_pdl, kern, grid, dim3(32 * GEMM_STREAM_WARPS), 0, s, y, (const __nv_bfloat16 *)x,
                            (const __nv_bfloat16 *)w, (const __nv_bfloat16 *)bias, M, N, K, g_ws, g_counters, (int)cpg,
-                           sk, nrm));
+                           nrm));
     return 0;
 }
 
