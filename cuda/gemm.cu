@@ -657,7 +657,7 @@ static int launch_stream(OUT *y, const void *x, const void *w, const void *bias,
             cudaGetLastError();
             resident_sk = 1;
         }
-        const size_t wave_sk = (size_t)resident_sk * g_sms;
+        const size_t wave_sk = (size_t)max(1, resident_sk) * g_sms;
         const unsigned blocks_sk = (unsigned)min(wave_sk, (units + GEMM_STREAM_WARPS - 1) / GEMM_STREAM_WARPS);
         const size_t W = (size_t)blocks_sk * GEMM_STREAM_WARPS;
         if ((units + W - 1) / W <= chunks) {

@@ -151,8 +151,9 @@ __global__ void add_bias_kernel(__nv_bfloat16 *x, const __nv_bfloat16 *bias, int
     if (i < n) x[i] = __float2bfloat16(__bfloat162float(x[i]) + __bfloat162float(bias[i % dim]));
 }
 
-// A row a block; dim % 8 == 0 rows move as 16-byte pieces, all of a thread's loads issued before
-// its first store (restrict: one round trip a row, not one an element)
+// A row a block; dim % 8 == 0 rows move as 16-byte pieces (x and out 16-byte aligned: the
+// engine's activation buffers are), all of a thread's loads issued before its first store
+// (restrict: one round trip a row, not one an element)
 __global__ void get_rows_kernel(__nv_bfloat16 *__restrict__ out, const __nv_bfloat16 *__restrict__ x,
                                 const int32_t *__restrict__ rows, int dim) {
     pdl_trigger();
@@ -275,7 +276,11 @@ int cuda_add_bias(void *x, const void *bias, int n, int dim, cudaStream_t s) {
 
 int cuda_get_rows(void *out, const void *x, const int32_t *rows, int n, int dim, cudaStream_t s) {
     if (n == 0) return 0;
-    // out may alias x's first rows only if rows[i] >= i for all i: the engine passes separate buffers
+    // out and x must not overlap (the kernel's pointers are restrict): the engine passes separate buffers
+    if (dim % 8 == 0 && ((uintptr_t)x | (uintptr_t)out) % 16) { // (its rows move as 16-byte pieces)
+        fprintf(stderr, "duoserve: get_rows buffers not 16-byte aligned (x %p, out %p)\n", x, out);
+        return -1;
+    }
     CUDA_CHECK(cuda_launch(get_rows_kernel, dim3(n), dim3(256), 0, s, (__nv_bfloat16 *)out, (const __nv_bfloat16 *)x, rows, dim));
     return 0;
 }
