@@ -93,6 +93,7 @@ struct cuda_ctx {
     // and one of them past the first partition: 0 no; 1, 2, 3 every token within 2, 4, 8
     // partitions (merged in a thread-block cluster of that many blocks when the step splits);
     // 4 longer (merged through global memory). Decode graphs are kept apart by it.
+#define SPLIT_MODES 5
     int split_decode;
     size_t attn_ws_floats;
     int n_tokens, n_seqs, n_logits;
@@ -114,11 +115,11 @@ struct cuda_ctx {
     // CUDA graphs of decode steps, by batch size (and whether the logits go to the host); all
     // invalid when a buffer they use moves
     // [ids only][split decode][batch size]
-    cudaGraphExec_t graphs[2][5][CUDA_MAX_GRAPHS + 1];
+    cudaGraphExec_t graphs[2][SPLIT_MODES][CUDA_MAX_GRAPHS + 1];
     bool graphs_off;
     struct op_timing *tm;             // DUOSERVE_OP_TIMING=1, else NULL
-    int *graph_labels[2][5][CUDA_MAX_GRAPHS + 1]; // per graph: the labels of its event nodes
-    int graph_n_ev[2][5][CUDA_MAX_GRAPHS + 1];
+    int *graph_labels[2][SPLIT_MODES][CUDA_MAX_GRAPHS + 1]; // per graph: the labels of its event nodes
+    int graph_n_ev[2][SPLIT_MODES][CUDA_MAX_GRAPHS + 1];
     uint16_t *stage;   // weight upload staging, [2][32 Mi] bf16
     bool stage_pinned;
     bool cublas; // BACKEND_CUDA_CUBLAS: cuBLAS GEMMs (faster at large batches, not batch-invariant)
@@ -130,7 +131,7 @@ struct cuda_ctx {
 
 static void drop_graphs(struct cuda_ctx *c) {
     for (int k = 0; k < 2; k++)
-        for (int sp = 0; sp < 5; sp++)
+        for (int sp = 0; sp < SPLIT_MODES; sp++)
             for (int i = 0; i <= CUDA_MAX_GRAPHS; i++)
                 if (c->graphs[k][sp][i]) {
                     cudaGraphExecDestroy(c->graphs[k][sp][i]);

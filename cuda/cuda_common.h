@@ -5,6 +5,7 @@
 
 #include <cuda_runtime.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 #define CUDA_CHECK(stmt)                                                                       \
     do {                                                                                       \
@@ -68,6 +69,12 @@ __device__ __forceinline__ void argmax_take(float &best, int &bi, float v, int i
 __device__ __forceinline__ void warp_argmax(float &best, int &bi) {
     for (int o = 16; o > 0; o >>= 1)
         argmax_take(best, bi, __shfl_xor_sync(0xffffffffu, best, o), __shfl_xor_sync(0xffffffffu, bi, o));
+}
+
+// A speed switch that is on unless the variable is set to 0 (DUOSERVE_STREAM_K=0, ..)
+static inline bool cuda_env_on(const char *name) {
+    const char *v = getenv(name);
+    return !v || atoi(v) != 0;
 }
 
 static inline bool cuda_pdl_on(void) {

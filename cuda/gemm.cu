@@ -356,12 +356,11 @@ struct gemm_norm_args {
 };
 
 // The weight stream (M <= 8 * NT). A warp's work is a range [u0, u1) of units, unit u being K
-// chunk u % chunks of 16-row strip u / chunks of the packed weights: by strip (sk = 0), warp w of
+// chunk u % chunks of 16-row strip u / chunks of the packed weights: by strip (!SK), warp w of
 // block (b, gy) takes strip 4b + w, chunks [gy * cpg, (gy + 1) * cpg) (every chunk when the grid
-// has one row); stream-K (sk = 1), the grid's warps share the units of all strips evenly in
-// order (a warp's range may end or begin mid-strip), so that every resident warp streams the
-// same number of bytes (SK: a kernel of its own, so that the strip of a by-strip warp stays a
-// constant). A warp holding a whole strip sums its chunks in registers; otherwise
+// has one row); stream-K (SK), the grid's warps share the units of all strips evenly in order (a
+// warp's range may end or begin mid-strip), so that every resident warp streams the same number
+// of bytes (a template argument, so that the strip of a by-strip warp stays a constant). A warp holding a whole strip sums its chunks in registers; otherwise
 // each chunk's sum is a partial of its own and the strip's last warp to finish adds them in
 // chunk order (the same adds). The A fragments are 16-byte loads of a contiguous stream, U k
 // steps at a time and the next U in flight (across unit ends too); the tokens' B fragments come
@@ -620,6 +619,14 @@ static int launch(OUT *y, const void *x, const void *w, const void *bias, int M,
     return 0;
 }
 
+// Blocks of weight-stream kernel KERN an SM holds (asked once; at least 1)
+template <auto KERN> static int stream_blocks_an_sm() {
+    static int n = 0;
+    if (!n && cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, KERN, 32 * GEMM_STREAM_WARPS, 0) != cudaSuccess)
+        cudaGetLastError(); // not an error of the launch: assume one block an SM
+    return n = max(1, n);
+}
+
 template <int NT, typename OUT, bool SW, bool NORM = false>
 static int launch_stream(OUT *y, const void *x, const void *w, const void *bias, int M, int N, int K, cudaStream_t s,
                          struct gemm_norm_args nrm = {}) {
@@ -627,17 +634,12 @@ static int launch_stream(OUT *y, const void *x, const void *w, const void *bias,
     // enough strips to fill the GPU with one warp each (DUOSERVE_STREAM_NOSPLIT_STRIPS, A/B):
     // each warp sums its strip's chunks in registers, no partials (a speed choice only)
     bool split = split_fits(chunks, M, N, strips) && !(g_nosplit_strips && strips >= g_nosplit_strips);
-    auto kern = gemm_stream_kernel<NT, OUT, SW, NORM, false>;
+    constexpr auto kern = gemm_stream_kernel<NT, OUT, SW, NORM, false>;
     const unsigned blocks = (strips + GEMM_STREAM_WARPS - 1) / GEMM_STREAM_WARPS;
     // split: K in groups of cpg chunks, as many groups as keep the grid one wave of resident
     // blocks (a second, partial wave is a tail as long as the first); DUOSERVE_STREAM_GROUPS=0:
     // one chunk a block
-    static int resident = 0; // blocks of this kernel an SM holds
-    if (!resident && cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kern, 32 * GEMM_STREAM_WARPS, 0)) {
-        cudaGetLastError(); // not an error of the launch: assume one block an SM
-        resident = 1;
-    }
-    const unsigned wave = (unsigned)(resident * g_sms); // blocks one wave holds
+    const unsigned wave = (unsigned)(stream_blocks_an_sm<kern>() * g_sms); // blocks one wave holds
     unsigned cpg = 1;
     if (split && g_stream_groups) {
         unsigned groups = max(1u, min(chunks, wave / blocks));
@@ -651,13 +653,8 @@ static int launch_stream(OUT *y, const void *x, const void *w, const void *bias,
     // kernel counts on it)
     const size_t units = (size_t)strips * chunks;
     if (g_stream_k && grid.x * grid.y < wave && units >= g_stream_k_units && split_fits(chunks, M, N, strips)) {
-        auto kern_sk = gemm_stream_kernel<NT, OUT, SW, NORM, true>;
-        static int resident_sk = 0;
-        if (!resident_sk && cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident_sk, kern_sk, 32 * GEMM_STREAM_WARPS, 0)) {
-            cudaGetLastError();
-            resident_sk = 1;
-        }
-        const size_t wave_sk = (size_t)max(1, resident_sk) * g_sms;
+        constexpr auto kern_sk = gemm_stream_kernel<NT, OUT, SW, NORM, true>;
+        const size_t wave_sk = (size_t)stream_blocks_an_sm<kern_sk>() * g_sms;
         const unsigned blocks_sk = (unsigned)min(wave_sk, (units + GEMM_STREAM_WARPS - 1) / GEMM_STREAM_WARPS);
         const size_t W = (size_t)blocks_sk * GEMM_STREAM_WARPS;
         if ((units + W - 1) / W <= chunks) {
@@ -761,9 +758,9 @@ int cuda_gemm_init(void) {
                *bc = getenv("DUOSERVE_GEMM_BIG"), *st = getenv("DUOSERVE_GEMM_SPLIT_TILES"),
                *sm = getenv("DUOSERVE_GEMM_STREAM_M");
     g_stream_m = sm ? atoi(sm) : GEMM_STREAM_M;
-    g_stream_groups = !getenv("DUOSERVE_STREAM_GROUPS") || atoi(getenv("DUOSERVE_STREAM_GROUPS")) != 0;
-    g_stream_pdl = !getenv("DUOSERVE_PDL_GEMM") || atoi(getenv("DUOSERVE_PDL_GEMM")) != 0;
-    g_stream_k = !getenv("DUOSERVE_STREAM_K") || atoi(getenv("DUOSERVE_STREAM_K")) != 0;
+    g_stream_groups = cuda_env_on("DUOSERVE_STREAM_GROUPS");
+    g_stream_pdl = cuda_env_on("DUOSERVE_PDL_GEMM");
+    g_stream_k = cuda_env_on("DUOSERVE_STREAM_K");
     if (const char *ku = getenv("DUOSERVE_STREAM_K_MIN_UNITS")) g_stream_k_units = (unsigned)max(0, atoi(ku));
     g_nosplit_strips = ns ? (unsigned)atoi(ns) : 1024;
     g_mid_cfg = mc ? atoi(mc) : 1;

@@ -3,7 +3,6 @@
 // Each op: __global__ kernel -> launcher on raw pointers and a stream (STYLE.md).
 #include <cuda_bf16.h>
 #include <stdint.h>
-#include <stdlib.h>
 
 #include "cuda/cuda_common.h"
 #include "cuda/rmsnorm.cuh"
@@ -32,10 +31,6 @@ __global__ void rmsnorm_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *x, const
         orow[i] = __float2bfloat16(__bfloat162float(w[i]) * (__bfloat162float(xr[i]) * inv));
 }
 
-// Row-wise norms with dim % 8 == 0 (every real model): rms_row (rmsnorm.cuh), a row a block,
-// x + y stored to x_out (in place when x_out == x). The same per-element arithmetic as the
-// kernels above; only the order of the sum of squares differs (it is fixed per row, so batch
-// invariance holds).
 // A decode step's norms (up to 64 rows) launch programmatically and let the next kernel (the qkv
 // weight stream, which waits for them before reading their rows) launch at their start: the
 // norm waits inside for the down GEMM before it, and the qkv GEMM's first weight buffers load
@@ -43,16 +38,20 @@ __global__ void rmsnorm_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *x, const
 // DUOSERVE_NORM_PDL=0 and DUOSERVE_NORM_EARLY_TRIGGER=0 turn them off (the trigger then waits for
 // the norm's row).
 static bool norm_early_trigger() {
-    static int v = -1; // (read once; every thread reads the same)
-    if (v < 0) v = !getenv("DUOSERVE_NORM_EARLY_TRIGGER") || getenv("DUOSERVE_NORM_EARLY_TRIGGER")[0] != '0';
+    static int v = -1; // (read once)
+    if (v < 0) v = cuda_env_on("DUOSERVE_NORM_EARLY_TRIGGER");
     return v == 1;
 }
 static bool norm_pdl(int rows) {
     static int v = -1;
-    if (v < 0) v = !getenv("DUOSERVE_NORM_PDL") || getenv("DUOSERVE_NORM_PDL")[0] != '0';
+    if (v < 0) v = cuda_env_on("DUOSERVE_NORM_PDL");
     return cuda_pdl_on() || (v == 1 && rows <= 64);
 }
 
+// Row-wise norms with dim % 8 == 0 (every real model): rms_row (rmsnorm.cuh), a row a block,
+// x + y stored to x_out (in place when x_out == x). The same per-element arithmetic as the
+// kernels above; only the order of the sum of squares differs (it is fixed per row, so batch
+// invariance holds).
 __global__ void rmsnorm_vec_kernel(__nv_bfloat16 *out, __nv_bfloat16 *x_out, const __nv_bfloat16 *x,
                                    const __nv_bfloat16 *y, const __nv_bfloat16 *w, int dim, float eps, bool early) {
     // the next kernel (a weight stream, launched programmatically) launches at this one's start
