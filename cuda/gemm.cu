@@ -20,11 +20,10 @@
 #include <stdint.h>
 
 #include "cuda/cuda_common.h"
+#include "cuda/gemm_common.cuh"
+#include "cuda/gemm_wg.h"
 #include "cuda/rmsnorm.cuh"
 
-#define GEMM_KC 512                 // the K chunk of the summation order (a multiple of every BK)
-#define GEMM_WS_FLOATS (16u << 20)  // split-K partials (64 MiB)
-#define GEMM_COUNTERS 65536         // tiles of a split launch
 
 static float *g_ws;      // partial sums [chunk][M][N]
 static int *g_counters;  // per tile: chunks done (back to 0 after each tile)
@@ -44,6 +43,8 @@ static bool g_stream_pdl = true;
 // holds SM slots, and a full-wave grid waits for those (H200, runs 24-25: gate|up alone 58.5
 // against 62.8 us; the b1 step 4.51-4.53 ms with it, 4.57 with every stream, 4.61-4.65 with none).
 static bool g_stream_k = true;
+// M above the weight stream: the wgmma tiles (gemm_wg.cu); DUOSERVE_GEMM_WG=0: the mma.sync tiles (A/B)
+static bool g_wg = true;
 static unsigned g_stream_k_units = 8192;
 
 __device__ __forceinline__ void cp_async16(void *smem, const void *gmem, bool pred) {
@@ -71,17 +72,7 @@ __device__ __forceinline__ void mma_bf16(float *c, const uint32_t *a, const uint
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
-__device__ __forceinline__ void store_out(float *y, float v) { *y = v; }
-__device__ __forceinline__ void store_out(__nv_bfloat16 *y, float v) { *y = __float2bfloat16(v); }
 
-// Packed weights: element (n, k) of an N x K matrix, with KB = ceil(K / 16) k blocks. Lane
-// (g, q) = (lane / 4, lane % 4) of a 16 x 16 block holds the mma A fragment {a0, a1, a2, a3} =
-// rows {g, g + 8, g, g + 8} x k {2q, 2q, 8 + 2q, 8 + 2q} (+0, +1 in each 32-bit half).
-__host__ __device__ __forceinline__ size_t packed_index(int n, int k, int KB) {
-    int r = n & 15, c = k & 15;
-    int lane = (r & 7) * 4 + ((c & 7) >> 1), e = (c >> 3) * 4 + (r >> 3) * 2 + (c & 1);
-    return (((size_t)(n >> 4) * KB + (k >> 4)) * 32 + lane) * 8 + e;
-}
 
 // One thread per 16-byte lane slot of rows [0, rows) of a row-major src (rows of K) into the
 // packed dst (the slots of those rows' 16-row blocks; rows past `rows` and k past K are zeros).
@@ -100,33 +91,6 @@ __global__ void gemm_pack_kernel(__nv_bfloat16 *__restrict__ dst, const __nv_bfl
     *reinterpret_cast<uint4 *>(dst + i * 8) = *reinterpret_cast<const uint4 *>(v);
 }
 
-// Split-K: a thread's NO outputs (idx(o, n, t) names output o; those outside M x N are skipped)
-// from the partials ws[chunk][M][N], each added in chunk order from zero into v[o] (the same sum
-// the unsplit kernels make in registers); every split reduction goes through here (or, for one
-// token of a weight stream, through partials_in_order_row16: the same adds). The loads of
-// PB chunks of every output are issued together, so a split GEMM's tail waits on chunks / PB
-// round trips to L2, not one for each few chunks of each output.
-template <int NO, int PB, typename IDX>
-__device__ __forceinline__ void partials_in_order(const float *ws, int chunks, int M, int N, IDX idx, float *v) {
-#pragma unroll
-    for (int o = 0; o < NO; o++) v[o] = 0.0f;
-    for (int c0 = 0; c0 < chunks; c0 += PB) {
-        float p[PB][NO];
-#pragma unroll
-        for (int u = 0; u < PB; u++)
-#pragma unroll
-            for (int o = 0; o < NO; o++) {
-                int n, t;
-                idx(o, n, t);
-                p[u][o] = c0 + u < chunks && n < N && t < M ? __ldcg(ws + ((size_t)(c0 + u) * M + t) * N + n) : 0.0f;
-            }
-#pragma unroll
-        for (int u = 0; u < PB; u++)
-            if (c0 + u < chunks)
-#pragma unroll
-                for (int o = 0; o < NO; o++) v[o] += p[u][o];
-    }
-}
 
 // The same sums for one token (M = 1) of a 16-row strip, spread over the warp so that every
 // partial is loaded in one round trip (chunks <= 32): lane r + 16h loads chunks [hH, hH + H) of
@@ -153,20 +117,7 @@ __device__ __forceinline__ void partials_in_order_row16(const float *ws, int chu
     hi = __shfl_sync(0xffffffffu, v, 24 + lane / 4);
 }
 
-__device__ __forceinline__ float out_value(float total, const __nv_bfloat16 *bias, int n) {
-    return total + (bias ? __bfloat162float(bias[n]) : 0.0f);
-}
 
-// The fused SwiGLU epilogue (SW kernels: weight rows interleaved by 8, gate rows 16j..16j+7 and
-// up rows 16j+8..16j+15 of group j): the gate and up outputs rounded to bf16 as the plain GEMM
-// stores them, then silu_mul's arithmetic, so the result is bit for bit the unfused one. A
-// thread's mma fragments hold rows r and r + 8 of a 16-row block, i.e. the gate and up of one
-// feature: y[t][N / 2] gets feature (n / 16) * 8 + n % 8 for the gate row n.
-__device__ __forceinline__ void store_swiglu(__nv_bfloat16 *y, int N, int n, int t, float gate, float up) {
-    float g = __bfloat162float(__float2bfloat16(out_value(gate, NULL, n)));
-    float u = __bfloat162float(__float2bfloat16(out_value(up, NULL, n + 8)));
-    y[(size_t)t * (N / 2) + (n / 16) * 8 + n % 8] = __float2bfloat16(silu_mul_f(g, u));
-}
 
 // The tile kernels (M > GEMM_STREAM_M). A block covers BM = WMW * WMT * 16 weight rows and
 // BN = WNW * WNT * 8 tokens; its warps form a WMW x WNW grid, each owning WMT m16 tiles x WNT
@@ -680,12 +631,13 @@ template <int WMW, int WMT, int WNW, int WNT, int BK, int STAGES, typename OUT, 
 // The kernel a shape takes: the plain kernel (row-major weights), the weight stream with 1, 2
 // or 4 token tiles, or the mid or big tiles (128 x 128 only when there are enough of them to
 // fill the GPU).
-enum gemm_path { GEMM_PLAIN, GEMM_STREAM1, GEMM_STREAM2, GEMM_STREAM4, GEMM_TILES_MID, GEMM_TILES_BIG };
+enum gemm_path { GEMM_PLAIN, GEMM_STREAM1, GEMM_STREAM2, GEMM_STREAM4, GEMM_WG, GEMM_TILES_MID, GEMM_TILES_BIG };
 static enum gemm_path gemm_path_of(int M, int N, int K) {
     if (K % 8) return GEMM_PLAIN;
     if (M <= 8) return GEMM_STREAM1;
     if (M <= 16 && g_stream_m >= 16) return GEMM_STREAM2;
     if (M <= 32 && g_stream_m >= 32) return GEMM_STREAM4;
+    if (g_wg) return GEMM_WG;
     if (M <= 64 || (unsigned)((M + 127) / 128) * (unsigned)((N + 127) / 128) < (unsigned)g_sms) return GEMM_TILES_MID;
     return GEMM_TILES_BIG;
 }
@@ -709,6 +661,11 @@ static int gemm(OUT *y, const void *x, const void *w, const void *bias, int M, i
     if (path == GEMM_STREAM1) return launch_stream<1, OUT, SW>(y, x, w, bias, M, N, K, s);
     if (path == GEMM_STREAM2) return launch_stream<2, OUT, SW>(y, x, w, bias, M, N, K, s);
     if (path == GEMM_STREAM4) return launch_stream<4, OUT, SW>(y, x, w, bias, M, N, K, s);
+    if (path == GEMM_WG) {
+        const struct gemm_wg_env env = {g_ws, g_counters, g_sms};
+        if constexpr (sizeof(OUT) == 4) return gemm_wg_f32((float *)y, x, w, bias, M, N, K, &env, s);
+        else return gemm_wg_bf16((__nv_bfloat16 *)y, x, w, bias, M, N, K, SW, &env, s);
+    }
     if (path == GEMM_TILES_MID) {
         switch (g_mid_cfg) {
         case 1: return launch<GEMM_MID1, OUT, SW>(y, x, w, bias, M, N, K, s);
@@ -761,6 +718,7 @@ int cuda_gemm_init(void) {
     g_stream_groups = cuda_env_on("DUOSERVE_STREAM_GROUPS");
     g_stream_pdl = cuda_env_on("DUOSERVE_PDL_GEMM");
     g_stream_k = cuda_env_on("DUOSERVE_STREAM_K");
+    g_wg = cuda_env_on("DUOSERVE_GEMM_WG");
     if (const char *ku = getenv("DUOSERVE_STREAM_K_MIN_UNITS")) g_stream_k_units = (unsigned)max(0, atoi(ku));
     g_nosplit_strips = ns ? (unsigned)atoi(ns) : 1024;
     g_mid_cfg = mc ? atoi(mc) : 1;
@@ -781,6 +739,7 @@ int cuda_gemm_init(void) {
     (allow_smem<CFG, __nv_bfloat16, false>() | allow_smem<CFG, float, false>() | allow_smem<CFG, __nv_bfloat16, true>())
     rc |= GEMM_ALLOW3(GEMM_MID2) | GEMM_ALLOW3(GEMM_MID3) | GEMM_ALLOW3(GEMM_BIG2);
 #undef GEMM_ALLOW3
+    if (gemm_wg_init()) rc = 1;
     return rc ? -2 : 0;
 }
 
@@ -846,6 +805,7 @@ const char *cuda_gemm_kind(int M, int N, int K) {
     static const char *const big[] = {"128x128 tiles", "128x128 tiles, k 64", "128x128 tiles, k 64, 4 stages"};
     switch (gemm_path_of(M, N, K)) {
     case GEMM_PLAIN: return "plain kernel";
+    case GEMM_WG: return M <= 64 ? "wgmma 128x64 tiles" : "wgmma 128x128 tiles";
     case GEMM_TILES_MID: return mid[g_mid_cfg >= 0 && g_mid_cfg < 4 ? g_mid_cfg : 0];
     case GEMM_TILES_BIG: return big[g_big_cfg >= 0 && g_big_cfg < 3 ? g_big_cfg : 0];
     default: return "weight stream";

@@ -3,7 +3,8 @@
 # .device/ (run here, on the build machine, from the project root):
 #   - .device/bin.txz: the stripped binaries of `make CUDA=1 BUILD=build-gpu`, bench_gpu,
 #     check_invariance, libktrace.so with libcupti.so.13, and duoserve-test-cuda-clk and
-#     bench_gpu-clk (built with -DFA_CLOCKS in build-clk: the flash kernel's phase stamps);
+#     bench_gpu-clk (built with -DFA_CLOCKS in build-clk: the flash kernel's phase stamps; CLK=0
+#     leaves them out);
 #   - the runtime .debs (../shared/device/prepare.sh) and the fixtures the run reads, copied
 #     from ../shared (.device/ is git-ignored and never committed).
 # Then: the device tool with command "bash scripts/device_run.sh ..." and carry [".device"].
@@ -17,15 +18,17 @@ mkdir -p .device/models .device/tokenizers
 [ -d .device/tokenizers/llama3 ] || cp -r "$SHARED/tokenizers/llama3" .device/tokenizers/
 make -j"$J" CUDA=1 BUILD=build-gpu build-gpu/duoserve build-gpu/duoserve-test-cuda build-gpu/duoserve-test-cuda-sampling \
     build-gpu/bench_gpu build-gpu/check_invariance build-gpu/libktrace.so
-make -j"$J" CUDA=1 BUILD=build-clk NVCCFLAGS="-O3 -g -lineinfo -std=c++17 -gencode arch=compute_90a,code=sm_90a -Xcompiler -Wall,-Wextra,-Wno-unused-parameter -I. -DFA_CLOCKS" \
+[ "${CLK:-1}" = 0 ] || make -j"$J" CUDA=1 BUILD=build-clk NVCCFLAGS="-O3 -g -lineinfo -std=c++17 -gencode arch=compute_90a,code=sm_90a -Xcompiler -Wall,-Wextra,-Wno-unused-parameter -I. -DFA_CLOCKS" \
     build-clk/duoserve-test-cuda build-clk/bench_gpu
 cuda=$(dirname "$(dirname "$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)")")
 rm -rf /tmp/device_pack && mkdir -p /tmp/device_pack/bin
 for f in duoserve duoserve-test-cuda duoserve-test-cuda-sampling bench_gpu check_invariance libktrace.so; do
     cp build-gpu/$f /tmp/device_pack/bin/
 done
-cp build-clk/duoserve-test-cuda /tmp/device_pack/bin/duoserve-test-cuda-clk
-cp build-clk/bench_gpu /tmp/device_pack/bin/bench_gpu-clk
+if [ "${CLK:-1}" != 0 ]; then
+    cp build-clk/duoserve-test-cuda /tmp/device_pack/bin/duoserve-test-cuda-clk
+    cp build-clk/bench_gpu /tmp/device_pack/bin/bench_gpu-clk
+fi
 cp -L "$cuda"/lib64/libcupti.so.13 /tmp/device_pack/bin/ 2>/dev/null || cp -L "$cuda"/extras/CUPTI/lib64/libcupti.so.13 /tmp/device_pack/bin/
 strip /tmp/device_pack/bin/* 2>/dev/null || true
 tar cJf .device/bin.txz -C /tmp/device_pack bin

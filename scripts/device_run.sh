@@ -2,7 +2,7 @@
 # device_run.sh: one GPU-machine run of the checks, benchmarks, A/B of the switches, kernel
 # traces and ShareGPT serving; the stages to run are the arguments (default: all of them).
 #
-#   [AB="name:VAR=v,..."] [TRACE_AB="name:VAR=v,..."] bash scripts/device_run.sh [attnbench] [optest] [checks] [bench] [gemmprof] [stamps] [ab] [trace] [optime] [serving]
+#   [AB="name:VAR=v,..."] [TRACE_AB="name:VAR=v,..."] bash scripts/device_run.sh [attnbench] [optest] [gemm] [checks] [bench] [gemmprof] [gemmbench] [stamps] [ab] [trace] [optime] [serving]
 #
 # Expects .device/ as scripts/device_pack.sh leaves it (run there first): bin.txz (the stripped
 # binaries of make CUDA=1 BUILD=build-gpu, libktrace.so and libcupti.so.13 in bin/),
@@ -33,6 +33,13 @@ if has optest; then
     echo "op test [$v]: $(grep FAIL $L/optest.log | head -5) $(tail -1 $L/optest.log)"
   done
 fi
+# the op test's GEMM cases alone (a new GEMM kernel first: the benchmarks after it are skipped if it fails)
+if has gemm; then
+  timeout 300 env DUOSERVE_TEST_ONLY=matmul $B/duoserve-test-cuda > $L/op_gemm.log 2>&1
+  echo "op test GEMMs: $(grep -c FAIL $L/op_gemm.log) FAIL lines; $(tail -1 $L/op_gemm.log)"
+  grep -E "FAIL" $L/op_gemm.log | head -12; grep -E "^(ok|FAIL) (qkv|o|gate|down|LM)" $L/op_gemm.log
+  grep -q "0 failed" $L/op_gemm.log || { echo "GEMM op test failed: no benchmarks"; tar czf $OUT/run.tgz -C /tmp r; exit 1; }
+fi
 if has checks; then
   scripts/gpu_check.sh $B checks $L
   grep -E "FAIL" $L/op_test.log | head -20; tail -1 $L/op_test.log
@@ -57,6 +64,18 @@ if has gemmprof; then
     echo "== gemmprof ${spec%%:*}"
     env $(echo "${spec#*:}" | tr ',' ' ') BENCH_PROFILE=1 timeout 100 $B/bench_gpu $M cuda --decode 1 --prefill 0 > $L/gemmprof_${spec%%:*}.log 2>&1
     grep -E "profile gemm" $L/gemmprof_${spec%%:*}.log | grep -E "M +1 " | sed -E 's/ +/ /g'
+  done
+fi
+# the GEMMs under each choice (GEMMBENCH="name:VAR=v,...|--gemm cublas ..."): each GEMM alone at
+# M = 1..2048, then decode b1/64/256/512 and prefill 2k/8k
+if has gemmbench; then
+  for spec in ${GEMMBENCH:-default: cublas:--gemm,cublas}; do
+    name=${spec%%:*}; rest=${spec#*:}; envs=""; args=""
+    for kv in $(echo "$rest" | tr ',' ' '); do case $kv in *=*) envs="$envs $kv";; *) args="$args $kv";; esac; done
+    env $envs BENCH_PROFILE=1 timeout 150 $B/bench_gpu $M cuda --decode 1 --prefill 0 $args > $L/gemmprof_$name.log 2>&1
+    echo "== $name: each GEMM alone"; grep -E "profile gemm" $L/gemmprof_$name.log | grep -E "M +(64|256|2048) " | sed -E 's/ +/ /g'
+    env $envs timeout 200 $B/bench_gpu $M cuda --decode 1,64,256,512 --prefill 2048,8192 $args > $L/gemmbench_$name.log 2>&1
+    echo "== $name: $(grep -E 'decode|prefill' $L/gemmbench_$name.log | sed -E 's/ +/ /g; s/ context 128//; s/ tokens\/s.*//; s/ms\/step,.*/ms/; s/,.*tokens: */ /' | tr '\n' '|')"
   done
 fi
 # the flash kernel's phase stamps in real decode steps (bench_gpu-clk, an FA_CLOCKS build): b1 at

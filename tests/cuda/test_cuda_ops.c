@@ -315,6 +315,92 @@ static void test_matmul_invariance(void) {
     }
 }
 
+/* Llama-3-8B's GEMMs (qkv, o, gate|up, down; the LM head through logits, f32) at the batch sizes
+ * of decode and prefill: rows of one call of MM tokens against the CPU op (a sample of rows: the
+ * CPU reference of 8192 x 28672 x 4096 would take minutes), and bit for bit against the same
+ * tokens in calls of M in {1, 7, 64, 255, 256, 1024, 2048} (every kernel: weight streams and
+ * tiles, with and without split-K). */
+static void test_matmul_llama(void) {
+    int shapes[][2] = {{6144, 4096}, {4096, 4096}, {28672, 4096}, {4096, 14336}, {128256, 4096}};
+    const char *names[] = {"qkv", "o", "gate|up", "down", "LM head (logits)"};
+    int Ms[] = {1, 7, 64, 255, 256, 1024, 2048};
+    enum backend_status st;
+    for (int s = 0; s < 5; s++) {
+        const int N = shapes[s][0], K = shapes[s][1], head = s == 4, MM = head ? 1024 : 8192, R = 8;
+        float *x = rand_bf16((size_t)MM * K, 1.0f), *w = rand_bf16((size_t)N * K, 1.0f / sqrtf((float)K));
+        void *xg = gpu->ops->alloc(gpu, (size_t)MM * K * 2, &st), *wc, *wg;
+        gpu->ops->upload_act(gpu, xg, x, (size_t)MM * K);
+        weight2(&wc, &wg, w, N, K);
+        void *out = head ? NULL : gpu->ops->alloc(gpu, (size_t)MM * N * 2, &st);
+        float *ref = malloc(sizeof(float) * MM * N), *got = malloc(sizeof(float) * MM * N);
+        int errs = 0;
+        /* one call of M tokens from row off into dst (host) */
+        #define LLAMA_CALL(dst, off, M)                                                                      \
+            do {                                                                                             \
+                const void *xs_ = (const char *)xg + (size_t)(off) * K * 2;                                  \
+                if (head) {                                                                                  \
+                    errs += gpu->ops->logits(gpu, dst, xs_, wg, M, N, K) != 0;                               \
+                    errs += gpu->ops->sync(gpu) != 0; /* the host copy lands at the sync */                  \
+                } else {                                                                                     \
+                    gpu_fill_nan(out, (size_t)(M) * N);                                                      \
+                    gpu->ops->matmul(gpu, out, xs_, wg, NULL, M, N, K);                                      \
+                    errs += gpu->ops->sync(gpu) != 0;                                                        \
+                    gpu->ops->download_act(gpu, dst, out, (size_t)(M) * N);                                  \
+                }                                                                                            \
+            } while (0)
+        LLAMA_CALL(ref, 0, MM);
+        size_t nan = 0;
+        for (size_t i = 0; i < (size_t)MM * N; i++) nan += isnan(ref[i]);
+        /* CPU rows */
+        float *xr = malloc(sizeof(float) * R * K), *cr = malloc(sizeof(float) * R * N);
+        int rows[8];
+        for (int r = 0; r < R; r++) {
+            rows[r] = r == 0 ? MM - 1 : (int)(util_rng_next(&rng) % (uint64_t)MM);
+            memcpy(xr + (size_t)r * K, x + (size_t)rows[r] * K, sizeof(float) * K);
+        }
+        void *xc = cpu->ops->alloc(cpu, (size_t)R * K * 4, &st);
+        cpu->ops->upload_act(cpu, xc, xr, (size_t)R * K);
+        if (head) cpu->ops->logits(cpu, cr, xc, wc, R, N, K);
+        else {
+            void *oc = cpu->ops->alloc(cpu, (size_t)R * N * 4, &st);
+            cpu->ops->matmul(cpu, oc, xc, wc, NULL, R, N, K);
+            cpu->ops->download_act(cpu, cr, oc, (size_t)R * N);
+            cpu->ops->free(cpu, oc);
+        }
+        size_t far = 0;
+        double worst = 0;
+        for (int r = 0; r < R; r++)
+            for (int n = 0; n < N; n++) {
+                double a = cr[(size_t)r * N + n], b = ref[(size_t)rows[r] * N + n], d = fabs(a - b);
+                if (!(d <= 2e-2 + 1e-2 * fabs(a))) far++;
+                if (d > worst) worst = d;
+            }
+        /* the same tokens in smaller calls */
+        size_t bad = 0;
+        char ms[128] = "";
+        for (size_t k = 0; k < sizeof Ms / sizeof Ms[0]; k++) {
+            int M = Ms[k];
+            if (M >= MM) continue;
+            int off = (int)(util_rng_next(&rng) % (uint64_t)(MM - M + 1));
+            LLAMA_CALL(got, off, M);
+            size_t b0 = bad;
+            for (size_t i = 0; i < (size_t)M * N; i++) bad += memcmp(&got[i], &ref[(size_t)off * N + i], 4) != 0;
+            if (bad > b0) snprintf(ms + strlen(ms), sizeof ms - strlen(ms), " M=%d", M);
+        }
+        #undef LLAMA_CALL
+        int ok = far == 0 && bad == 0 && nan == 0 && errs == 0;
+        printf("%-4s %s %d x %d x %d (%s): %d CPU rows max|d| %.2e (atol 2e-2 rtol 1e-2); calls of M < %d: %zu differ%s%s\n",
+               ok ? "ok" : "FAIL", names[s], MM, N, K, cuda_gemm_kind(MM, N, K), R, worst, MM, bad, ms,
+               errs ? "  [device error]" : nan ? "  [NaN: unwritten outputs]" : "");
+        ok ? n_pass++ : n_fail++;
+        if (out) gpu->ops->free(gpu, out);
+        gpu->ops->free(gpu, xg);
+        cpu->ops->free(cpu, xc);
+        free2(wc, wg);
+        free(x), free(w), free(ref), free(got), free(xr), free(cr);
+    }
+}
+
 /* norm_matmul (a GEMM fed by add_rmsnorm) against the CPU op and bit for bit against the GPU's
  * add_rmsnorm + matmul (or matmul_swiglu): one token at dim 4096 and 3584 (the GEMM normalises
  * its input itself), and the fallbacks (3 tokens; dim 1024), with and without SwiGLU. */
@@ -717,6 +803,7 @@ int main(void) {
         test_matmul_invariance();
         test_matmul_swiglu();
         test_norm_matmul();
+        test_matmul_llama();
         printf("\ncuda ops: %d passed, %d failed\n", n_pass, n_fail);
         backend_destroy(cpu);
         backend_destroy(gpu);
@@ -728,6 +815,7 @@ int main(void) {
     test_matmul_invariance();
     test_matmul_swiglu();
     test_norm_matmul();
+    test_matmul_llama();
     test_rope();
     test_argmax();
     /* GQA ratios 1, 4, 8; head dims 64 and 128; decode and prefill; contexts to 32k */
