@@ -81,6 +81,11 @@ struct engine_event {
     int choice;                    // index among the request's n choices
     int32_t token;                 // TOKEN: the sampled id
     char *text;                    // malloc'd UTF-8 delta (never splits a character); caller frees
+    int token_text_at;             // TOKEN: the token's own text starts this many characters (code
+                                   // points) into `text`: text held back before (a possible stop
+                                   // string) comes first; past its end when the token's is held back
+    bool text_start;               // TOKEN: no text came before the token, prompt included, so the
+                                   // decoders' first-token rules apply (tokenizer_token_bytes)
     float logprob;                 // TOKEN with logprobs >= 0: log p(token) (before temperature)
     int n_top;
     int32_t top_ids[ENGINE_MAX_LOGPROBS];

@@ -10,6 +10,7 @@
 #include "engine/duo_pattern.h"
 #include "engine/sampler.h"
 #include "engine/tokenizer.h"
+#include "engine/utf8.h"
 #include "engine/util.h"
 
 enum seq_state { SEQ_WAITING, SEQ_RUNNING, SEQ_DONE };
@@ -30,6 +31,7 @@ struct core_seq {
     struct tokenizer_stream detok;
     char *text;      // generated text (after any stop-string cut)
     size_t text_len, text_cap, emitted;
+    size_t text_chars, emitted_chars; // code points in text[0, text_len) and text[0, emitted)
     int n_generated;
     double t_first;
 };
@@ -143,7 +145,15 @@ static int text_append(struct core_seq *s, const char *p, size_t n) {
     memcpy(s->text + s->text_len, p, n);
     s->text_len += n;
     s->text[s->text_len] = 0;
+    s->text_chars += utf8_count(p, n);
     return 0;
+}
+
+/* Marks text up to byte `upto` as sent. */
+static void text_emitted(struct core_seq *s, size_t upto) {
+    if (upto <= s->emitted) return;
+    s->emitted_chars += utf8_count(s->text + s->emitted, upto - s->emitted);
+    s->emitted = upto;
 }
 
 /* ---- creation ---- */
@@ -584,7 +594,7 @@ static void seq_finish(struct core *c, struct core_seq *s, enum engine_finish wh
                               .prompt_tokens = r->n_prompt, .completion_tokens = s->n_generated,
                               .ttft_s = s->t_first > 0 ? s->t_first - r->t_arrival : 0};
     ev.text = dup_range(s->text ? s->text + s->emitted : "", s->text ? s->text_len - s->emitted : 0);
-    s->emitted = s->text_len;
+    text_emitted(s, s->text_len);
     for (int i = 0; stop_str && i < r->sp.n_stop; i++)
         if (r->sp.stop[i] == stop_str) ev.stop_index = i;
     if (s->state == SEQ_RUNNING) {
@@ -662,10 +672,15 @@ static bool seq_accept_token(struct core *c, struct core_seq *s, int32_t id, con
         if (sp->stop_ids[i] == id) stop_token = true, stop_id = id;
     if (stop_token) fin = ENGINE_FINISH_STOP;
 
+    size_t chars_before = s->text_chars;
+    ev.text_start = c->tok && tokenizer_stream_at_start(&s->detok);
     if (c->tok && (!stop_token || sp->include_stop_str_in_output)) {
         const char *piece;
         size_t plen;
-        if (tokenizer_stream_push(&s->detok, id, &piece, &plen) == 0) text_append(s, piece, plen);
+        if (tokenizer_stream_push(&s->detok, id, &piece, &plen) == 0) {
+            chars_before += utf8_count(piece, tokenizer_stream_carried(&s->detok)); // earlier bytes' U+FFFDs
+            text_append(s, piece, plen);
+        }
         /* stop strings: earliest match in the text not yet sent (matches may straddle tokens) */
         if (!fin && past_min && sp->n_stop) {
             size_t from = s->emitted;
@@ -679,7 +694,9 @@ static bool seq_accept_token(struct core *c, struct core_seq *s, int32_t id, con
             }
             if (stop_str) {
                 fin = ENGINE_FINISH_STOP;
-                s->text_len = best_at + (sp->include_stop_str_in_output ? strlen(stop_str) : 0);
+                size_t cut = best_at + (sp->include_stop_str_in_output ? strlen(stop_str) : 0);
+                s->text_chars -= utf8_count(s->text + cut, s->text_len - cut);
+                s->text_len = cut;
                 s->text[s->text_len] = 0;
             }
         }
@@ -693,13 +710,15 @@ static bool seq_accept_token(struct core *c, struct core_seq *s, int32_t id, con
             if (tokenizer_stream_flush(&s->detok, &piece, &plen) == 0) text_append(s, piece, plen);
         }
         ev.text = dup_range("", 0);
+        ev.token_text_at = (int)(chars_before - s->emitted_chars);
         emit_event(r, &ev);
         seq_finish(c, s, fin, stop_str, stop_id);
         return true;
     }
     size_t safe = s->text_len - (sp->n_stop ? stop_holdback(r, s->text + s->emitted, s->text_len - s->emitted) : 0);
     ev.text = dup_range(s->text ? s->text + s->emitted : "", safe > s->emitted ? safe - s->emitted : 0);
-    if (safe > s->emitted) s->emitted = safe;
+    ev.token_text_at = (int)(chars_before - s->emitted_chars);
+    text_emitted(s, safe);
     emit_event(r, &ev);
     return false;
 }

@@ -59,6 +59,14 @@ size_t tokenizer_vocab_size(const struct tokenizer *tok);
 /* The token string of id as HF's id_to_token gives it ("ĠHello", "▁the", "<s>"); NUL-terminated,
  * owned by tok. NULL when id is not a token. *len may be NULL. */
 const char *tokenizer_id_to_piece(const struct tokenizer *tok, int32_t id, size_t *len);
+/* The bytes id adds to a text: the decoder chain on that token alone, as a later token of a
+ * sequence (SentencePiece's '▁' a space, <0xNN> its byte, a byte-level token its bytes; a
+ * special token its content), or with first, as the token that begins the text (the first-token
+ * rules of Metaspace and Strip: the leading space dropped). This is the token as logprobs show
+ * it; not always UTF-8 on its own (a byte token, or a byte-level token holding part of a
+ * character). Writes min(len, cap) bytes into buf (no NUL) and returns len; 0 for an id that is
+ * not a token. */
+size_t tokenizer_token_bytes(const struct tokenizer *tok, int32_t id, bool first, char *buf, size_t cap);
 /* The id of a token string (added tokens first, then the model vocabulary). */
 int tokenizer_piece_to_id(const struct tokenizer *tok, const char *piece, size_t len, int32_t *id);
 /* BOS id, or -1 when the model has none. */
@@ -72,37 +80,49 @@ bool tokenizer_is_eos(const struct tokenizer *tok, int32_t id);
 /* True for added tokens marked "special" (those skip_special drops when decoding). */
 bool tokenizer_is_special(const struct tokenizer *tok, int32_t id);
 
-/* Incremental detokenizer: fed one id at a time, returns the text that became final. The
- * concatenation of every piece (including flush) equals tokenizer_decode() of all ids pushed
- * (prime included), and no piece ends inside a UTF-8 character. Text that may still change is
- * held back: the bytes of an unfinished character, and with byte-fallback models a run of
- * <0xNN> tokens until it ends (HF turns a whole run into U+FFFDs when any part is invalid).
+/* Incremental detokenizer: fed one id at a time, returns the text that became final, each
+ * character as soon as its last byte is in; no piece ends inside a UTF-8 character. Only what
+ * may still change is held back: the bytes of an unfinished character (and trailing characters
+ * a Strip decoder may drop). The concatenation of every piece (including flush) equals
+ * tokenizer_decode() of all ids pushed (prime included), with one exception: HF's ByteFallback
+ * turns a whole run of <0xNN> tokens into one U+FFFD per byte when any part of it is invalid,
+ * which a stream cannot know early; here each character of a run that is complete and valid
+ * stays, and each byte that cannot belong to one is a U+FFFD (runs wholly valid or wholly
+ * invalid come out exactly as decode).
  * O(1) work per token besides the text itself. Fields are private. */
 struct tokenizer_stream {
     const struct tokenizer *tok;
     bool skip_special;
     size_t n_tokens;            // non-skipped tokens seen (first-token rules of Strip/Metaspace)
-    unsigned char *run;         // pending ByteFallback bytes
-    size_t run_len, run_cap;
-    unsigned char pend[4];      // ByteLevel: held bytes of an unfinished character
+    unsigned char pend[4];      // held bytes of an unfinished character (ByteFallback or ByteLevel)
     size_t n_pend;
+    bool pend_primed;           // those bytes came from prime: the character is not output
     size_t lead_seen;           // Strip: leading chars examined so far
     bool lead_done;             // Strip: a non-stripped char went out
     size_t held;                // Strip: trailing strip chars held back
     char *out;                  // the piece returned by the last call
     size_t out_len, out_cap;
+    size_t carry;               // bytes at the start of out that are earlier ids' text
     char *tmp[3];               // scratch for one token's text, bytes and decoded bytes
     size_t tmp_cap[3];
 };
 
 /* Starts a stream over tok (borrowed; must outlive the stream). Cannot fail. */
 void tokenizer_stream_init(struct tokenizer_stream *s, const struct tokenizer *tok, bool skip_special);
-/* Feeds ids whose text the caller does not want (e.g. the prompt), so that the next pushes
- * continue that sequence (e.g. no leading-space strip on the first generated token). */
+/* Feeds ids whose text the caller does not want (the prompt), so that the next pushes continue
+ * that sequence: no leading-space strip on the first generated token, and bytes that complete
+ * or break a character the prompt left unfinished give no text (that character is the prompt's). */
 int tokenizer_stream_prime(struct tokenizer_stream *s, const int32_t *ids, size_t n);
 /* Feeds one id; *piece (NUL-terminated, owned by s, valid until the next call) gets the new text
  * of *len bytes (len may be NULL), possibly empty; like decode, it may hold NUL bytes. */
 int tokenizer_stream_push(struct tokenizer_stream *s, int32_t id, const char **piece, size_t *len);
+/* True until an id with text (not a skipped special token) went in, prompt included: the next
+ * id begins the text (see tokenizer_token_bytes). */
+bool tokenizer_stream_at_start(const struct tokenizer_stream *s);
+/* How many bytes at the start of the last push's piece are the text of earlier ids: the U+FFFDs
+ * of held bytes that this id showed cannot make a character. The id's own text follows them (a
+ * character it finishes counts as its own). */
+size_t tokenizer_stream_carried(const struct tokenizer_stream *s);
 /* Ends the sequence: returns what was held back (U+FFFD for unfinished characters, exactly as
  * tokenizer_decode) and resets s to a fresh stream over the same tokenizer. */
 int tokenizer_stream_flush(struct tokenizer_stream *s, const char **piece, size_t *len);

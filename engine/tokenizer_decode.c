@@ -3,8 +3,8 @@
  * a list of token strings rewritten by each decoder in turn, then joined.
  * The stream runs the same decoders as a pipeline over one token at a time:
  *   per-token text rewrites (Replace, Metaspace)
- *   -> ByteFallback (holds a run of <0xNN> tokens until it ends) or ByteLevel (bytes through a
- *      streaming lossy UTF-8 decoder)
+ *   -> ByteFallback (a run of <0xNN> tokens through a per-character UTF-8 decoder) or ByteLevel
+ *      (bytes through a streaming lossy UTF-8 decoder); both hold only an unfinished character
  *   -> Strip over the whole text (drops leading chars, holds back trailing ones).
  * Decoder chains that do not fit this shape are rejected at load (tokenizer_decoder_plan). */
 #include <stdio.h>
@@ -340,14 +340,79 @@ static int emit(struct tokenizer_stream *s, const char *t, size_t n) {
     return 0;
 }
 
-static int flush_run(struct tokenizer_stream *s) {
-    if (!s->run_len) return 0;
+/* The held bytes of an unfinished character will not be finished: one U+FFFD each (ByteFallback's
+ * rule for invalid bytes), unless they are the prompt's. */
+static int bf_drop_pend(struct tokenizer_stream *s) {
     int rc = 0;
-    if (utf8_valid((const char *)s->run, s->run_len)) rc = emit(s, (const char *)s->run, s->run_len);
-    else
-        for (size_t k = 0; k < s->run_len && !rc; k++) rc = emit(s, UTF8_REPLACEMENT, 3);
-    s->run_len = 0;
+    for (size_t k = 0; k < s->n_pend && !s->pend_primed && !rc; k++) rc = emit(s, UTF8_REPLACEMENT, 3);
+    s->carry = s->out_len; // those U+FFFDs are the text of the ids that held the bytes
+    s->n_pend = 0;
+    s->pend_primed = false;
     return rc;
+}
+
+/* ByteFallback: one byte of a <0xNN> run. A character goes out as soon as its last byte is in;
+ * a byte that cannot belong to a character is a U+FFFD, as are the held bytes it cuts off. */
+static int bf_byte(struct tokenizer_stream *s, unsigned char b) {
+    bool complete, cut;
+    if (s->n_pend) {
+        unsigned char t[4];
+        memcpy(t, s->pend, s->n_pend);
+        t[s->n_pend] = b;
+        size_t k = utf8_scan(t, s->n_pend + 1, &complete, &cut);
+        if (cut) {
+            s->pend[s->n_pend++] = b;
+            return 0;
+        }
+        if (complete) { // pend is a valid prefix, so b finished it: k == n_pend + 1
+            bool primed = s->pend_primed;
+            s->n_pend = 0;
+            s->pend_primed = false;
+            return primed ? 0 : emit(s, (const char *)t, k);
+        }
+        int rc = bf_drop_pend(s);
+        if (rc) return rc;
+    }
+    utf8_scan(&b, 1, &complete, &cut);
+    if (complete) return emit(s, (const char *)&b, 1);
+    if (cut) {
+        s->pend[0] = b;
+        s->n_pend = 1;
+        return 0;
+    }
+    return emit(s, UTF8_REPLACEMENT, 3);
+}
+
+/* ByteLevel: the token's bytes through the lossy decoder into dec (3 * (nb + 3) bytes). A held
+ * character is resolved first, a byte at a time: finished, it is this token's text (or nobody's
+ * when the prompt began it); broken, its U+FFFD is earlier tokens' text (carried), or nobody's.
+ * Returns the bytes in dec. */
+static size_t bl_decode(struct tokenizer_stream *s, const char *bytes, size_t nb, char *dec) {
+    struct utf8_lossy_stream ls = {{0}, s->n_pend};
+    memcpy(ls.pend, s->pend, sizeof ls.pend);
+    size_t i = 0, k = 0;
+    while (ls.n_pend && i < nb) {
+        unsigned char t[4];
+        bool complete, cut;
+        memcpy(t, ls.pend, ls.n_pend);
+        t[ls.n_pend] = (unsigned char)bytes[i];
+        utf8_scan(t, ls.n_pend + 1, &complete, &cut);
+        k = utf8_lossy_feed(&ls, bytes + i++, 1, dec); // 0 while cut; else the char or U+FFFD first
+        if (cut) continue;
+        if (s->pend_primed) {
+            size_t first = complete ? utf8_len(t[0]) : 3;
+            memmove(dec, dec + first, k - first);
+            k -= first;
+            s->pend_primed = false;
+        } else if (!complete) {
+            s->carry = s->out_len + 3;
+        }
+        break;
+    }
+    k += utf8_lossy_feed(&ls, bytes + i, nb - i, dec + k);
+    memcpy(s->pend, ls.pend, sizeof s->pend);
+    s->n_pend = ls.n_pend;
+    return k;
 }
 
 /* Per-token rewrites (Replace, Metaspace) of piece into s->tmp; returns the result. */
@@ -408,10 +473,26 @@ void tokenizer_stream_init(struct tokenizer_stream *s, const struct tokenizer *t
 
 void tokenizer_stream_free(struct tokenizer_stream *s) {
     if (!s) return;
-    free(s->run);
     free(s->out);
     for (int i = 0; i < 3; i++) free(s->tmp[i]);
     memset(s, 0, sizeof *s);
+}
+
+/* A byte-level token's bytes into out (room for tn bytes): its own UTF-8 when some char is
+ * outside the byte alphabet, as HF does. Returns the count. */
+static size_t bl_token_bytes(const struct tokenizer *tok, const char *t, size_t tn, char *out) {
+    size_t nb = 0;
+    for (size_t i = 0; i < tn;) {
+        uint32_t cp;
+        size_t cl = utf8_decode(t + i, tn - i, &cp);
+        if (cp >= 0x144 || tok->bl_dec[cp] < 0) {
+            memcpy(out, t, tn);
+            return tn;
+        }
+        out[nb++] = (char)tok->bl_dec[cp];
+        i += cl;
+    }
+    return nb;
 }
 
 static int stream_feed(struct tokenizer_stream *s, int32_t id) {
@@ -423,47 +504,21 @@ static int stream_feed(struct tokenizer_stream *s, int32_t id) {
     size_t tn;
     int rc = token_text(s, p, pl, &t, &tn);
     if (rc) return rc;
+    unsigned char byte;
     if (!tok->has_decoder) {
         rc = s->n_tokens ? emit(s, " ", 1) : 0;
         if (!rc) rc = emit(s, t, tn);
+    } else if (tok->stream_byte_fallback && byte_token(t, tn, &byte)) {
+        rc = bf_byte(s, byte);
     } else if (tok->stream_byte_fallback) {
-        unsigned char byte;
-        if (byte_token(t, tn, &byte)) {
-            if (s->run_len == s->run_cap) {
-                size_t cap = s->run_cap ? s->run_cap * 2 : 16;
-                unsigned char *r = realloc(s->run, cap);
-                if (!r) return TOKENIZER_ERR_NOMEM;
-                s->run = r;
-                s->run_cap = cap;
-            }
-            s->run[s->run_len++] = byte;
-        } else {
-            rc = flush_run(s);
-            if (!rc) rc = emit(s, t, tn);
-        }
+        rc = bf_drop_pend(s); // the run ended
+        if (!rc) rc = emit(s, t, tn);
     } else if (tok->stream_byte_level) {
-        // the token's bytes, then a lossy decode of them after the held ones, both in tmp[2]
+        // the token's bytes, then their lossy decode after the held ones, both in tmp[2]
         if (sbuf_reserve(&s->tmp[2], &s->tmp_cap[2], tn + 3 * (tn + 3) + 1)) return TOKENIZER_ERR_NOMEM;
-        char *bytes = s->tmp[2];
-        size_t nb = 0;
-        for (size_t i = 0; i < tn;) {
-            uint32_t cp;
-            size_t cl = utf8_decode(t + i, tn - i, &cp);
-            if (cp >= 0x144 || tok->bl_dec[cp] < 0) { // not byte-level text: its own UTF-8, as HF
-                memcpy(bytes, t, tn);
-                nb = tn;
-                break;
-            }
-            bytes[nb++] = (char)tok->bl_dec[cp];
-            i += cl;
-        }
-        struct utf8_lossy_stream ls = {{0}, s->n_pend};
-        memcpy(ls.pend, s->pend, sizeof ls.pend);
-        char *dec = bytes + tn;
-        size_t k = utf8_lossy_feed(&ls, bytes, nb, dec);
-        memcpy(s->pend, ls.pend, sizeof s->pend);
-        s->n_pend = ls.n_pend;
-        rc = emit(s, dec, k);
+        char *bytes = s->tmp[2], *dec = bytes + tn;
+        size_t nb = bl_token_bytes(tok, t, tn, bytes);
+        rc = emit(s, dec, bl_decode(s, bytes, nb, dec));
     } else {
         rc = emit(s, t, tn);
     }
@@ -473,6 +528,7 @@ static int stream_feed(struct tokenizer_stream *s, int32_t id) {
 
 static void begin_piece(struct tokenizer_stream *s) {
     s->out_len = 0;
+    s->carry = 0;
     if (s->out) s->out[0] = 0;
 }
 
@@ -488,6 +544,8 @@ int tokenizer_stream_prime(struct tokenizer_stream *s, const int32_t *ids, size_
         if (rc) return rc;
     }
     begin_piece(s);
+    s->pend_primed = s->n_pend > 0;
+    s->held = 0; // trailing chars a Strip held back are the prompt's
     return 0;
 }
 
@@ -498,19 +556,65 @@ int tokenizer_stream_push(struct tokenizer_stream *s, int32_t id, const char **p
     return rc;
 }
 
+size_t tokenizer_stream_carried(const struct tokenizer_stream *s) {
+    return s->carry < s->out_len ? s->carry : s->out_len;
+}
+
 int tokenizer_stream_flush(struct tokenizer_stream *s, const char **piece, size_t *len) {
     begin_piece(s);
-    int rc = flush_run(s);
-    if (!rc && s->n_pend) {
-        s->n_pend = 0;
+    int rc = 0;
+    if (s->tok->stream_byte_fallback) {
+        rc = bf_drop_pend(s);
+    } else if (s->n_pend && !s->pend_primed) {
         rc = emit(s, UTF8_REPLACEMENT, 3); // a cut character is one U+FFFD, as utf8_lossy
     }
     // held trailing Strip chars are the ones the full decode strips: drop them
     end_piece(s, piece, len);
     s->n_tokens = 0;
-    s->run_len = 0;
+    s->n_pend = 0;
+    s->pend_primed = false;
     s->lead_seen = 0;
     s->lead_done = false;
     s->held = 0;
     return rc;
+}
+
+/* ---- one token as logprobs show it ---- */
+
+bool tokenizer_stream_at_start(const struct tokenizer_stream *s) {
+    return s->n_tokens == 0;
+}
+
+size_t tokenizer_token_bytes(const struct tokenizer *tok, int32_t id, bool first, char *buf, size_t cap) {
+    size_t pl;
+    const char *p = tokenizer_id_to_piece(tok, id, &pl);
+    if (!p) return 0;
+    struct tokenizer_stream s;
+    tokenizer_stream_init(&s, tok, false);
+    s.n_tokens = first ? 0 : 1; // Metaspace: whether the token keeps its space
+    const char *t = "";
+    size_t tn = 0, n = 0;
+    unsigned char byte;
+    if (token_text(&s, p, pl, &t, &tn) != 0) {
+        tn = 0;
+    } else if (!tok->has_decoder) {
+        if (cap && !first) buf[0] = ' ';
+        n = !first;
+    } else if (tok->stream_byte_fallback && byte_token(t, tn, &byte)) {
+        t = (const char *)&byte;
+        tn = 1;
+    } else if (tok->stream_byte_level && sbuf_reserve(&s.tmp[2], &s.tmp_cap[2], tn + 1) == 0) {
+        tn = bl_token_bytes(tok, t, tn, s.tmp[2]);
+        t = s.tmp[2];
+    }
+    if (first && tok->stream_strip >= 0) { // the Strip's leading chars, as far as this token has them
+        const struct tok_decoder *d = &tok->dec[tok->stream_strip];
+        char ch[4];
+        size_t chl = utf8_encode(d->ch, ch);
+        for (size_t k = 0; k < d->start && tn >= chl && !memcmp(t, ch, chl); k++) t += chl, tn -= chl;
+    }
+    if (n < cap) memcpy(buf + n, t, tn < cap - n ? tn : cap - n);
+    n += tn;
+    tokenizer_stream_free(&s);
+    return n;
 }

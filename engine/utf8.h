@@ -20,6 +20,13 @@ static inline size_t utf8_len(unsigned char c) {
     return c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
 }
 
+/* Code points in s[0..n) (UTF-8): the bytes that are not continuation bytes. */
+static inline size_t utf8_count(const char *s, size_t n) {
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) k += ((unsigned char)s[i] & 0xC0) != 0x80;
+    return k;
+}
+
 /* Decodes the character at s (valid UTF-8, n > 0 bytes available) into *cp; returns its length. */
 size_t utf8_decode(const char *s, size_t n, uint32_t *cp);
 

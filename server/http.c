@@ -571,7 +571,7 @@ static enum MHD_Result handle_generate(struct http_req *r) {
     r->rctx = (struct openai_resp_ctx){
         .kind = kind, .id = r->id, .model = s->cfg.model_name, .created = (long long)time(NULL),
         .logprobs = q->logprobs, .tokens_as_ids = q->return_tokens_as_token_ids,
-        .piece = prompt_token_piece, .piece_ud = (void *)tok,
+        .piece = prompt_token_bytes, .piece_ud = (void *)tok,
     };
     r->stream = q->stream;
     r->n_handles = q->n_prompts;

@@ -95,18 +95,22 @@ void openai_request_free(struct openai_request *r);
  * against lim->max_model_len (400, code context_length_exceeded). */
 int openai_check_prompts(struct openai_request *r, const struct openai_limits *lim, struct openai_error *err);
 
-/* Token id -> token string for logprobs ("token_id:N" is handled here, not by the callback).
- * Writes at most cap bytes including the NUL into buf and returns buf. */
-typedef const char *(*openai_piece_fn)(void *ud, int32_t id, char *buf, size_t cap);
+/* Token id -> the bytes the token adds to the text, for logprobs (not always whole UTF-8: a
+ * token may hold part of a character); first: the token begins the text (engine_event's
+ * text_start). Writes min(len, cap) bytes into buf, returns len. ("token_id:N" is handled by the
+ * caller, not by the callback.) */
+typedef size_t (*openai_piece_fn)(void *ud, int32_t id, bool first, char *buf, size_t cap);
 
 /* Output of one choice, accumulated from engine events (non-streamed responses). */
 struct openai_choice {
     char *text; // NUL-terminated
     size_t len, cap;
+    size_t chars;                  // code points in text
     int n_tok, cap_tok;            // generated tokens with logprobs (only when logprobs >= 0)
+    int n_start_tok;               // the first n_start_tok of them begin the text (text_start)
     int32_t *tok_ids;
     float *tok_lps;
-    size_t *tok_offsets;           // byte offset of each token's text in `text`
+    size_t *tok_offsets;           // character offset of each token's text in `text`
     int *tok_n_top;
     int32_t *top_ids;              // [cap_tok][ENGINE_MAX_LOGPROBS]
     float *top_lps;
@@ -147,8 +151,8 @@ char *openai_response_json(const struct openai_resp_ctx *ctx, const struct opena
                            const struct openai_usage *usage);
 
 /* One streamed chunk for choice `index`: text delta (may be NULL), the event's logprobs when
- * ev is a TOKEN event and ctx->logprobs >= 0 (text_offset is the delta's offset in the
- * choice's text), finish (NONE: not finished) with its stop reason. Returns the malloc'd
+ * ev is a TOKEN event and ctx->logprobs >= 0 (text_offset: the characters of the choice's text
+ * streamed before this delta; the token's offset adds ev->token_text_at), finish (NONE: not finished) with its stop reason. Returns the malloc'd
  * SSE frame "data: {...}\n\n". */
 char *openai_chunk_sse(const struct openai_resp_ctx *ctx, int index, const char *text, const struct engine_event *ev,
                        size_t text_offset, enum engine_finish finish, const char *stop_str, int32_t stop_id);

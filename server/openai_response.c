@@ -7,6 +7,8 @@
 
 #include "server/openai.h"
 
+#include "engine/utf8.h"
+
 /* ---- choice accumulation ---- */
 
 void openai_choice_init(struct openai_choice *c) {
@@ -38,6 +40,7 @@ int openai_choice_append(struct openai_choice *c, const char *s, size_t n) {
     }
     if (n) memcpy(c->text + c->len, s, n);
     c->len += n;
+    c->chars += utf8_count(s, n);
     c->text[c->len] = 0;
     return 0;
 }
@@ -62,7 +65,7 @@ static int grow_tokens(struct openai_choice *c) {
 }
 
 int openai_choice_add_event(struct openai_choice *c, const struct engine_event *ev, bool keep_logprobs) {
-    size_t offset = c->len;
+    size_t offset = c->chars + (ev->token_text_at > 0 ? (size_t)ev->token_text_at : 0);
     if (ev->text && openai_choice_append(c, ev->text, strlen(ev->text))) return -1;
     if (ev->type != ENGINE_EVENT_TOKEN) return 0;
     c->completion_tokens++;
@@ -70,6 +73,7 @@ int openai_choice_add_event(struct openai_choice *c, const struct engine_event *
     if (c->n_tok == c->cap_tok && grow_tokens(c)) return -1;
     int i = c->n_tok++;
     int n_top = ev->n_top < 0 ? 0 : ev->n_top > ENGINE_MAX_LOGPROBS ? ENGINE_MAX_LOGPROBS : ev->n_top;
+    if (ev->text_start && c->n_start_tok == i) c->n_start_tok++;
     c->tok_ids[i] = ev->token;
     c->tok_lps[i] = ev->logprob;
     c->tok_offsets[i] = offset;
@@ -95,25 +99,46 @@ static double clamp_lp(float lp) {
     return isnan(lp) ? -9999.0 : lp < -9999.0f ? -9999.0 : (double)lp;
 }
 
-static const char *piece(const struct openai_resp_ctx *ctx, int32_t id, char *buf, size_t cap) {
+/* A token as logprobs show it. */
+struct lp_token {
+    char raw[512];   // the bytes it adds to the text (cut at 512)
+    size_t n_raw;
+    char shown[2100]; // NUL-terminated string for "token" and the top_logprobs keys
+};
+
+/* Fills t for id: "token_id:N" when asked for; else the token's text when its bytes are whole
+ * UTF-8, else (a token holding part of a character) its bytes escaped as \xNN, after "bytes:"
+ * in completions' logprobs, as OpenAI shows them (chat gives the raw bytes in "bytes"). */
+static const char *lp_token(const struct openai_resp_ctx *ctx, int32_t id, bool first, struct lp_token *t) {
+    t->n_raw = 0;
     if (ctx->tokens_as_ids || !ctx->piece) {
-        snprintf(buf, cap, "token_id:%d", (int)id);
-        return buf;
+        snprintf(t->shown, sizeof t->shown, "token_id:%d", (int)id);
+        return t->shown;
     }
-    const char *s = ctx->piece(ctx->piece_ud, id, buf, cap);
-    return s ? s : "";
+    size_t n = ctx->piece(ctx->piece_ud, id, first, t->raw, sizeof t->raw);
+    t->n_raw = n < sizeof t->raw ? n : sizeof t->raw;
+    if (utf8_valid(t->raw, t->n_raw) && !memchr(t->raw, 0, t->n_raw)) {
+        memcpy(t->shown, t->raw, t->n_raw);
+        t->shown[t->n_raw] = 0;
+        return t->shown;
+    }
+    size_t o = (size_t)snprintf(t->shown, sizeof t->shown, "%s", ctx->kind == OPENAI_CHAT ? "" : "bytes:");
+    for (size_t i = 0; i < t->n_raw; i++) {
+        unsigned char b = (unsigned char)t->raw[i];
+        if (b == '\\') o += (size_t)snprintf(t->shown + o, sizeof t->shown - o, "\\\\");
+        else if (b >= 0x20 && b < 0x7F) t->shown[o++] = (char)b;
+        else o += (size_t)snprintf(t->shown + o, sizeof t->shown - o, "\\x%02x", b);
+    }
+    t->shown[o] = 0;
+    return t->shown;
 }
 
-/* Code points in s[0..n) (UTF-8; continuation bytes are not counted). */
-static size_t count_chars(const char *s, size_t n) {
-    size_t k = 0;
-    for (size_t i = 0; i < n; i++) k += ((unsigned char)s[i] & 0xC0) != 0x80;
-    return k;
-}
-
-static cJSON *bytes_array(const char *s) {
+/* Chat's "bytes": the token's own bytes (for "token_id:N", those of that string). */
+static cJSON *bytes_array(const struct lp_token *t) {
+    const unsigned char *p = (const unsigned char *)(t->n_raw ? t->raw : t->shown);
+    size_t n = t->n_raw ? t->n_raw : strlen(t->shown);
     cJSON *a = cJSON_CreateArray();
-    for (const unsigned char *p = (const unsigned char *)s; a && *p; p++) cJSON_AddItemToArray(a, cJSON_CreateNumber(*p));
+    for (size_t i = 0; a && i < n; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber(p[i]));
     return a;
 }
 
@@ -146,38 +171,38 @@ static void add_finish(cJSON *choice, enum engine_finish finish) {
 
 /* One position of legacy (completions) logprobs, appended to the four parallel arrays. */
 static void legacy_lp_add(const struct openai_resp_ctx *ctx, cJSON *tokens, cJSON *token_lps, cJSON *top, cJSON *offsets,
-                          int32_t id, float lp, int n_top, const int32_t *top_ids, const float *top_lps, size_t offset) {
-    char buf[256];
-    cJSON_AddItemToArray(tokens, cJSON_CreateString(piece(ctx, id, buf, sizeof buf)));
+                          int32_t id, bool first, float lp, int n_top, const int32_t *top_ids, const float *top_lps,
+                          size_t offset) {
+    struct lp_token t;
+    cJSON_AddItemToArray(tokens, cJSON_CreateString(lp_token(ctx, id, first, &t)));
     cJSON_AddItemToArray(token_lps, cJSON_CreateNumber(clamp_lp(lp)));
     cJSON *d = cJSON_CreateObject();
     int k_max = n_top < ctx->logprobs ? n_top : ctx->logprobs;
     for (int k = 0; d && k < k_max; k++) {
-        const char *s = piece(ctx, top_ids[k], buf, sizeof buf);
+        const char *s = lp_token(ctx, top_ids[k], first, &t);
         if (!cJSON_GetObjectItemCaseSensitive(d, s)) cJSON_AddNumberToObject(d, s, clamp_lp(top_lps[k]));
     }
-    const char *s = piece(ctx, id, buf, sizeof buf); // the sampled token is always listed
+    const char *s = lp_token(ctx, id, first, &t); // the sampled token is always listed
     if (d && !cJSON_GetObjectItemCaseSensitive(d, s)) cJSON_AddNumberToObject(d, s, clamp_lp(lp));
     cJSON_AddItemToArray(top, d);
     cJSON_AddItemToArray(offsets, cJSON_CreateNumber((double)offset));
 }
 
-static cJSON *chat_lp_entry(const struct openai_resp_ctx *ctx, int32_t id, float lp) {
-    char buf[256];
-    const char *s = piece(ctx, id, buf, sizeof buf);
+static cJSON *chat_lp_entry(const struct openai_resp_ctx *ctx, int32_t id, bool first, float lp) {
+    struct lp_token t;
     cJSON *e = cJSON_CreateObject();
-    cJSON_AddStringToObject(e, "token", s);
+    cJSON_AddStringToObject(e, "token", lp_token(ctx, id, first, &t));
     cJSON_AddNumberToObject(e, "logprob", clamp_lp(lp));
-    cJSON_AddItemToObject(e, "bytes", bytes_array(s));
+    cJSON_AddItemToObject(e, "bytes", bytes_array(&t));
     return e;
 }
 
-static cJSON *chat_lp_add(const struct openai_resp_ctx *ctx, cJSON *content, int32_t id, float lp, int n_top,
+static cJSON *chat_lp_add(const struct openai_resp_ctx *ctx, cJSON *content, int32_t id, bool first, float lp, int n_top,
                           const int32_t *top_ids, const float *top_lps) {
-    cJSON *e = chat_lp_entry(ctx, id, lp);
+    cJSON *e = chat_lp_entry(ctx, id, first, lp);
     cJSON *tops = cJSON_AddArrayToObject(e, "top_logprobs");
     int k_max = n_top < ctx->logprobs ? n_top : ctx->logprobs;
-    for (int k = 0; k < k_max; k++) cJSON_AddItemToArray(tops, chat_lp_entry(ctx, top_ids[k], top_lps[k]));
+    for (int k = 0; k < k_max; k++) cJSON_AddItemToArray(tops, chat_lp_entry(ctx, top_ids[k], first, top_lps[k]));
     cJSON_AddItemToArray(content, e);
     return e;
 }
@@ -225,7 +250,7 @@ char *openai_response_json(const struct openai_resp_ctx *ctx, const struct opena
             cJSON *lp = cJSON_AddObjectToObject(ch, "logprobs");
             cJSON *content = cJSON_AddArrayToObject(lp, "content");
             for (int t = 0; t < c->n_tok; t++)
-                chat_lp_add(ctx, content, c->tok_ids[t], c->tok_lps[t], c->tok_n_top[t],
+                chat_lp_add(ctx, content, c->tok_ids[t], t < c->n_start_tok, c->tok_lps[t], c->tok_n_top[t],
                             c->top_ids + (size_t)t * ENGINE_MAX_LOGPROBS, c->top_lps + (size_t)t * ENGINE_MAX_LOGPROBS);
         } else {
             cJSON *lp = cJSON_AddObjectToObject(ch, "logprobs");
@@ -233,14 +258,10 @@ char *openai_response_json(const struct openai_resp_ctx *ctx, const struct opena
             cJSON *token_lps = cJSON_AddArrayToObject(lp, "token_logprobs");
             cJSON *top = cJSON_AddArrayToObject(lp, "top_logprobs");
             cJSON *offsets = cJSON_AddArrayToObject(lp, "text_offset");
-            size_t chars = 0, at = 0;
-            for (int t = 0; t < c->n_tok; t++) {
-                size_t off = c->tok_offsets[t] <= c->len ? c->tok_offsets[t] : c->len;
-                if (off >= at) chars += count_chars(text + at, off - at), at = off;
-                legacy_lp_add(ctx, tokens, token_lps, top, offsets, c->tok_ids[t], c->tok_lps[t], c->tok_n_top[t],
-                              c->top_ids + (size_t)t * ENGINE_MAX_LOGPROBS, c->top_lps + (size_t)t * ENGINE_MAX_LOGPROBS,
-                              chars);
-            }
+            for (int t = 0; t < c->n_tok; t++) // a token cut off by a stop string starts at the end
+                legacy_lp_add(ctx, tokens, token_lps, top, offsets, c->tok_ids[t], t < c->n_start_tok, c->tok_lps[t],
+                              c->tok_n_top[t], c->top_ids + (size_t)t * ENGINE_MAX_LOGPROBS, c->top_lps + (size_t)t * ENGINE_MAX_LOGPROBS,
+                              c->tok_offsets[t] < c->chars ? c->tok_offsets[t] : c->chars);
         }
         add_finish(ch, c->finish);
         add_stop_reason(ch, c->finish, c->stop_reason_str, c->stop_reason_id);
@@ -275,7 +296,7 @@ char *openai_chunk_sse(const struct openai_resp_ctx *ctx, int index, const char 
         } else {
             cJSON *lp = cJSON_AddObjectToObject(ch, "logprobs");
             cJSON *content = cJSON_AddArrayToObject(lp, "content");
-            chat_lp_add(ctx, content, ev->token, ev->logprob, ev->n_top, ev->top_ids, ev->top_lps);
+            chat_lp_add(ctx, content, ev->token, ev->text_start, ev->logprob, ev->n_top, ev->top_ids, ev->top_lps);
         }
     } else {
         cJSON_AddStringToObject(ch, "text", text ? text : "");
@@ -285,7 +306,8 @@ char *openai_chunk_sse(const struct openai_resp_ctx *ctx, int index, const char 
             cJSON *lp = cJSON_AddObjectToObject(ch, "logprobs");
             legacy_lp_add(ctx, cJSON_AddArrayToObject(lp, "tokens"), cJSON_AddArrayToObject(lp, "token_logprobs"),
                           cJSON_AddArrayToObject(lp, "top_logprobs"), cJSON_AddArrayToObject(lp, "text_offset"),
-                          ev->token, ev->logprob, ev->n_top, ev->top_ids, ev->top_lps, text_offset);
+                          ev->token, ev->text_start, ev->logprob, ev->n_top, ev->top_ids, ev->top_lps,
+                          text_offset + (ev->token_text_at > 0 ? (size_t)ev->token_text_at : 0));
         }
     }
     add_finish(ch, finish);

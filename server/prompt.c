@@ -107,3 +107,7 @@ const char *prompt_token_piece(void *ud, int32_t id, char *buf, size_t cap) {
     free(text);
     return buf;
 }
+
+size_t prompt_token_bytes(void *ud, int32_t id, bool first, char *buf, size_t cap) {
+    return tokenizer_token_bytes(ud, id, first, buf, cap);
+}

@@ -22,7 +22,10 @@ int prompt_prepare(struct openai_request *r, const struct tokenizer *tok, const 
 /* Decodes ids (skip_special as given) into a malloc'd string; NULL with err set on failure. */
 char *prompt_decode(const struct tokenizer *tok, const int32_t *ids, int n, bool skip_special, struct openai_error *err);
 
-/* openai_piece_fn over a struct tokenizer (ud): the text of one token, as vLLM reports it. */
+/* The text of one token decoded alone, as vLLM's /tokenize token_strs report it. */
 const char *prompt_token_piece(void *ud, int32_t id, char *buf, size_t cap);
+/* openai_piece_fn over a struct tokenizer (ud): the bytes a generated token adds to the text
+ * (tokenizer_token_bytes), for logprobs. */
+size_t prompt_token_bytes(void *ud, int32_t id, bool first, char *buf, size_t cap);
 
 #endif

@@ -11,6 +11,7 @@
 #include "engine/safetensors.h"
 #include "engine/sampler.h"
 #include "engine/tokenizer.h"
+#include "engine/utf8.h"
 #include "engine/util.h"
 
 #define MAXC 4
@@ -24,6 +25,8 @@ struct collect {
     int n[MAXC];
     char text[MAXC][4096];
     size_t text_len[MAXC];
+    size_t at[MAXC][MAXG];    // where each token's text starts in text[k], in characters
+    bool text_start[MAXC][MAXG];
     enum engine_finish finish[MAXC];
     int completion_tokens[MAXC];
     int n_finished, errors;
@@ -36,6 +39,11 @@ static void collect_emit(void *ud, const struct engine_event *ev) {
     if (ev->type == ENGINE_EVENT_ERROR) {
         c->errors++;
         return;
+    }
+    size_t chars = utf8_count(c->text[k], c->text_len[k]);
+    if (ev->type == ENGINE_EVENT_TOKEN && c->n[k] < MAXG) {
+        c->at[k][c->n[k]] = chars + (size_t)ev->token_text_at;
+        c->text_start[k][c->n[k]] = ev->text_start;
     }
     if (ev->text) {
         size_t l = strlen(ev->text);
@@ -559,6 +567,65 @@ static void test_stop_string_straddling_tokens(void **state) {
     core_free(c);
 }
 
+/* decode(prompt + ids) less decode(prompt), both without special tokens (malloc'd). */
+static char *text_after(const struct tokenizer *t, const int32_t *prompt, int np, const int32_t *ids, int n) {
+    int32_t all[MAXG + 64];
+    assert_true(np + n <= (int)(sizeof all / sizeof all[0]));
+    memcpy(all, prompt, sizeof *prompt * (size_t)np);
+    memcpy(all + np, ids, sizeof *ids * (size_t)n);
+    char *pre, *full;
+    size_t pl, fl;
+    assert_int_equal(tokenizer_decode(t, prompt, (size_t)np, true, &pre, &pl), 0);
+    assert_int_equal(tokenizer_decode(t, all, (size_t)(np + n), true, &full, &fl), 0);
+    assert_true(fl >= pl && !memcmp(full, pre, pl));
+    memmove(full, full + pl, fl - pl + 1);
+    free(pre);
+    return full;
+}
+
+/* A prompt that ends in byte tokens (CJK on a Llama-2 vocabulary): the output is the generated
+ * tokens' text only. Each token's text sits where token_text_at says, also when a stop string's
+ * possible start was held back before it; only the first token after a BOS-only prompt begins
+ * the text. */
+static void test_text_is_the_completion_and_tokens_are_placed(void **state) {
+    char dir[1024];
+    TEST_REQUIRE_SHARED(dir, "models/stories260k/tokenizer.json");
+    struct core *c = stories_core(dir, sizeof dir);
+    const struct tokenizer *tok = core_tokenizer(c);
+    int32_t *prompt;
+    size_t np;
+    const char *text = "Lily saw a 日本";
+    assert_int_equal(tokenizer_encode(tok, text, strlen(text), true, &prompt, &np), 0);
+    assert_true(prompt[np - 1] == 3 + 0xAC); // the last byte of 本
+    static struct collect o;
+    memset(&o, 0, sizeof o);
+    submit(c, prompt, (int)np, greedy(12), &o);
+    run_all(c);
+    char *want = text_after(tok, prompt, (int)np, o.ids[0], o.n[0]);
+    assert_string_equal(o.text[0], want);
+    assert_null(strstr(o.text[0], "日本"));
+    assert_false(o.text_start[0][0]);
+    free(want);
+    free(prompt);
+
+    char *stops[1] = {"Lily X"}; // " Lily" is held back until the next token shows no stop follows
+    struct engine_sampling sp = greedy(40);
+    sp.n_stop = 1;
+    sp.stop = stops;
+    int32_t bos = 1;
+    memset(&o, 0, sizeof o);
+    submit(c, &bos, 1, sp, &o);
+    run_all(c);
+    assert_non_null(strstr(o.text[0], "Lily."));
+    for (int i = 0; i < o.n[0]; i++) {
+        char *before = text_after(tok, &bos, 1, o.ids[0], i);
+        assert_int_equal(o.at[0][i], utf8_count(before, strlen(before)));
+        assert_int_equal(o.text_start[0][i], i == 0);
+        free(before);
+    }
+    core_free(c);
+}
+
 /* EOS forced by logit_bias: stops at once; min_tokens holds it off (vLLM masks it); ignore_eos
  * runs to max_tokens. */
 static void test_min_tokens_and_ignore_eos(void **state) {
@@ -722,6 +789,7 @@ int main(void) {
         cmocka_unit_test(test_n_choices_share_prompt_blocks),
         cmocka_unit_test(test_stories260k_engine_golden_ids_and_text),
         cmocka_unit_test(test_stop_string_straddling_tokens),
+        cmocka_unit_test(test_text_is_the_completion_and_tokens_are_placed),
         cmocka_unit_test(test_min_tokens_and_ignore_eos),
         cmocka_unit_test(test_requests_that_cannot_fit_are_rejected),
         cmocka_unit_test(test_forks_keep_their_reserved_seats),

@@ -291,10 +291,13 @@ static void error_json_has_the_openai_shape(void **state) {
     free(j);
 }
 
-static const char *fake_piece(void *ud, int32_t id, char *buf, size_t cap) {
+static size_t fake_piece(void *ud, int32_t id, bool first, char *buf, size_t cap) {
     (void)ud;
-    snprintf(buf, cap, "<%d>", (int)id);
-    return buf;
+    (void)first;
+    char tmp[32];
+    size_t n = (size_t)snprintf(tmp, sizeof tmp, "<%d>", (int)id);
+    memcpy(buf, tmp, n < cap ? n : cap);
+    return n;
 }
 
 static struct engine_event token_event(int32_t id, const char *text, float lp) {

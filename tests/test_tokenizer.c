@@ -572,9 +572,10 @@ static void test_stream_emoji_split_across_byte_tokens(void **state) {
     // the leading "▁" of the whole sequence is stripped, later ones are spaces
     assert_string_equal(pieces[0], "");
     assert_string_equal(pieces[1], " this");
-    // nothing of the emoji comes out until its byte run ends
-    for (int i = 4; i < 8; i++) assert_string_equal(pieces[i], "");
-    assert_string_equal(pieces[8], "🦙.");
+    // the emoji comes out with its last byte, not later
+    for (int i = 4; i < 7; i++) assert_string_equal(pieces[i], "");
+    assert_string_equal(pieces[7], "🦙");
+    assert_string_equal(pieces[8], ".");
     for (size_t i = 0; i < n; i++) free(pieces[i]);
     free(all);
     free(full);
@@ -609,24 +610,69 @@ static uint64_t rng_next(uint64_t *s) {
     return *s;
 }
 
+static bool is_byte_token(const struct tokenizer *t, int32_t id) {
+    size_t n;
+    const char *p = tokenizer_id_to_piece(t, id, &n);
+    return p && n == 6 && !memcmp(p, "<0x", 3) && p[5] == '>';
+}
+
+/* A random id that is a token, neither special nor a <0xNN> byte. */
+static int32_t plain_token(const struct tokenizer *t, uint64_t *seed) {
+    int32_t vocab = (int32_t)tokenizer_vocab_size(t), id = 0;
+    for (int tries = 0; tries < 1000; tries++) {
+        id = (int32_t)(rng_next(seed) % (uint64_t)vocab);
+        if (tokenizer_id_to_piece(t, id, NULL) && !tokenizer_is_special(t, id) && !is_byte_token(t, id)) break;
+    }
+    return id;
+}
+
+/* A run of byte tokens that is wholly valid (whole characters) or wholly invalid (bytes that
+ * never start a character, cut characters), followed by a plain token that ends the run: the
+ * runs on which ByteFallback's stream and decode agree. Writes at most room ids. */
+static size_t byte_run(const struct tokenizer *t, uint64_t *seed, int32_t *out, size_t room) {
+    static const uint32_t first[4] = {0x20, 0x80, 0x800, 0x10000}, span[4] = {0x5F, 0x780, 0xD000, 0x10000};
+    char buf[32];
+    size_t nb = 0;
+    bool valid = rng_next(seed) % 2;
+    for (int e = 0, n_el = 1 + (int)(rng_next(seed) % 3); e < n_el; e++) {
+        uint64_t r = rng_next(seed);
+        int w = (int)(r % 4);
+        uint32_t cp = first[w] + (uint32_t)((r >> 8) % span[w]); // 3-byte span stops before surrogates
+        size_t len = utf8_encode(cp, buf + nb);
+        if (valid) nb += len;
+        else if (len == 1 || (r >> 40) % 3 == 0) buf[nb++] = (char)(0xC0 + (r >> 32) % 2 * 0x35 + (r >> 34) % 2); // C0 C1 F5 F6
+        else nb += 1 + (r >> 32) % (len - 1); // a cut character
+    }
+    size_t n = 0;
+    if (nb < room) // else no run: a cut valid one would be neither
+        for (size_t i = 0; i < nb; i++) out[n++] = 3 + (unsigned char)buf[i];
+    out[n++] = plain_token(t, seed);
+    return n;
+}
+
 /* Random id sequences (with byte tokens, partial characters, special and invalid ids):
- * the stream's pieces are valid UTF-8 and add up to decode(); priming with a prefix gives the
- * same later pieces as streaming the prefix. */
+ * the stream's pieces are valid UTF-8 and add up to decode() (with byte-fallback vocabularies,
+ * on byte runs that are wholly valid or wholly invalid: see tokenizer.h); priming with a prefix
+ * gives the same later pieces as streaming the prefix, but for a character the prefix leaves
+ * unfinished, which is the prompt's. */
 static void stream_vs_decode(const char *rel) {
     struct tokenizer *t = load_fixture(rel);
     int32_t vocab = (int32_t)tokenizer_vocab_size(t);
+    bool byte_fallback = is_byte_token(t, 3);
     uint64_t seed = 0x9E3779B97F4A7C15ull;
-    int sequences = 0;
+    int sequences = 0, cut_primes = 0;
     for (int round = 0; round < 300; round++) {
         int32_t ids[96];
         size_t n = 1 + rng_next(&seed) % 95;
         for (size_t i = 0; i < n; i++) {
             uint64_t r = rng_next(&seed), k = r % 10;
-            if (k < 3) ids[i] = (int32_t)(3 + (r >> 8) % 256);         // byte tokens (SentencePiece)
+            if (k < 3 && byte_fallback) i += byte_run(t, &seed, ids + i, n - i) - 1;
+            else if (k < 3) ids[i] = (int32_t)(3 + (r >> 8) % 256);     // bytes (of byte-level tokens)
             else if (k < 4) ids[i] = vocab - 1 - (int32_t)((r >> 8) % 300); // added/special tokens
             else if (k < 5) ids[i] = (int32_t)((r >> 8) % 600);         // short pieces, spaces
             else if (k == 5 && (r >> 8) % 8 == 0) ids[i] = vocab + 7;   // not a token
             else ids[i] = (int32_t)((r >> 8) % (uint64_t)vocab);
+            if (byte_fallback && k >= 3 && is_byte_token(t, ids[i])) ids[i] = plain_token(t, &seed);
         }
         for (int skip = 0; skip < 2; skip++) {
             struct piece pieces[96];
@@ -643,12 +689,24 @@ static void stream_vs_decode(const char *rel) {
             struct tokenizer_stream st;
             tokenizer_stream_init(&st, t, skip);
             assert_int_equal(tokenizer_stream_prime(&st, ids, k), 0);
+            bool cut = st.n_pend > 0; // the prompt ends inside a character
+            cut_primes += cut;
+            size_t lag = 0; // cut: bytes of the unprimed pieces not (yet) in the primed ones
             for (size_t i = k; i < n; i++) {
                 const char *p;
                 size_t pl;
                 assert_int_equal(tokenizer_stream_push(&st, ids[i], &p, &pl), 0);
-                assert_int_equal(pl, pieces[i].n);
-                assert_memory_equal(p, pieces[i].s, pl);
+                if (!cut) {
+                    assert_int_equal(pl, pieces[i].n);
+                    assert_memory_equal(p, pieces[i].s, pl);
+                    continue;
+                }
+                // the prompt's character (or the U+FFFDs of its bytes) is missing, nothing else
+                lag += pieces[i].n;
+                assert_true(pl <= lag);
+                assert_memory_equal(p, pieces[i].s + pieces[i].n - pl, pl);
+                lag -= pl;
+                assert_true(lag <= 9);
             }
             tokenizer_stream_free(&st);
             for (size_t i = 0; i < n; i++) free(pieces[i].s);
@@ -657,7 +715,8 @@ static void stream_vs_decode(const char *rel) {
             sequences++;
         }
     }
-    print_message("%s: %d random sequences stream exactly as decode\n", rel, sequences);
+    print_message("%s: %d random sequences stream exactly as decode (%d primes cut a character)\n", rel, sequences,
+                  cut_primes);
     tokenizer_free(t);
 }
 
@@ -695,6 +754,149 @@ static void test_stream_prime_keeps_space_of_first_generated_token(void **state)
     tokenizer_stream_free(&st);
     free(prompt);
     free(gen);
+    tokenizer_free(t);
+}
+
+/* Primes st with prompt, pushes gen and flushes; returns the concatenated pieces (malloc'd). */
+static char *primed_text(const struct tokenizer *t, const int32_t *prompt, size_t np, const int32_t *gen, size_t ng) {
+    struct tokenizer_stream st;
+    tokenizer_stream_init(&st, t, true);
+    assert_int_equal(tokenizer_stream_prime(&st, prompt, np), 0);
+    char *all = calloc(1, 1);
+    size_t len = 0;
+    for (size_t i = 0; i <= ng; i++) {
+        const char *p;
+        size_t pl;
+        assert_int_equal(i < ng ? tokenizer_stream_push(&st, gen[i], &p, &pl) : tokenizer_stream_flush(&st, &p, &pl), 0);
+        all = realloc(all, len + pl + 1);
+        memcpy(all + len, p, pl + 1);
+        len += pl;
+    }
+    tokenizer_stream_free(&st);
+    return all;
+}
+
+/* The prompt's text never comes out of a primed stream: not a byte run it ends with (Llama-2
+ * spells CJK in <0xNN> tokens), not a character it leaves unfinished, whether the generated
+ * bytes finish or break it; the generated bytes after it decode as usual. */
+static void test_stream_prime_keeps_prompt_text_out(void **state) {
+    struct tokenizer *t = load_fixture("tokenizers/llama2");
+    int32_t *prompt;
+    size_t np;
+    encode(t, "Lily saw a 🦙", true, &prompt, &np);
+    assert_true(np > 6 && prompt[np - 1] == 3 + 0x99); // 🦙 = F0 9F A6 99, in byte tokens
+    const int32_t gen[] = {29889, 2296};                // ". She"
+    char *out = primed_text(t, prompt, np, gen, 2);
+    assert_string_equal(out, ". She");
+    free(out);
+    // a prompt that stops inside 日 (E6 97 A5): the byte that finishes it gives no text
+    const int32_t cut[] = {1, 365, 3 + 0xE6, 3 + 0x97};
+    const int32_t fin[] = {3 + 0xA5, 278, 3 + 0xE6, 3 + 0x9C, 3 + 0xAC}; // A5 "▁the" 本
+    out = primed_text(t, cut, 4, fin, 5);
+    assert_string_equal(out, " the本");
+    free(out);
+    // ... nor the bytes of a character a generated byte breaks (their U+FFFDs are the prompt's)
+    const int32_t brk[] = {3 + 'A', 3 + 0xE6, 3 + 0x97};
+    out = primed_text(t, cut, 3, brk, 3); // E6 | A, and the generated E6 97 cut by the end
+    assert_string_equal(out, "A\xEF\xBF\xBD\xEF\xBF\xBD");
+    free(out);
+    // ... nor when the sequence ends there
+    out = primed_text(t, cut, 4, NULL, 0);
+    assert_string_equal(out, "");
+    free(out);
+    free(prompt);
+    tokenizer_free(t);
+
+    // byte-level: " 🦙" spans three tokens; a prompt of the first two
+    t = load_fixture("tokenizers/llama3");
+    const int32_t p3[] = {420, 374, 11410, 99}, g3[] = {247, 13, 11055};
+    out = primed_text(t, p3, 4, g3, 3);
+    assert_string_equal(out, ".cpp");
+    free(out);
+    out = primed_text(t, p3, 2, p3 + 2, 2); // the same bytes generated: " " then U+FFFD at the end
+    assert_string_equal(out, " \xEF\xBF\xBD");
+    free(out);
+    tokenizer_free(t);
+}
+
+/* A push that shows held bytes will not make a character says how much of its piece are their
+ * U+FFFDs (the text of earlier ids); a character it finishes is its own. */
+static void test_stream_carried_counts_earlier_bytes(void **state) {
+    struct tokenizer *t = load_fixture("tokenizers/llama2");
+    struct tokenizer_stream st;
+    tokenizer_stream_init(&st, t, true);
+    const char *p;
+    size_t pl;
+    const int32_t ids[] = {278, 3 + 0xE6, 3 + 0x97, 278, 3 + 0xE6, 3 + 0x97, 3 + 0xA5, 3 + 0xC3, 3 + 'x'};
+    const char *want[] = {"the", "", "", "\xEF\xBF\xBD\xEF\xBF\xBD the", "", "", "日", "", "\xEF\xBF\xBDx"};
+    const size_t carried[] = {0, 0, 0, 6, 0, 0, 0, 0, 3};
+    for (int i = 0; i < 9; i++) {
+        assert_int_equal(tokenizer_stream_push(&st, ids[i], &p, &pl), 0);
+        assert_string_equal(p, want[i]);
+        assert_int_equal(tokenizer_stream_carried(&st), carried[i]);
+    }
+    tokenizer_stream_free(&st);
+    tokenizer_free(t);
+
+    t = load_fixture("tokenizers/llama3"); // 11410 = " " and the first bytes of 🦙
+    tokenizer_stream_init(&st, t, true);
+    assert_int_equal(tokenizer_stream_push(&st, 11410, &p, &pl), 0);
+    assert_string_equal(p, " ");
+    assert_int_equal(tokenizer_stream_push(&st, 420, &p, &pl), 0);
+    assert_string_equal(p, "\xEF\xBF\xBD this");
+    assert_int_equal(tokenizer_stream_carried(&st), 3);
+    assert_int_equal(tokenizer_stream_push(&st, 11410, &p, &pl), 0);
+    assert_int_equal(tokenizer_stream_push(&st, 99, &p, &pl), 0);
+    assert_int_equal(tokenizer_stream_push(&st, 247, &p, &pl), 0);
+    assert_string_equal(p, "🦙");
+    assert_int_equal(tokenizer_stream_carried(&st), 0);
+    tokenizer_stream_free(&st);
+    tokenizer_free(t);
+}
+
+/* tokenizer_token_bytes: what a token adds to the text, as logprobs show it. */
+static void test_token_bytes_keep_leading_space_and_raw_bytes(void **state) {
+    struct tokenizer *t = load_fixture("tokenizers/llama2");
+    char buf[64];
+    int32_t id;
+    assert_int_equal(tokenizer_piece_to_id(t, "\xE2\x96\x81Paris", 8, &id), 0);
+    assert_int_equal(tokenizer_token_bytes(t, id, false, buf, sizeof buf), 6);
+    assert_memory_equal(buf, " Paris", 6);
+    assert_int_equal(tokenizer_token_bytes(t, 3 + 0xE6, false, buf, sizeof buf), 1);
+    assert_int_equal((unsigned char)buf[0], 0xE6);
+    assert_int_equal(tokenizer_token_bytes(t, 3 + '\n', false, buf, sizeof buf), 1);
+    assert_int_equal(buf[0], '\n');
+    assert_int_equal(tokenizer_token_bytes(t, 2, false, buf, sizeof buf), 4);
+    assert_memory_equal(buf, "</s>", 4);
+    assert_int_equal(tokenizer_token_bytes(t, (int32_t)tokenizer_vocab_size(t) + 5, false, buf, sizeof buf), 0);
+    // the length is the whole token's even when buf is shorter
+    assert_int_equal(tokenizer_token_bytes(t, id, false, buf, 3), 6);
+    assert_memory_equal(buf, " Pa", 3);
+    // beginning the text (after a BOS-only prompt), the Strip decoder drops its space
+    assert_int_equal(tokenizer_token_bytes(t, id, true, buf, sizeof buf), 5);
+    assert_memory_equal(buf, "Paris", 5);
+    struct tokenizer_stream st;
+    tokenizer_stream_init(&st, t, true);
+    assert_true(tokenizer_stream_at_start(&st));
+    assert_int_equal(tokenizer_stream_prime(&st, (const int32_t[]){1}, 1), 0);
+    assert_true(tokenizer_stream_at_start(&st)); // a skipped BOS is no text
+    const char *p;
+    assert_int_equal(tokenizer_stream_push(&st, id, &p, NULL), 0);
+    assert_string_equal(p, "Paris");
+    assert_false(tokenizer_stream_at_start(&st));
+    tokenizer_stream_free(&st);
+    tokenizer_free(t);
+
+    t = load_fixture("tokenizers/llama3");
+    assert_int_equal(tokenizer_token_bytes(t, 420, false, buf, sizeof buf), 5);
+    assert_memory_equal(buf, " this", 5);
+    // 11410 99 247 spell " 🦙" (F0 9F A6 99): the first holds the space and a part of it
+    size_t n1 = tokenizer_token_bytes(t, 11410, false, buf, sizeof buf);
+    size_t n2 = tokenizer_token_bytes(t, 99, false, buf + n1, sizeof buf - n1);
+    size_t n3 = tokenizer_token_bytes(t, 247, false, buf + n1 + n2, sizeof buf - n1 - n2);
+    assert_int_equal(n1 + n2 + n3, 5);
+    assert_memory_equal(buf, " \xF0\x9F\xA6\x99", 5);
+    assert_true(n1 >= 2 && !utf8_valid(buf, n1));
     tokenizer_free(t);
 }
 
@@ -882,17 +1084,24 @@ static void test_byte_fallback_model_encodes_bytes_and_decodes_runs(void **state
     EXPECT_DECODE(t, true, "hé", 1, 3 + 'h', 3 + 0xC3, 3 + 0xA9);
     EXPECT_DECODE(t, false, "\xEF\xBF\xBD\xEF\xBF\xBD", 3 + 0xC3, 3 + '(');
     EXPECT_DECODE(t, false, "🦙", 3 + 0xF0, 3 + 0x9F, 3 + 0xA6, 3 + 0x99);
-    // streaming holds a run back until it ends: a later invalid byte spoils all of it
+    // decode, as HF, turns a run with an invalid byte into U+FFFDs, all of it; the stream gives
+    // each character as soon as it is whole, and the invalid byte alone becomes a U+FFFD
     const int32_t ids[] = {3 + 'x', 3 + 0xC3, 3 + 0xA9, 3 + 0xFF, 1, 3 + 'y'};
     char *pieces[6];
     char *all = stream_all(t, ids, 6, false, pieces);
     char *full = decode(t, ids, 6, false);
     assert_string_equal(full, "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD<s>y");
-    assert_string_equal(all, full);
-    for (int i = 0; i < 4; i++) assert_string_equal(pieces[i], "");
+    assert_string_equal(all, "x\xC3\xA9\xEF\xBF\xBD<s>y");
+    const char *const want[] = {"x", "", "\xC3\xA9", "\xEF\xBF\xBD", "<s>", "y"};
+    for (int i = 0; i < 6; i++) assert_string_equal(pieces[i], want[i]);
     for (int i = 0; i < 6; i++) free(pieces[i]);
     free(all);
     free(full);
+    // a cut character: its bytes are U+FFFDs once a byte breaks it or the run ends, as decode
+    const int32_t cut[] = {3 + 0xE6, 3 + 0x97, 3 + 'a', 3 + 0xE6, 3 + 0x97, 1};
+    all = stream_all(t, cut, 6, false, NULL);
+    assert_string_equal(all, "\xEF\xBF\xBD\xEF\xBF\xBD" "a" "\xEF\xBF\xBD\xEF\xBF\xBD" "<s>");
+    free(all);
     synth_done(t, dir);
 }
 
@@ -1039,6 +1248,12 @@ static void test_metaspace_matches_hf(void **state) {
     char *s = stream_all(t, (const int32_t[]){0, 2, 1}, 3, false, NULL);
     assert_string_equal(s, "Hey  friend!");
     free(s);
+    // as logprobs show them: the first token of the text loses its space, later ones keep it
+    char buf[16];
+    assert_int_equal(tokenizer_token_bytes(t, 0, true, buf, sizeof buf), 3);
+    assert_memory_equal(buf, "Hey", 3);
+    assert_int_equal(tokenizer_token_bytes(t, 0, false, buf, sizeof buf), 4);
+    assert_memory_equal(buf, " Hey", 4);
     synth_done(t, dir);
 }
 
@@ -1224,6 +1439,9 @@ int main(void) {
         cmocka_unit_test(test_stream_equals_decode_random_llama3),
         cmocka_unit_test(test_stream_equals_decode_random_qwen3),
         cmocka_unit_test(test_stream_prime_keeps_space_of_first_generated_token),
+        cmocka_unit_test(test_stream_prime_keeps_prompt_text_out),
+        cmocka_unit_test(test_stream_carried_counts_earlier_bytes),
+        cmocka_unit_test(test_token_bytes_keep_leading_space_and_raw_bytes),
         cmocka_unit_test(test_stories260k_encodes_once_upon_a_time),
         cmocka_unit_test(test_stories260k_greedy_ids_decode_to_llama2c_text),
         cmocka_unit_test(test_mistral_loads_and_round_trips),
