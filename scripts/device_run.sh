@@ -2,7 +2,7 @@
 # device_run.sh: one GPU-machine run of the checks, benchmarks, A/B of the switches, kernel
 # traces and ShareGPT serving; the stages to run are the arguments (default: all of them).
 #
-#   [AB="name:VAR=v,..."] [TRACE_AB="name:VAR=v,..."] bash scripts/device_run.sh [attnbench] [optest] [gemm] [checks] [bench] [gemmprof] [gemmbench] [stamps] [ab] [trace] [optime] [serving]
+#   [AB="name:VAR=v,..."] [TRACE_AB="name:VAR=v,..."] bash scripts/device_run.sh [attnbench] [optest] [gemm] [gemmab] [ncu] [checks] [bench] [gemmprof] [gemmbench] [stamps] [ab] [trace] [optime] [serving]
 #
 # Expects .device/ as scripts/device_pack.sh leaves it (run there first): bin.txz (the stripped
 # binaries of make CUDA=1 BUILD=build-gpu, libktrace.so and libcupti.so.13 in bin/),
@@ -17,8 +17,12 @@ B=/tmp/bin; export SHARED=.device; L=/tmp/r; mkdir -p $L
 export LD_LIBRARY_PATH=$B:$LD_LIBRARY_PATH
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
 M=/tmp/llama8b
-( python3 scripts/make_llama8b.py $M --tokenizer .device/tokenizers/llama3 > $L/mk8b.log 2>&1 ) &
-mk=$!
+mk=
+needs_8b() { for st in bench gemmprof gemmbench stamps ab trace optime serving; do has $st && return 0; done; return 1; }
+if needs_8b; then
+  ( python3 scripts/make_llama8b.py $M --tokenizer .device/tokenizers/llama3 > $L/mk8b.log 2>&1 ) &
+  mk=$!
+fi
 t0=$SECONDS
 if has attnbench; then # one decode token's attention at several contexts; FA_CLOCKS build: phase stamps
   for v in "" "DUOSERVE_ATTN_NO_FUSED_ROPE=1" "DUOSERVE_ATTN_NO_DEC=1"; do
@@ -34,11 +38,33 @@ if has optest; then
   done
 fi
 # the op test's GEMM cases alone (a new GEMM kernel first: the benchmarks after it are skipped if it fails)
+# (GEMM_ENV="VAR=v,... ...": again under each set of switches, all at once)
 if has gemm; then
-  timeout 300 env DUOSERVE_TEST_ONLY=matmul $B/duoserve-test-cuda > $L/op_gemm.log 2>&1
-  echo "op test GEMMs: $(grep -c FAIL $L/op_gemm.log) FAIL lines; $(tail -1 $L/op_gemm.log)"
-  grep -E "FAIL" $L/op_gemm.log | head -12; grep -E "^(ok|FAIL) (qkv|o|gate|down|LM)" $L/op_gemm.log
-  grep -q "0 failed" $L/op_gemm.log || { echo "GEMM op test failed: no benchmarks"; tar czf $OUT/run.tgz -C /tmp r; exit 1; }
+  i=0; for v in "" ${GEMM_ENV:-}; do
+    ( timeout 300 env $(echo "$v" | tr ',' ' ') DUOSERVE_TEST_ONLY=matmul $B/duoserve-test-cuda > $L/op_gemm$i.log 2>&1 ) &
+    i=$((i+1))
+  done; wait
+  i=0; fail=0; for v in "" ${GEMM_ENV:-}; do
+    f=$L/op_gemm$i.log; i=$((i+1))
+    echo "op test GEMMs [$v]: $(grep -c FAIL $f) FAIL lines; $(tail -1 $f)"
+    grep -E "FAIL" $f | head -12; grep -E "^(ok|FAIL) (qkv|o|gate|down|LM)" $f | cut -c1-150
+    grep -q " 0 failed" $f || fail=1
+  done
+  [ $fail = 0 ] || { echo "GEMM op test failed: no benchmarks"; tar czf $OUT/run.tgz -C /tmp r; exit 1; }
+fi
+# each Llama-3-8B GEMM alone under the wgmma tiles' speed choices and cuBLAS (no model needed)
+if has gemmab; then
+  timeout 300 env DUOSERVE_TEST_ONLY=gemmbench $B/duoserve-test-cuda 2>&1 | tee $L/gemmab.log | sed -E 's/ +/ /g'
+fi
+# Nsight Compute on one GEMM call each (NCU="qkv,2048,w3d:gemm_wg qkv,2048,cublas:sm90 ...": GEMMBENCH_ONLY and a kernel-name regex)
+if has ncu; then
+  for spec in ${NCU:-}; do
+    n=$(echo "${spec%%:*}" | tr ',|' '__')
+    GEMMBENCH_ONLY="${spec%%:*}" DUOSERVE_TEST_ONLY=gemmbench timeout 200 ncu --clock-control none --kernel-name "regex:${spec#*:}" \
+      --launch-skip 2 --launch-count 1 --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+      --section WarpStateStats --section SchedulerStats $B/duoserve-test-cuda > $L/ncu_$n.txt 2>&1
+    echo "== ncu $spec"; grep -E "Duration|Throughput|Pipe|Busy|Stall|Issued|Eligible|Hit Rate|Bandwidth|L2|Shared" $L/ncu_$n.txt | head -40
+  done
 fi
 if has checks; then
   scripts/gpu_check.sh $B checks $L
@@ -49,8 +75,7 @@ if has checks; then
   done
   echo "checks done at $((SECONDS-t0)) s"
 fi
-wait $mk; tail -1 $L/mk8b.log
-echo "8b ready at $((SECONDS-t0)) s"
+if [ -n "$mk" ]; then wait $mk; tail -1 $L/mk8b.log; echo "8b ready at $((SECONDS-t0)) s"; fi
 bg() { timeout 100 $B/bench_gpu $M cuda "$@"; }
 if has bench; then
   bg --decode 1,8,64,256 --prefill 2048,32768 > $L/bench.log 2>&1; grep -E "decode|prefill" $L/bench.log | sed -E 's/ +/ /g'

@@ -777,6 +777,73 @@ static void attention_bench(int ctx) {
     free(hq), free(hk), free(ids);
 }
 
+
+void cuda_gemm_tune(int bn, int w3d, int sk, int bk);
+
+/* DUOSERVE_TEST_ONLY=gemmbench: Llama-3-8B's GEMMs alone at decode and prefill batch sizes, us a
+ * call (back to back, then one sync), under the wgmma tiles' speed choices and cuBLAS. */
+static void gemm_bench(void) {
+    char err[256];
+    struct backend *blas = backend_cuda_create(0, BACKEND_CUDA_CUBLAS, err, sizeof err);
+    int shapes[][2] = {{6144, 4096}, {4096, 4096}, {28672, 4096}, {4096, 14336}};
+    const char *names[] = {"qkv", "o", "gate|up", "down"};
+    int Ms[] = {64, 128, 256, 512, 2048, 8192};
+    struct {
+        const char *name;
+        int bn, w3d, sk, bk;
+    } v[] = {{"default", 0, 0, 1, 64}, {"w3d", 0, 1, 1, 64}, {"bk128", 0, 0, 1, 128}, {"w3d-bk128", 0, 1, 1, 128},
+             {"w3d-bn128", 128, 1, 1, 64}};
+    const int nv = (int)(sizeof v / sizeof v[0]);
+    /* GEMMBENCH_ONLY="gate|up,2048,w3d": one shape, M and choice (for a profiler) */
+    const char *only = getenv("GEMMBENCH_ONLY");
+    char o_shape[32] = "", o_var[32] = "";
+    int o_m = 0;
+    if (only) sscanf(only, "%31[^,],%d,%31s", o_shape, &o_m, o_var);
+    enum backend_status st;
+    printf("gemmbench: us a call%*s", 18, "");
+    for (int k = 0; k < nv; k++) printf(" %9s", v[k].name);
+    printf(" %9s   best TFLOP/s\n", "cublas");
+    for (int s = 0; s < 4; s++) {
+        if (only && strcmp(o_shape, names[s])) continue;
+        const int N = shapes[s][0], K = shapes[s][1], MM = 8192;
+        float *x = rand_bf16((size_t)MM * K, 1.0f), *w = rand_bf16((size_t)N * K, 1.0f / sqrtf((float)K));
+        void *xg = gpu->ops->alloc(gpu, (size_t)MM * K * 2, &st), *og = gpu->ops->alloc(gpu, (size_t)MM * N * 2, &st);
+        void *xb = blas ? blas->ops->alloc(blas, (size_t)MM * K * 2, &st) : NULL;
+        void *ob = blas ? blas->ops->alloc(blas, (size_t)MM * N * 2, &st) : NULL, *wg, *wb = NULL;
+        gpu->ops->upload_act(gpu, xg, x, (size_t)MM * K);
+        struct st_tensor t = {.name = "w", .dtype = ST_DTYPE_F32, .n_dims = 2, .shape = {N, K}, .data = w,
+                              .nbytes = (size_t)N * K * 4};
+        gpu->ops->weight_upload(gpu, &t, &wg);
+        if (blas) blas->ops->upload_act(blas, xb, x, (size_t)MM * K), blas->ops->weight_upload(blas, &t, &wb);
+        for (size_t mi = 0; mi < sizeof Ms / sizeof Ms[0]; mi++) {
+            const int M = Ms[mi], reps = M >= 2048 ? 10 : 40;
+            if (only && M != o_m) continue;
+            double us[8], best = 1e30;
+            for (int k = 0; k <= nv; k++) {
+                struct backend *b = k < nv ? gpu : blas;
+                if (!b || (only && strcmp(o_var, k < nv ? v[k].name : "cublas"))) { us[k] = 0; continue; }
+                if (k < nv) cuda_gemm_tune(v[k].bn, v[k].w3d, v[k].sk, v[k].bk);
+                void *o = k < nv ? og : ob, *xx = k < nv ? xg : xb, *ww = k < nv ? wg : wb;
+                for (int r = 0; r < 2; r++) b->ops->matmul(b, o, xx, ww, NULL, M, N, K);
+                int e = b->ops->sync(b);
+                double t0 = util_now();
+                for (int r = 0; r < reps; r++) b->ops->matmul(b, o, xx, ww, NULL, M, N, K);
+                e |= b->ops->sync(b);
+                us[k] = e ? -1 : (util_now() - t0) / reps * 1e6;
+                if (us[k] > 0 && us[k] < best) best = us[k];
+            }
+            printf("gemmbench %-8s M %5d N %5d K %5d", names[s], M, N, K);
+            for (int k = 0; k <= nv; k++) printf(" %9.1f", us[k]);
+            printf("   %.0f\n", 2.0 * M * N * K / best * 1e-6);
+        }
+        cuda_gemm_tune(0, 0, 1, 64);
+        gpu->ops->free(gpu, xg), gpu->ops->free(gpu, og), gpu->ops->free(gpu, wg);
+        if (blas) blas->ops->free(blas, xb), blas->ops->free(blas, ob), blas->ops->free(blas, wb);
+        free(x), free(w);
+    }
+    if (blas) backend_destroy(blas);
+}
+
 int main(void) {
     char err[256];
     setenv("DUOSERVE_FUSED_SWIGLU", "1", 1); /* the op table with matmul_swiglu and norm_matmul */
@@ -793,6 +860,12 @@ int main(void) {
     if (only && !strcmp(only, "attnbench")) {
         int ctxs[] = {128, 1000, 4000, 32000};
         for (int i = 0; i < 4; i++) attention_bench(ctxs[i]);
+        backend_destroy(cpu);
+        backend_destroy(gpu);
+        return 0;
+    }
+    if (only && !strcmp(only, "gemmbench")) {
+        gemm_bench();
         backend_destroy(cpu);
         backend_destroy(gpu);
         return 0;
