@@ -136,6 +136,7 @@ struct openai_resp_ctx {
     const char *id;              // "cmpl-..." / "chatcmpl-..."
     const char *model;
     long long created;           // unix seconds
+    const char *system_fingerprint; // NULL: left out
     int logprobs;                // -1 none, else top logprobs per token
     bool tokens_as_ids;          // return_tokens_as_token_ids
     openai_piece_fn piece;

@@ -324,6 +324,24 @@ static void request_id_and_tokenize_template_kwargs_are_parsed(void **state) {
     openai_request_free(&r);
 }
 
+static void system_fingerprint_is_left_out_when_unset(void **state) {
+    (void)state;
+    struct openai_resp_ctx ctx = {.kind = OPENAI_COMPLETION, .id = "cmpl-1", .model = "m", .logprobs = -1};
+    struct openai_choice c;
+    openai_choice_init(&c);
+    char *j = openai_response_json(&ctx, &c, 1, NULL);
+    assert_null(strstr(j, "system_fingerprint"));
+    free(j);
+    ctx.system_fingerprint = "duoserve-x";
+    j = openai_response_json(&ctx, &c, 1, NULL);
+    assert_non_null(strstr(j, "\"system_fingerprint\":\"duoserve-x\""));
+    free(j);
+    j = openai_chunk_sse(&ctx, 0, "a", NULL, 0, ENGINE_FINISH_NONE, NULL, -1);
+    assert_non_null(strstr(j, "\"system_fingerprint\":\"duoserve-x\""));
+    free(j);
+    openai_choice_free(&c);
+}
+
 static void stop_accepts_string_or_list_and_rejects_empty(void **state) {
     (void)state;
     struct openai_request r;
@@ -467,7 +485,7 @@ static void completion_response_with_legacy_logprobs(void **state) {
 static void chat_response_and_chunks_have_the_openai_shape(void **state) {
     (void)state;
     struct openai_resp_ctx ctx = {.kind = OPENAI_CHAT, .id = "chatcmpl-1", .model = "m", .created = 7, .logprobs = 1,
-                                  .piece = fake_piece};
+                                  .piece = fake_piece, .system_fingerprint = "fp-1"};
     struct openai_choice c;
     openai_choice_init(&c);
     struct engine_event a = token_event(5, "hi", -0.25f);
@@ -476,6 +494,7 @@ static void chat_response_and_chunks_have_the_openai_shape(void **state) {
     char *j = openai_response_json(&ctx, &c, 1, NULL);
     cJSON *root = cJSON_Parse(j);
     assert_string_equal(cJSON_GetObjectItem(root, "object")->valuestring, "chat.completion");
+    assert_string_equal(cJSON_GetObjectItem(root, "system_fingerprint")->valuestring, "fp-1");
     cJSON *ch = cJSON_GetArrayItem(cJSON_GetObjectItem(root, "choices"), 0);
     cJSON *msg = cJSON_GetObjectItem(ch, "message");
     assert_string_equal(cJSON_GetObjectItem(msg, "role")->valuestring, "assistant");
@@ -493,12 +512,14 @@ static void chat_response_and_chunks_have_the_openai_shape(void **state) {
     char *role = openai_chunk_role_sse(&ctx, 0);
     assert_non_null(strstr(role, "\"delta\":{\"role\":\"assistant\",\"content\":\"\"}"));
     assert_non_null(strstr(role, "chat.completion.chunk"));
+    assert_non_null(strstr(role, "\"system_fingerprint\":\"fp-1\""));
     free(role);
     char *chunk = openai_chunk_sse(&ctx, 1, "yo", &a, 0, ENGINE_FINISH_NONE, NULL, -1);
     assert_true(strncmp(chunk, "data: {", 7) == 0);
     root = cJSON_Parse(chunk + 6);
     ch = cJSON_GetArrayItem(cJSON_GetObjectItem(root, "choices"), 0);
     assert_int_equal(cJSON_GetObjectItem(ch, "index")->valueint, 1);
+    assert_string_equal(cJSON_GetObjectItem(root, "system_fingerprint")->valuestring, "fp-1");
     assert_string_equal(cJSON_GetObjectItem(cJSON_GetObjectItem(ch, "delta"), "content")->valuestring, "yo");
     assert_true(cJSON_IsNull(cJSON_GetObjectItem(ch, "finish_reason")));
     cJSON_Delete(root);
@@ -508,6 +529,7 @@ static void chat_response_and_chunks_have_the_openai_shape(void **state) {
     root = cJSON_Parse(us + 6);
     assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(root, "choices")), 0);
     assert_int_equal(cJSON_GetObjectItem(cJSON_GetObjectItem(root, "usage"), "total_tokens")->valueint, 10);
+    assert_string_equal(cJSON_GetObjectItem(root, "system_fingerprint")->valuestring, "fp-1");
     cJSON_Delete(root);
     free(us);
 }
@@ -575,6 +597,7 @@ int main(void) {
         cmocka_unit_test(unknown_fields_are_refused_by_name),
         cmocka_unit_test(fields_without_effect_and_off_values_are_accepted),
         cmocka_unit_test(request_id_and_tokenize_template_kwargs_are_parsed),
+        cmocka_unit_test(system_fingerprint_is_left_out_when_unset),
         cmocka_unit_test(stop_accepts_string_or_list_and_rejects_empty),
         cmocka_unit_test(context_length_is_checked_after_tokenization),
         cmocka_unit_test(chat_messages_are_normalised_and_max_tokens_defaults_to_the_rest),
