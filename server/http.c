@@ -28,6 +28,7 @@
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "engine/engine.h"
 #include "server/log.h"
@@ -746,6 +747,36 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
 
 /* ---- lifecycle ---- */
 
+/* The listening socket, made here so that it has SO_REUSEADDR (a restart may bind while old
+ * connections linger in TIME_WAIT) and never SO_REUSEPORT: a second server on a port in use
+ * must fail, not share the port with the first. */
+static int open_listener(const struct http_config *cfg, char *err, size_t errlen) {
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
+    struct addrinfo *ai = NULL;
+    char port[16];
+    snprintf(port, sizeof port, "%d", cfg->port);
+    int gai = getaddrinfo(cfg->host, port, &hints, &ai);
+    if (gai) return snprintf(err, errlen, "--host %s: %s", cfg->host, gai_strerror(gai)), -1;
+    int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol), one = 1;
+    if (fd >= 0) {
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        if (ai->ai_family == AF_INET6) setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one);
+        if (bind(fd, ai->ai_addr, ai->ai_addrlen) || listen(fd, SOMAXCONN)) {
+            int e = errno;
+            close(fd);
+            fd = -1;
+            errno = e;
+        }
+    }
+    if (fd < 0) {
+        bool v6 = strchr(cfg->host, ':') != NULL;
+        snprintf(err, errlen, "cannot listen on %s%s%s:%d: %s", v6 ? "[" : "", cfg->host, v6 ? "]" : "", cfg->port,
+                 errno == EADDRINUSE ? "address in use (another process holds the port)" : strerror(errno));
+    }
+    freeaddrinfo(ai);
+    return fd;
+}
+
 int http_start(struct http_server **out, const struct http_config *cfg, char *err, size_t errlen) {
     struct http_server *s = calloc(1, sizeof *s);
     if (!s) return snprintf(err, errlen, "out of memory"), -1;
@@ -755,22 +786,24 @@ int http_start(struct http_server **out, const struct http_config *cfg, char *er
     atomic_store(&s->state, HTTP_STATE_LOADING);
     s->created = (long long)time(NULL);
     if (getrandom(&s->id_salt, sizeof s->id_salt, 0) != (ssize_t)sizeof s->id_salt) s->id_salt = (uint64_t)time(NULL) * 2654435761u;
-
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
-    struct addrinfo *ai = NULL;
-    char port[16];
-    snprintf(port, sizeof port, "%d", cfg->port);
-    int gai = getaddrinfo(cfg->host, port, &hints, &ai);
-    if (gai) {
-        snprintf(err, errlen, "--host %s: %s", cfg->host, gai_strerror(gai));
+    int fd = open_listener(cfg, err, errlen);
+    if (fd < 0) {
         http_stop(s);
         return -1;
     }
+    struct sockaddr_storage sa;
+    socklen_t salen = sizeof sa;
+    bool v6 = false;
+    s->port = cfg->port;
+    if (getsockname(fd, (struct sockaddr *)&sa, &salen) == 0) { // the port chosen for --port 0
+        v6 = sa.ss_family == AF_INET6;
+        s->port = ntohs(v6 ? ((struct sockaddr_in6 *)&sa)->sin6_port : ((struct sockaddr_in *)&sa)->sin_port);
+    }
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ITC |
-                     MHD_USE_ERROR_LOG | (ai->ai_family == AF_INET6 ? MHD_USE_IPv6 : 0);
+                     MHD_USE_ERROR_LOG | (v6 ? MHD_USE_IPv6 : 0);
     s->daemon = MHD_start_daemon(
-        flags, (uint16_t)cfg->port, NULL, NULL, on_request, s,
-        MHD_OPTION_SOCK_ADDR, ai->ai_addr,
+        flags, (uint16_t)s->port, NULL, NULL, on_request, s,
+        MHD_OPTION_LISTEN_SOCKET, fd, // libmicrohttpd closes it when it stops
         MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
         MHD_OPTION_CONNECTION_LIMIT, (unsigned)cfg->max_connections,
         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)cfg->conn_timeout_s,
@@ -778,16 +811,14 @@ int http_start(struct http_server **out, const struct http_config *cfg, char *er
         MHD_OPTION_THREAD_POOL_SIZE, (unsigned)(cfg->threads > 0 ? cfg->threads : 1),
         /* chat templates render recursively on these threads: a generous stack, whatever the ulimit */
         MHD_OPTION_THREAD_STACK_SIZE, (size_t)(8u << 20),
-        MHD_OPTION_LISTENING_ADDRESS_REUSE, 1u,
         MHD_OPTION_END);
-    freeaddrinfo(ai);
     if (!s->daemon) {
-        snprintf(err, errlen, "cannot listen on %s:%d (address in use or not available)", cfg->host, cfg->port);
+        // Whether libmicrohttpd closed fd on this path is not documented: leaving it open (the
+        // process is about to exit) is better than closing a descriptor twice.
+        snprintf(err, errlen, "cannot start the HTTP server on %s:%d", cfg->host, s->port);
         http_stop(s);
         return -1;
     }
-    const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->daemon, MHD_DAEMON_INFO_BIND_PORT);
-    s->port = di ? di->port : cfg->port;
     *out = s;
     return 0;
 }
