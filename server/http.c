@@ -87,7 +87,8 @@ struct http_req {
 
     char *body;
     size_t body_len, body_cap;
-    bool too_big;
+    bool too_big;                   // answered 413 once the body has been read (and discarded)
+    size_t discarded;               // body bytes read and dropped
 
     // generation (route COMPLETIONS or CHAT after submit)
     bool gen;                       // on the active list
@@ -153,6 +154,10 @@ static int sbuf_put_owned(struct sbuf *b, char *frame) {
 }
 
 /* ---- responses ---- */
+
+static const char *header(const struct http_req *r, const char *name) {
+    return MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, name);
+}
 
 static void add_common_headers(struct http_req *r, struct MHD_Response *resp) {
     if (atomic_load(&r->srv->state) == HTTP_STATE_DRAINING) MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
@@ -625,6 +630,36 @@ static enum MHD_Result handle_generate(struct http_req *r) {
 
 /* ---- libmicrohttpd callbacks ---- */
 
+/* Bodies over --max-request-bytes are read and dropped up to this many bytes, so that the
+ * client, which sends its whole body before it reads, gets the 413 instead of a reset
+ * connection (closing a socket with unread input sends RST). Past it the 413 is sent at once. */
+static size_t discard_limit(const struct http_server *s) {
+    size_t m = s->cfg.max_request_bytes, floor = (size_t)64 << 20;
+    return m > SIZE_MAX / 4 ? SIZE_MAX : m * 4 > floor ? m * 4 : floor;
+}
+
+static enum MHD_Result fail_too_big(struct http_req *r) {
+    return fail(r, 413, "request_too_large", NULL, "the request body is over %zu bytes", r->srv->cfg.max_request_bytes);
+}
+
+/* Over the limit by its Content-Length: a client waiting on "Expect: 100-continue" (or one
+ * announcing more than the discard limit) gets the 413 now, before it sends the body; any
+ * other has its body read and dropped, then gets the 413. */
+static enum MHD_Result check_length(struct http_req *r) {
+    struct http_server *s = r->srv;
+    const char *cl = header(r, MHD_HTTP_HEADER_CONTENT_LENGTH);
+    if (!cl) return MHD_YES;
+    char *end;
+    errno = 0;
+    unsigned long long n = strtoull(cl, &end, 10);
+    if (!errno && end != cl && n <= s->cfg.max_request_bytes) return MHD_YES;
+    const char *expect = header(r, MHD_HTTP_HEADER_EXPECT);
+    bool waits = expect && !strcasecmp(expect, "100-continue");
+    if (errno || end == cl || n > discard_limit(s) || waits) return fail_too_big(r);
+    r->too_big = true;
+    return MHD_YES;
+}
+
 static enum MHD_Result first_call(struct http_req *r, const char *url, const char *method) {
     struct http_server *s = r->srv;
     bool is_get = !strcmp(method, "GET") || !strcmp(method, "HEAD");
@@ -637,15 +672,28 @@ static enum MHD_Result first_call(struct http_req *r, const char *url, const cha
     int st = atomic_load(&s->state);
     if (st != HTTP_STATE_READY)
         return fail(r, 503, NULL, NULL, st == HTTP_STATE_LOADING ? "the model is loading" : "the server is shutting down");
-    if (route_is_get(r->route)) return MHD_YES;
-    const char *cl = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
-    if (cl) {
-        char *end;
-        errno = 0;
-        unsigned long long n = strtoull(cl, &end, 10);
-        if (errno || end == cl || n > s->cfg.max_request_bytes)
-            return fail(r, 413, "request_too_large", NULL, "the request body is over %zu bytes", s->cfg.max_request_bytes);
+    return route_is_get(r->route) ? MHD_YES : check_length(r);
+}
+
+/* A piece of the request body: kept, or dropped once the request is over the limit. */
+static enum MHD_Result take_body(struct http_req *r, const char *data, size_t n) {
+    struct http_server *s = r->srv;
+    if (!r->too_big && r->body_len + n > s->cfg.max_request_bytes) r->too_big = true;
+    if (r->too_big) {
+        r->discarded += n;
+        return r->discarded > discard_limit(s) ? fail_too_big(r) : MHD_YES;
     }
+    if (r->body_len + n + 1 > r->body_cap) {
+        size_t cap = r->body_cap ? r->body_cap : 4096;
+        while (cap < r->body_len + n + 1) cap *= 2;
+        char *b = realloc(r->body, cap);
+        if (!b) return MHD_NO;
+        r->body = b;
+        r->body_cap = cap;
+    }
+    memcpy(r->body + r->body_len, data, n);
+    r->body_len += n;
+    r->body[r->body_len] = 0;
     return MHD_YES;
 }
 
@@ -668,27 +716,13 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         return first_call(r, url, method);
     }
     if (r->gen) return drive_plain(r); // resumed while waiting for a non-streamed result
+    if (r->status) return MHD_YES;     // answered while the body was arriving
     if (*upload_data_size) {
         size_t n = *upload_data_size;
         *upload_data_size = 0;
-        if (r->too_big || r->body_len + n > s->cfg.max_request_bytes) {
-            r->too_big = true;
-            return MHD_YES;
-        }
-        if (r->body_len + n + 1 > r->body_cap) {
-            size_t cap = r->body_cap ? r->body_cap : 4096;
-            while (cap < r->body_len + n + 1) cap *= 2;
-            char *b = realloc(r->body, cap);
-            if (!b) return MHD_NO;
-            r->body = b;
-            r->body_cap = cap;
-        }
-        memcpy(r->body + r->body_len, upload_data, n);
-        r->body_len += n;
-        r->body[r->body_len] = 0;
-        return MHD_YES;
+        return take_body(r, upload_data, n);
     }
-    if (r->too_big) return fail(r, 413, "request_too_large", NULL, "the request body is over %zu bytes", s->cfg.max_request_bytes);
+    if (r->too_big) return fail_too_big(r);
     switch (r->route) {
     case ROUTE_HEALTH: return handle_health(r);
     case ROUTE_METRICS: return handle_metrics(r);

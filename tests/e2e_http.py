@@ -1,14 +1,17 @@
 #!/usr/bin/env python3
 """End-to-end tests of duoserve's HTTP layer over loopback (Python standard library only).
 
-A port held by another duoserve (or any program) is refused with exit 1. Every loop is
-bounded in count and time. Prints one closing line "N passed, M failed"; exits 1 if anything failed.
+A port held by another duoserve (or any program) is refused with exit 1; bodies over
+--max-request-bytes get a readable 413 (also to Expect: 100-continue, before the body).
+Every loop is bounded in count and time. Prints one closing line "N passed, M failed"; exits 1 if anything failed.
 
 usage: tests/e2e_http.py [--bin build/duoserve] [--model ../shared/models/stories260k] [-k NAME]
 """
 import argparse
 import os
+import json
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -16,7 +19,36 @@ import time
 import traceback
 
 sys.dont_write_bytecode = True  # importing e2e_server must not leave tests/__pycache__ behind
-from e2e_server import FAIL, PASS, ROOT, Server, check
+from e2e_server import FAIL, PASS, ROOT, Server, check, error_shape_ok
+
+LIMIT = 65536  # --max-request-bytes of the shared server
+
+
+def read_response(sock, timeout=10):
+    """Reads one HTTP response (status line, headers, Content-Length body) from sock.
+    Returns (status, headers dict with lower-case names, body bytes); raises on a reset."""
+    sock.settimeout(timeout)
+    data = b""
+    deadline = time.time() + timeout
+    while b"\r\n\r\n" not in data and time.time() < deadline:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split(" ")[1]) if lines[0].startswith("HTTP/") else 0
+    headers = {}
+    for line in lines[1:]:
+        k, _, v = line.partition(":")
+        headers[k.strip().lower()] = v.strip()
+    n = int(headers.get("content-length", "0"))
+    while len(body) < n and time.time() < deadline:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        body += chunk
+    return status, headers, body
 
 
 # ---- a port in use ----
@@ -52,6 +84,70 @@ def test_port_in_use(binary, model):
 
 
 
+# ---- bodies over --max-request-bytes ----
+
+def big_request(path, n, extra=b""):
+    return (b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n%s\r\n"
+            % (path.encode(), n, extra))
+
+
+def test_too_large(srv):
+    for size, what in ((2 * LIMIT, "2x the limit"), (8 << 20, "8 MiB")):
+        body = b'{"prompt": "' + b"a" * (size - 30) + b'", "max_tokens": 1}'
+        s = socket.create_connection(("127.0.0.1", srv.port), timeout=20)
+        try:
+            s.sendall(big_request("/v1/completions", len(body)) + body)  # all of it before reading, as SDKs do
+            st, h, data = read_response(s)
+            err = None
+        except OSError as e:  # BrokenPipeError, ConnectionResetError: what this test is about
+            st, h, data, err = 0, {}, b"", repr(e)
+        finally:
+            s.close()
+        check(f"413: a body of {what} sent in full gets a complete 413 (no broken pipe or reset)",
+              st == 413 and err is None and len(data) == int(h.get("content-length", -1)), (st, err, data[:200]))
+        check(f"413: ... with the OpenAI error shape and code request_too_large ({what})",
+              error_shape_ok(data) and json.loads(data)["error"]["code"] == "request_too_large", data[:200])
+
+    # Expect: 100-continue: the 413 comes before the body is sent (and no "100 Continue").
+    s = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+    try:
+        s.sendall(big_request("/v1/completions", 10 * LIMIT, b"Expect: 100-continue\r\n"))
+        st, h, data = read_response(s, timeout=5)
+    finally:
+        s.close()
+    check("413: Expect: 100-continue with a Content-Length over the limit gets 413 up front",
+          st == 413 and error_shape_ok(data), (st, data[:200]))
+    s = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+    try:
+        body = b'{"prompt": [1], "max_tokens": 2}'
+        s.sendall(big_request("/v1/completions", len(body), b"Expect: 100-continue\r\n"))
+        st, _, _ = read_response(s, timeout=5)
+        if st == 100:
+            s.sendall(body)
+            st, _, _ = read_response(s, timeout=10)
+    finally:
+        s.close()
+    check("413: Expect: 100-continue within the limit still gets 100 Continue, then 200", st == 200, st)
+
+    # A chunked body over the limit, sent whole, then a request on the same connection.
+    s = socket.create_connection(("127.0.0.1", srv.port), timeout=20)
+    try:
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+                  + b"".join(b"%x\r\n%s\r\n" % (8192, b"a" * 8192) for _ in range(4 * LIMIT // 8192)) + b"0\r\n\r\n")
+        st, _, data = read_response(s)
+        ok = b'{"prompt": [1], "max_tokens": 2}'
+        s.sendall(big_request("/v1/completions", len(ok)) + ok)
+        st2, _, _ = read_response(s)
+        err = None
+    except OSError as e:
+        st, st2, data, err = 0, 0, b"", repr(e)
+    finally:
+        s.close()
+    check("413: a chunked body over the limit sent in full gets a readable 413", st == 413 and error_shape_ok(data), (st, err))
+    check("413: ... and the connection serves the next request", st2 == 200, (st2, err))
+    check("413: server healthy afterwards", srv.get("/health")[0] == 200)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", default=os.path.join(ROOT, "build", "duoserve"))
@@ -63,7 +159,24 @@ def main():
         print(f"  SKIP: {model} not found")
         print("0 passed, 0 failed")
         return 0
+    tests_main = [("too_large", test_too_large)]
     tests_own = [("port_in_use", test_port_in_use)]
+    srv = None
+    try:
+        if any(args.k in n for n, _ in tests_main):
+            srv = Server(args.bin, model, "--max-request-bytes", str(LIMIT))
+            srv.model_id = model
+            for name, fn in tests_main:
+                if args.k in name:
+                    print(f"== {name}")
+                    try:
+                        fn(srv)
+                    except Exception:  # noqa: BLE001
+                        check(f"{name}: ran without an exception", False, traceback.format_exc())
+            check("server: SIGTERM exits 0", srv.stop() == 0)
+    finally:
+        if srv:
+            srv.stop(signal.SIGKILL)
     for name, fn in tests_own:
         if args.k in name:
             print(f"== {name}")
