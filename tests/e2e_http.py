@@ -2,14 +2,15 @@
 """End-to-end tests of duoserve's HTTP layer over loopback (Python standard library only).
 
 A port held by another duoserve (or any program) is refused with exit 1; bodies over
---max-request-bytes get a readable 413 (also to Expect: 100-continue, before the body).
+--max-request-bytes get a readable 413 (also to Expect: 100-continue, before the body);
+request fields the server does not implement are refused with a 400 naming them.
 Every loop is bounded in count and time. Prints one closing line "N passed, M failed"; exits 1 if anything failed.
 
 usage: tests/e2e_http.py [--bin build/duoserve] [--model ../shared/models/stories260k] [-k NAME]
 """
 import argparse
-import os
 import json
+import os
 import re
 import signal
 import socket
@@ -19,7 +20,7 @@ import time
 import traceback
 
 sys.dont_write_bytecode = True  # importing e2e_server must not leave tests/__pycache__ behind
-from e2e_server import FAIL, PASS, ROOT, Server, check, error_shape_ok
+from e2e_server import FAIL, PASS, ROOT, Server, check, error_shape_ok, stream
 
 LIMIT = 65536  # --max-request-bytes of the shared server
 
@@ -81,7 +82,6 @@ def test_port_in_use(binary, model):
               p.returncode == 1 and re.search(r"address (already )?in use", err, re.I) is not None, (p.returncode, err[-400:]))
     finally:
         holder.close()
-
 
 
 # ---- bodies over --max-request-bytes ----
@@ -148,6 +148,56 @@ def test_too_large(srv):
     check("413: server healthy afterwards", srv.get("/health")[0] == 200)
 
 
+# ---- fields that would change the output ----
+
+def test_fields(srv):
+    m = srv.model_id
+    ok = {"model": m, "prompt": [1], "max_tokens": 2, "temperature": 0}
+    refused = [
+        ("guided_json", {"type": "object"}), ("guided_regex", "a+"), ("guided_choice", ["a", "b"]),
+        ("guided_grammar", "root ::= 'a'"), ("structured_outputs", {"json": {}}), ("logits_processors", ["x"]),
+        ("response_format", {"type": "json_object"}), ("prompt_logprobs", 1), ("suffix", "end"),
+        ("use_beam_search", True), ("allowed_token_ids", [1, 2]), ("bad_words", ["a"]), ("truncate_prompt_tokens", 4),
+    ]
+    for name, value in refused:
+        st, data, _ = srv.post("/v1/completions", {**ok, name: value})
+        e = json.loads(data).get("error", {}) if error_shape_ok(data) else {}
+        check(f"fields: completions '{name}' -> 400 naming it", st == 400 and e.get("param") == name, (st, data[:200]))
+    st, data, _ = srv.post("/v1/completions", {**ok, "best_of": 2})
+    check("fields: best_of > n -> 400 naming it", st == 400 and json.loads(data)["error"]["param"] == "best_of", data[:200])
+    st, data, _ = srv.post("/v1/completions", {**ok, "temprature": 0.5})
+    e = json.loads(data).get("error", {}) if st == 400 else {}
+    check("fields: an unknown field (a misspelt temperature) -> 400 naming it",
+          e.get("param") == "temprature" and "temprature" in e.get("message", ""), (st, data[:200]))
+    st, data, _ = srv.post("/v1/completions", {**ok, "stream": True, "stream_options": {"continuous_usage_stats": True}})
+    check("fields: stream_options.continuous_usage_stats -> 400 naming it",
+          st == 400 and json.loads(data)["error"]["param"] == "stream_options.continuous_usage_stats", data[:200])
+    accepted = {"user": "u", "metadata": {"k": "v"}, "store": False, "service_tier": "auto", "use_beam_search": False,
+                "response_format": {"type": "text"}, "guided_json": None, "priority": 0, "cache_salt": "s"}
+    st, data, _ = srv.post("/v1/completions", {**ok, **accepted})
+    st0, data0, _ = srv.post("/v1/completions", ok)
+    same = st == st0 == 200 and json.loads(data)["choices"][0]["text"] == json.loads(data0)["choices"][0]["text"]
+    check("fields: fields without effect (user, metadata, store, use_beam_search false, ...) -> 200, same text", same,
+          (st, data[:200]))
+    chat = {"model": m, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    for name, value in (("tools", [{"type": "function", "function": {"name": "f"}}]), ("tool_choice", "required"),
+                        ("guided_json", {}), ("response_format", {"type": "json_schema"}), ("reasoning_effort", "low")):
+        st, data, _ = srv.post("/v1/chat/completions", {**chat, name: value})
+        e = json.loads(data).get("error", {}) if error_shape_ok(data) else {}
+        check(f"fields: chat '{name}' -> 400 naming it", st == 400 and e.get("param") == name, (st, data[:200]))
+    # This model has no chat template: a request whose fields all pass fails on "messages" instead.
+    st, data, _ = srv.post("/v1/chat/completions", {**chat, "tools": [], "tool_choice": "none", "store": True,
+                                                      "parallel_tool_calls": False, "max_completion_tokens": 2})
+    check("fields: chat fields without effect pass the check (then: no chat template, param messages)",
+          st == 400 and json.loads(data)["error"]["param"] == "messages", data[:200])
+    st, data, _ = srv.post("/tokenize", {"prompt": "hi", "chat_template": "x"})
+    check("fields: /tokenize refuses chat_template", st == 400 and json.loads(data)["error"]["param"] == "chat_template",
+          data[:200])
+    st, data, _ = srv.post("/detokenize", {"tokens": [5], "prompt": "x"})
+    check("fields: /detokenize refuses an unknown field", st == 400 and json.loads(data)["error"]["param"] == "prompt",
+          data[:200])
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", default=os.path.join(ROOT, "build", "duoserve"))
@@ -159,7 +209,7 @@ def main():
         print(f"  SKIP: {model} not found")
         print("0 passed, 0 failed")
         return 0
-    tests_main = [("too_large", test_too_large)]
+    tests_main = [("too_large", test_too_large), ("fields", test_fields)]
     tests_own = [("port_in_use", test_port_in_use)]
     srv = None
     try:
@@ -174,16 +224,16 @@ def main():
                     except Exception:  # noqa: BLE001
                         check(f"{name}: ran without an exception", False, traceback.format_exc())
             check("server: SIGTERM exits 0", srv.stop() == 0)
+        for name, fn in tests_own:
+            if args.k in name:
+                print(f"== {name}")
+                try:
+                    fn(args.bin, model)
+                except Exception:  # noqa: BLE001
+                    check(f"{name}: ran without an exception", False, traceback.format_exc())
     finally:
         if srv:
             srv.stop(signal.SIGKILL)
-    for name, fn in tests_own:
-        if args.k in name:
-            print(f"== {name}")
-            try:
-                fn(args.bin, model)
-            except Exception:  # noqa: BLE001
-                check(f"{name}: ran without an exception", False, traceback.format_exc())
     print(f"{len(PASS)} passed, {len(FAIL)} failed")
     return 1 if FAIL else 0
 
