@@ -35,6 +35,7 @@
 #include "server/metrics.h"
 #include "server/openai.h"
 #include "server/prompt.h"
+#include "server/version.h"
 
 struct http_req;
 
@@ -51,11 +52,14 @@ struct http_server {
     int n_active;
     atomic_ullong next_id;
     uint64_t id_salt;
+    char fingerprint[48];           // system_fingerprint of every completion
 };
 
 enum route {
     ROUTE_NONE,
     ROUTE_HEALTH,
+    ROUTE_PING,
+    ROUTE_VERSION,
     ROUTE_METRICS,
     ROUTE_MODELS,
     ROUTE_MODEL,
@@ -153,6 +157,48 @@ static int sbuf_put_owned(struct sbuf *b, char *frame) {
     return rc;
 }
 
+/* ---- routes ---- */
+
+static enum route route_of(const char *url) {
+    if (!strcmp(url, "/health")) return ROUTE_HEALTH;
+    if (!strcmp(url, "/ping")) return ROUTE_PING;
+    if (!strcmp(url, "/version")) return ROUTE_VERSION;
+    if (!strcmp(url, "/metrics")) return ROUTE_METRICS;
+    if (!strcmp(url, "/v1/models")) return ROUTE_MODELS;
+    if (!strncmp(url, "/v1/models/", 11) && url[11]) return ROUTE_MODEL;
+    if (!strcmp(url, "/v1/completions")) return ROUTE_COMPLETIONS;
+    if (!strcmp(url, "/v1/chat/completions")) return ROUTE_CHAT;
+    if (!strcmp(url, "/tokenize")) return ROUTE_TOKENIZE;
+    if (!strcmp(url, "/detokenize")) return ROUTE_DETOKENIZE;
+    return ROUTE_NONE;
+}
+
+/* The Allow header of a route (and the methods first_call admits). */
+static const char *allowed_methods(enum route rt) {
+    switch (rt) {
+    case ROUTE_HEALTH:
+    case ROUTE_VERSION:
+    case ROUTE_METRICS:
+    case ROUTE_MODELS:
+    case ROUTE_MODEL: return "GET, HEAD";
+    case ROUTE_PING: return "GET, HEAD, POST"; // SageMaker's probe; vLLM answers both
+    default: return "POST";
+    }
+}
+
+static bool method_allowed(enum route rt, const char *method) {
+    const char *allow = allowed_methods(rt);
+    size_t n = strlen(method);
+    for (const char *p = allow; n && (p = strstr(p, method)); p += n)
+        if ((p == allow || p[-1] == ' ') && (p[n] == ',' || !p[n])) return true;
+    return false;
+}
+
+/* Probes and information that need neither an API key nor a loaded model. */
+static bool route_is_open(enum route rt) {
+    return rt == ROUTE_HEALTH || rt == ROUTE_PING || rt == ROUTE_VERSION || rt == ROUTE_METRICS;
+}
+
 /* ---- responses ---- */
 
 static const char *header(const struct http_req *r, const char *name) {
@@ -182,13 +228,7 @@ static enum MHD_Result respond(struct http_req *r, int status, char *body, const
     add_common_headers(r, resp);
     if (status == 401) MHD_add_response_header(resp, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
     if (status == 429 || status == 503) MHD_add_response_header(resp, MHD_HTTP_HEADER_RETRY_AFTER, "1");
-    if (status == 405) {
-        const char *allow = r->route == ROUTE_HEALTH || r->route == ROUTE_METRICS || r->route == ROUTE_MODELS ||
-                                    r->route == ROUTE_MODEL
-                                ? "GET, HEAD"
-                                : "POST";
-        MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, allow);
-    }
+    if (status == 405) MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, allowed_methods(r->route));
     r->status = status;
     enum MHD_Result ret = MHD_queue_response(r->conn, (unsigned)status, resp);
     MHD_destroy_response(resp);
@@ -214,23 +254,7 @@ static enum MHD_Result fail(struct http_req *r, int status, const char *code, co
     return respond_error(r, &err);
 }
 
-/* ---- routing and auth ---- */
-
-static enum route route_of(const char *url) {
-    if (!strcmp(url, "/health")) return ROUTE_HEALTH;
-    if (!strcmp(url, "/metrics")) return ROUTE_METRICS;
-    if (!strcmp(url, "/v1/models")) return ROUTE_MODELS;
-    if (!strncmp(url, "/v1/models/", 11) && url[11]) return ROUTE_MODEL;
-    if (!strcmp(url, "/v1/completions")) return ROUTE_COMPLETIONS;
-    if (!strcmp(url, "/v1/chat/completions")) return ROUTE_CHAT;
-    if (!strcmp(url, "/tokenize")) return ROUTE_TOKENIZE;
-    if (!strcmp(url, "/detokenize")) return ROUTE_DETOKENIZE;
-    return ROUTE_NONE;
-}
-
-static bool route_is_get(enum route rt) {
-    return rt == ROUTE_HEALTH || rt == ROUTE_METRICS || rt == ROUTE_MODELS || rt == ROUTE_MODEL;
-}
+/* ---- auth ---- */
 
 /* Compares in time that depends only on the length of the expected key. */
 static bool key_equal(const char *given, const char *expected) {
@@ -256,6 +280,10 @@ static enum MHD_Result handle_health(struct http_req *r) {
     int st = atomic_load(&r->srv->state);
     if (st == HTTP_STATE_READY) return respond(r, 200, strdup("{\"status\":\"ok\"}"), "application/json");
     return fail(r, 503, NULL, NULL, st == HTTP_STATE_LOADING ? "the model is loading" : "the server is shutting down");
+}
+
+static enum MHD_Result handle_version(struct http_req *r) {
+    return respond(r, 200, strdup("{\"version\":\"" DUO_VERSION "\"}"), "application/json");
 }
 
 static enum MHD_Result handle_metrics(struct http_req *r) {
@@ -576,6 +604,7 @@ static enum MHD_Result handle_generate(struct http_req *r) {
     make_id(s, r->id, sizeof r->id, kind == OPENAI_CHAT ? "chatcmpl" : "cmpl");
     r->rctx = (struct openai_resp_ctx){
         .kind = kind, .id = r->id, .model = s->cfg.model_name, .created = (long long)time(NULL),
+        .system_fingerprint = s->fingerprint,
         .logprobs = q->logprobs, .tokens_as_ids = q->return_tokens_as_token_ids,
         .piece = prompt_token_piece, .piece_ud = (void *)tok,
     };
@@ -662,24 +691,24 @@ static enum MHD_Result check_length(struct http_req *r) {
 
 static enum MHD_Result first_call(struct http_req *r, const char *url, const char *method) {
     struct http_server *s = r->srv;
-    bool is_get = !strcmp(method, "GET") || !strcmp(method, "HEAD");
-    bool is_post = !strcmp(method, "POST");
     if (r->route == ROUTE_NONE) return fail(r, 404, "not_found", NULL, "no route %s %.100s", method, url);
-    if (route_is_get(r->route) ? !is_get : !is_post)
+    if (!method_allowed(r->route, method))
         return fail(r, 405, "method_not_allowed", NULL, "method %s is not allowed on %.100s", method, url);
-    if (r->route == ROUTE_HEALTH || r->route == ROUTE_METRICS) return MHD_YES; // answered on the next call
+    if (route_is_open(r->route)) return MHD_YES; // answered once the (ignored) body is read
     if (!authorized(r)) return fail(r, 401, "invalid_api_key", NULL, "missing or invalid API key (Authorization: Bearer KEY)");
     int st = atomic_load(&s->state);
     if (st != HTTP_STATE_READY)
         return fail(r, 503, NULL, NULL, st == HTTP_STATE_LOADING ? "the model is loading" : "the server is shutting down");
-    return route_is_get(r->route) ? MHD_YES : check_length(r);
+    return strcmp(method, "POST") ? MHD_YES : check_length(r);
 }
 
-/* A piece of the request body: kept, or dropped once the request is over the limit. */
+/* A piece of the request body: kept, or dropped when the request is over the limit or its
+ * route takes no body. */
 static enum MHD_Result take_body(struct http_req *r, const char *data, size_t n) {
     struct http_server *s = r->srv;
-    if (!r->too_big && r->body_len + n > s->cfg.max_request_bytes) r->too_big = true;
-    if (r->too_big) {
+    bool ignored = route_is_open(r->route);
+    if (!r->too_big && !ignored && r->body_len + n > s->cfg.max_request_bytes) r->too_big = true;
+    if (r->too_big || ignored) {
         r->discarded += n;
         return r->discarded > discard_limit(s) ? fail_too_big(r) : MHD_YES;
     }
@@ -724,7 +753,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     }
     if (r->too_big) return fail_too_big(r);
     switch (r->route) {
-    case ROUTE_HEALTH: return handle_health(r);
+    case ROUTE_HEALTH:
+    case ROUTE_PING: return handle_health(r);
+    case ROUTE_VERSION: return handle_version(r);
     case ROUTE_METRICS: return handle_metrics(r);
     case ROUTE_MODELS:
     case ROUTE_MODEL: return handle_models(r, url);
@@ -781,6 +812,19 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
 
 /* ---- lifecycle ---- */
 
+/* "duoserve-VERSION-HASH8": HASH8 of what changes outputs for a given seed (the model and the
+ * backend settings), as vLLM's system_fingerprint. FNV-1a: stable across runs and builds. */
+static void make_fingerprint(const struct http_config *cfg, char *buf, size_t n) {
+    const char *parts[] = {DUO_VERSION, cfg->model_name, cfg->model_root, cfg->backend};
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)
+        for (const char *p = parts[i] ? parts[i] : ""; ; p++) { // the NUL too, so parts cannot run together
+            h = (h ^ (unsigned char)*p) * 0x100000001b3ull;
+            if (!*p) break;
+        }
+    snprintf(buf, n, "duoserve-%s-%08llx", DUO_VERSION, (unsigned long long)(h >> 32));
+}
+
 /* The listening socket, made here so that it has SO_REUSEADDR (a restart may bind while old
  * connections linger in TIME_WAIT) and never SO_REUSEPORT: a second server on a port in use
  * must fail, not share the port with the first. */
@@ -820,6 +864,7 @@ int http_start(struct http_server **out, const struct http_config *cfg, char *er
     atomic_store(&s->state, HTTP_STATE_LOADING);
     s->created = (long long)time(NULL);
     if (getrandom(&s->id_salt, sizeof s->id_salt, 0) != (ssize_t)sizeof s->id_salt) s->id_salt = (uint64_t)time(NULL) * 2654435761u;
+    make_fingerprint(cfg, s->fingerprint, sizeof s->fingerprint);
     int fd = open_listener(cfg, err, errlen);
     if (fd < 0) {
         http_stop(s);

@@ -30,6 +30,7 @@ struct http_config {
     double request_timeout_s;  // a request running longer is cancelled (0 = never)
     double keepalive_s;        // SSE comment after this long without output
     int max_n;                 // largest n
+    const char *backend;       // e.g. "device=auto gemm=invariant": part of system_fingerprint
 };
 
 enum http_state {

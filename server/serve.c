@@ -335,11 +335,13 @@ int serve_main(int argc, char **argv) {
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     signal(SIGPIPE, SIG_IGN);
 
+    char backend[160];
+    snprintf(backend, sizeof backend, "device=%s gemm=%s", o.device, o.gemm);
     struct http_config hc = {
         .host = o.host, .port = o.port, .api_key = o.api_key, .model_name = name, .model_root = o.model ? o.model : name,
         .max_request_bytes = o.max_request_bytes, .max_connections = o.max_connections, .threads = o.http_threads,
         .conn_timeout_s = o.http_timeout, .request_timeout_s = o.timeout, .keepalive_s = o.sse_keepalive,
-        .max_n = o.max_num_seqs,
+        .max_n = o.max_num_seqs, .backend = backend,
     };
     struct http_server *srv = NULL;
     char err[1024];

@@ -3,8 +3,9 @@
 
 A port held by another duoserve (or any program) is refused with exit 1; bodies over
 --max-request-bytes get a readable 413 (also to Expect: 100-continue, before the body);
-request fields the server does not implement are refused with a 400 naming them.
-Every loop is bounded in count and time. Prints one closing line "N passed, M failed"; exits 1 if anything failed.
+request fields the server does not implement are refused with a 400 naming them; /version
+and /ping; system_fingerprint in completions and stream chunks. Every loop is bounded in
+count and time. Prints one closing line "N passed, M failed"; exits 1 if anything failed.
 
 usage: tests/e2e_http.py [--bin build/duoserve] [--model ../shared/models/stories260k] [-k NAME]
 """
@@ -198,6 +199,44 @@ def test_fields(srv):
           data[:200])
 
 
+# ---- system_fingerprint ----
+
+def test_fingerprint(srv, binary):
+    version = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=10).stdout.split()[-1]
+    ok = {"prompt": [1], "max_tokens": 3, "temperature": 0}
+    fps = []
+    for _ in range(2):
+        st, data, _ = srv.post("/v1/completions", ok)
+        fps.append(json.loads(data).get("system_fingerprint") if st == 200 else None)
+    check("fingerprint: in completions, duoserve-<version>-<hash>",
+          fps[0] is not None and re.fullmatch(rf"duoserve-{re.escape(version)}-[0-9a-f]{{8}}", fps[0]) is not None, fps)
+    check("fingerprint: the same for every request", fps[0] == fps[1], fps)
+    st, events, done, _ = stream(srv, {**ok, "stream": True, "stream_options": {"include_usage": True}})
+    check("fingerprint: in every stream chunk, the usage chunk too",
+          st == 200 and done and events and all(e.get("system_fingerprint") == fps[0] for e in events),
+          [e.get("system_fingerprint") for e in events][:4])
+
+
+# ---- /version and /ping ----
+
+def test_version_ping(binary, model):
+    version = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=10).stdout.split()[-1]
+    srv = Server(binary, model, "--api-key", "sk-vp")
+    try:
+        st, data, _ = srv.get("/version")
+        check("version: GET /version -> {\"version\": ...} without an API key",
+              st == 200 and json.loads(data) == {"version": version}, (st, data))
+        for method in ("GET", "POST"):
+            st, data, _ = srv.request(method, "/ping", b"" if method == "POST" else None)
+            check(f"ping: {method} /ping -> 200 like /health, without an API key", st == 200, (st, data))
+        st, data, h = srv.request("DELETE", "/ping")
+        check("ping: DELETE /ping -> 405 with Allow", st == 405 and "POST" in h.get("Allow", ""), (st, h))
+        st, data, h = srv.request("POST", "/version", b"{}")
+        check("version: POST /version -> 405", st == 405 and h.get("Allow") == "GET, HEAD", (st, h))
+    finally:
+        srv.stop()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", default=os.path.join(ROOT, "build", "duoserve"))
@@ -209,8 +248,9 @@ def main():
         print(f"  SKIP: {model} not found")
         print("0 passed, 0 failed")
         return 0
-    tests_main = [("too_large", test_too_large), ("fields", test_fields)]
-    tests_own = [("port_in_use", test_port_in_use)]
+    tests_main = [("too_large", test_too_large), ("fields", test_fields),
+                  ("fingerprint", lambda srv: test_fingerprint(srv, args.bin))]
+    tests_own = [("port_in_use", test_port_in_use), ("version_ping", test_version_ping)]
     srv = None
     try:
         if any(args.k in n for n, _ in tests_main):
