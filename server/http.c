@@ -88,6 +88,8 @@ struct http_req {
     double t_start;
     int status;
     char *err_msg;                  // for the log line
+    char req_id[OPENAI_MAX_REQUEST_ID + 32]; // X-Request-Id: the client's, else the completion id or a generated one
+    bool req_id_given;
 
     char *body;
     size_t body_len, body_cap;
@@ -98,7 +100,7 @@ struct http_req {
     bool gen;                       // on the active list
     struct openai_request oreq;
     struct openai_resp_ctx rctx;
-    char id[48];
+    char id[OPENAI_MAX_REQUEST_ID + 32]; // "chatcmpl-" + the request id
     int n_handles;
     struct engine_handle **h;
     bool *h_done;
@@ -130,6 +132,15 @@ static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void make_id(struct http_server *s, char *buf, size_t n, const char *prefix) {
+    unsigned long long k = atomic_fetch_add(&s->next_id, 1);
+    uint64_t x = s->id_salt ^ (k * 0x9E3779B97F4A7C15ull);
+    x ^= x >> 31;
+    x *= 0xBF58476D1CE4E5B9ull;
+    x ^= x >> 29;
+    snprintf(buf, n, "%s-%016llx%llx", prefix, (unsigned long long)x, k);
 }
 
 /* ---- output buffer ---- */
@@ -205,9 +216,16 @@ static const char *header(const struct http_req *r, const char *name) {
     return MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, name);
 }
 
+/* Drain and X-Request-Id (vLLM's --enable-request-id-headers: the client's id echoed, else
+ * the completion id, else a generated one). */
 static void add_common_headers(struct http_req *r, struct MHD_Response *resp) {
-    if (atomic_load(&r->srv->state) == HTTP_STATE_DRAINING) MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
-    if (r->id[0]) MHD_add_response_header(resp, "X-Request-Id", r->id);
+    struct http_server *s = r->srv;
+    if (atomic_load(&s->state) == HTTP_STATE_DRAINING) MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
+    if (!r->req_id[0]) {
+        if (r->id[0]) snprintf(r->req_id, sizeof r->req_id, "%s", r->id);
+        else make_id(s, r->req_id, sizeof r->req_id, "req");
+    }
+    MHD_add_response_header(resp, "X-Request-Id", r->req_id);
 }
 
 /* Queues body (malloc'd, taken over; NULL = out of memory) with status. */
@@ -387,15 +405,6 @@ static void clear_pending(struct http_req *r) {
     pthread_mutex_lock(&r->mu);
     r->pending = false;
     pthread_mutex_unlock(&r->mu);
-}
-
-static void make_id(struct http_server *s, char *buf, size_t n, const char *prefix) {
-    unsigned long long k = atomic_fetch_add(&s->next_id, 1);
-    uint64_t x = s->id_salt ^ (k * 0x9E3779B97F4A7C15ull);
-    x ^= x >> 31;
-    x *= 0xBF58476D1CE4E5B9ull;
-    x ^= x >> 29;
-    snprintf(buf, n, "%s-%016llx%llx", prefix, (unsigned long long)x, k);
 }
 
 static void record_token_timing(struct http_req *r, int choice) {
@@ -601,7 +610,11 @@ static enum MHD_Result handle_generate(struct http_req *r) {
     const struct tokenizer *tok = engine_tokenizer(e);
     if (prompt_prepare(q, tok, engine_chat_template(e), &lim, &err)) return respond_error(r, &err);
 
-    make_id(s, r->id, sizeof r->id, kind == OPENAI_CHAT ? "chatcmpl" : "cmpl");
+    // The client's request id (header first, then the body's request_id) names the response, as in vLLM.
+    const char *prefix = kind == OPENAI_CHAT ? "chatcmpl" : "cmpl";
+    const char *given = r->req_id_given ? r->req_id : q->request_id;
+    if (given) snprintf(r->id, sizeof r->id, "%s-%.*s", prefix, OPENAI_MAX_REQUEST_ID, given);
+    else make_id(s, r->id, sizeof r->id, prefix);
     r->rctx = (struct openai_resp_ctx){
         .kind = kind, .id = r->id, .model = s->cfg.model_name, .created = (long long)time(NULL),
         .system_fingerprint = s->fingerprint,
@@ -691,6 +704,15 @@ static enum MHD_Result check_length(struct http_req *r) {
 
 static enum MHD_Result first_call(struct http_req *r, const char *url, const char *method) {
     struct http_server *s = r->srv;
+    const char *rid = header(r, "X-Request-Id");
+    if (rid) {
+        if (!openai_request_id_valid(rid))
+            return fail(r, 400, NULL, NULL,
+                        "the X-Request-Id header must be 1 to %d printable ASCII characters without spaces",
+                        OPENAI_MAX_REQUEST_ID);
+        snprintf(r->req_id, sizeof r->req_id, "%s", rid);
+        r->req_id_given = true;
+    }
     if (r->route == ROUTE_NONE) return fail(r, 404, "not_found", NULL, "no route %s %.100s", method, url);
     if (!method_allowed(r->route, method))
         return fail(r, 405, "method_not_allowed", NULL, "method %s is not allowed on %.100s", method, url);
@@ -790,7 +812,8 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     if (r->n_choices > 0) finish = openai_finish_reason(r->choices[0].finish);
     bool client_gone = toe != MHD_REQUEST_TERMINATED_COMPLETED_OK && r->gen;
     struct log_request lr = {
-        .id = r->id[0] ? r->id : NULL, .method = r->method, .path = r->path, .status = client_gone ? 499 : r->status,
+        .id = r->id[0] ? r->id : r->req_id[0] ? r->req_id : NULL, .method = r->method, .path = r->path,
+        .status = client_gone ? 499 : r->status,
         .prompt_tokens = r->prompt_tokens, .completion_tokens = r->choices ? completion_tokens(r) : 0,
         .n_choices = r->n_choices, .ttft_s = r->ttft, .e2e_s = now_s() - r->t_start, .finish = finish,
         .error = r->err_msg ? r->err_msg : client_gone ? "client disconnected" : NULL,

@@ -1,6 +1,8 @@
 /* http: the HTTP front end on libmicrohttpd. Routes, API-key check, body limits, OpenAI
  * endpoints (non-streamed and Server-Sent Events), /health, /metrics, and the drain.
  *
+ * Every response carries X-Request-Id: the client's, else the completion id or a generated one.
+ *
  * Threads: libmicrohttpd's internal polling thread(s) run every request callback. A
  * generation is driven by the engine: its notify callback (engine thread) resumes the
  * suspended connection, so nothing busy-polls. http_tick runs on the caller's thread (the

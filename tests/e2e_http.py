@@ -3,9 +3,9 @@
 
 A port held by another duoserve (or any program) is refused with exit 1; bodies over
 --max-request-bytes get a readable 413 (also to Expect: 100-continue, before the body);
-request fields the server does not implement are refused with a 400 naming them; /version
-and /ping; system_fingerprint in completions and stream chunks. Every loop is bounded in
-count and time. Prints one closing line "N passed, M failed"; exits 1 if anything failed.
+request fields the server does not implement are refused with a 400 naming them; X-Request-Id
+is echoed (and names the completion); /version and /ping; system_fingerprint in completions
+and stream chunks. Every loop is bounded in count and time. Prints one closing line "N passed, M failed"; exits 1 if anything failed.
 
 usage: tests/e2e_http.py [--bin build/duoserve] [--model ../shared/models/stories260k] [-k NAME]
 """
@@ -199,6 +199,43 @@ def test_fields(srv):
           data[:200])
 
 
+# ---- X-Request-Id ----
+
+def test_request_id(srv):
+    ok = {"prompt": [1], "max_tokens": 3, "temperature": 0}
+    st, data, h = srv.post("/v1/completions", ok, {"X-Request-Id": "trace-42"})
+    check("request id: echoed on a completion", st == 200 and h.get("X-Request-Id") == "trace-42", h)
+    check("request id: names the completion (cmpl-<id>, as vLLM)", st == 200 and json.loads(data)["id"] == "cmpl-trace-42",
+          data[:200])
+    c = srv.conn()
+    c.request("POST", "/v1/completions", body=json.dumps({**ok, "stream": True, "stream_options": {"include_usage": True}}),
+              headers={"Content-Type": "application/json", "X-Request-Id": "stream-7"})
+    r = c.getresponse()
+    hdr = r.getheader("X-Request-Id")
+    events = [json.loads(line[6:]) for line in r.read().decode().splitlines() if line.startswith("data: {")]
+    c.close()
+    check("request id: echoed on a stream", hdr == "stream-7", hdr)
+    check("request id: every chunk's id is cmpl-<id>", events and all(e["id"] == "cmpl-stream-7" for e in events),
+          [e.get("id") for e in events][:3])
+    st, data, h = srv.post("/v1/completions", ok)
+    check("request id: without one, the completion id is the header", st == 200 and h.get("X-Request-Id") == json.loads(data)["id"],
+          (h.get("X-Request-Id"), data[:100]))
+    st, data, h = srv.post("/v1/completions", {**ok, "request_id": "body-9"})
+    check("request id: the body's request_id names the completion", st == 200 and json.loads(data)["id"] == "cmpl-body-9",
+          data[:200])
+    ids = set()
+    for path in ("/health", "/v1/models", "/version", "/nothing"):
+        st, _, h = srv.get(path, {"X-Request-Id": "r-" + path.strip("/")})
+        check(f"request id: echoed on GET {path} ({st})", h.get("X-Request-Id") == "r-" + path.strip("/"), h)
+        st, _, h = srv.get(path)
+        ids.add(h.get("X-Request-Id"))
+    check("request id: generated (and distinct) when not given", None not in ids and len(ids) == 4, ids)
+    st, data, h = srv.post("/v1/completions", {**ok, "temperature": 9}, {"X-Request-Id": "bad-1"})
+    check("request id: echoed on an error", st == 400 and h.get("X-Request-Id") == "bad-1", h)
+    st, data, h = srv.post("/v1/completions", ok, {"X-Request-Id": "x" * 129})
+    check("request id: longer than 128 -> 400", st == 400 and error_shape_ok(data) and "X-Request-Id" in data.decode(), data[:200])
+
+
 # ---- system_fingerprint ----
 
 def test_fingerprint(srv, binary):
@@ -248,7 +285,7 @@ def main():
         print(f"  SKIP: {model} not found")
         print("0 passed, 0 failed")
         return 0
-    tests_main = [("too_large", test_too_large), ("fields", test_fields),
+    tests_main = [("too_large", test_too_large), ("fields", test_fields), ("request_id", test_request_id),
                   ("fingerprint", lambda srv: test_fingerprint(srv, args.bin))]
     tests_own = [("port_in_use", test_port_in_use), ("version_ping", test_version_ping)]
     srv = None
