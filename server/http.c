@@ -31,6 +31,7 @@
 #include <unistd.h>
 
 #include "engine/engine.h"
+#include "server/cors.h"
 #include "server/log.h"
 #include "server/metrics.h"
 #include "server/openai.h"
@@ -52,6 +53,7 @@ struct http_server {
     int n_active;
     atomic_ullong next_id;
     uint64_t id_salt;
+    struct cors cors;
     char fingerprint[48];           // system_fingerprint of every completion
 };
 
@@ -90,6 +92,7 @@ struct http_req {
     char *err_msg;                  // for the log line
     char req_id[OPENAI_MAX_REQUEST_ID + 32]; // X-Request-Id: the client's, else the completion id or a generated one
     bool req_id_given;
+    bool preflight;                 // a CORS preflight: its own Access-Control-* headers
 
     char *body;
     size_t body_len, body_cap;
@@ -216,8 +219,8 @@ static const char *header(const struct http_req *r, const char *name) {
     return MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, name);
 }
 
-/* Drain and X-Request-Id (vLLM's --enable-request-id-headers: the client's id echoed, else
- * the completion id, else a generated one). */
+/* Drain, X-Request-Id (vLLM's --enable-request-id-headers: the client's id echoed, else the
+ * completion id, else a generated one) and CORS. */
 static void add_common_headers(struct http_req *r, struct MHD_Response *resp) {
     struct http_server *s = r->srv;
     if (atomic_load(&s->state) == HTTP_STATE_DRAINING) MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
@@ -226,6 +229,9 @@ static void add_common_headers(struct http_req *r, struct MHD_Response *resp) {
         else make_id(s, r->req_id, sizeof r->req_id, "req");
     }
     MHD_add_response_header(resp, "X-Request-Id", r->req_id);
+    const char *origin = header(r, "Origin");
+    if (r->preflight) cors_preflight_headers(&s->cors, origin, header(r, "Access-Control-Request-Headers"), resp);
+    else cors_add_headers(&s->cors, origin, header(r, MHD_HTTP_HEADER_COOKIE) != NULL, resp);
 }
 
 /* Queues body (malloc'd, taken over; NULL = out of memory) with status. */
@@ -302,6 +308,16 @@ static enum MHD_Result handle_health(struct http_req *r) {
 
 static enum MHD_Result handle_version(struct http_req *r) {
     return respond(r, 200, strdup("{\"version\":\"" DUO_VERSION "\"}"), "application/json");
+}
+
+/* A CORS preflight, on any path: answered without routing or the API key (browsers send no
+ * credentials with it), like Starlette's CORSMiddleware in front of vLLM. */
+static enum MHD_Result handle_preflight(struct http_req *r) {
+    char what[64];
+    const char *origin = header(r, "Origin"), *method = header(r, "Access-Control-Request-Method");
+    if (cors_preflight_check(&r->srv->cors, origin, method, header(r, "Access-Control-Request-Headers"), what, sizeof what))
+        return fail(r, 400, "cors_disallowed", NULL, "Disallowed CORS %s", what);
+    return respond(r, 200, strdup("OK"), "text/plain; charset=utf-8");
 }
 
 static enum MHD_Result handle_metrics(struct http_req *r) {
@@ -713,6 +729,10 @@ static enum MHD_Result first_call(struct http_req *r, const char *url, const cha
         snprintf(r->req_id, sizeof r->req_id, "%s", rid);
         r->req_id_given = true;
     }
+    // A preflight is answered on the last call: answering before its (empty) body is read would
+    // make libmicrohttpd close the connection.
+    r->preflight = !strcmp(method, "OPTIONS") && header(r, "Origin") && header(r, "Access-Control-Request-Method");
+    if (r->preflight) return MHD_YES;
     if (r->route == ROUTE_NONE) return fail(r, 404, "not_found", NULL, "no route %s %.100s", method, url);
     if (!method_allowed(r->route, method))
         return fail(r, 405, "method_not_allowed", NULL, "method %s is not allowed on %.100s", method, url);
@@ -728,7 +748,7 @@ static enum MHD_Result first_call(struct http_req *r, const char *url, const cha
  * route takes no body. */
 static enum MHD_Result take_body(struct http_req *r, const char *data, size_t n) {
     struct http_server *s = r->srv;
-    bool ignored = route_is_open(r->route);
+    bool ignored = route_is_open(r->route) || r->preflight;
     if (!r->too_big && !ignored && r->body_len + n > s->cfg.max_request_bytes) r->too_big = true;
     if (r->too_big || ignored) {
         r->discarded += n;
@@ -774,6 +794,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         return take_body(r, upload_data, n);
     }
     if (r->too_big) return fail_too_big(r);
+    if (r->preflight) return handle_preflight(r);
     switch (r->route) {
     case ROUTE_HEALTH:
     case ROUTE_PING: return handle_health(r);
@@ -835,6 +856,14 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
 
 /* ---- lifecycle ---- */
 
+int http_check_config(const struct http_config *cfg, char *err, size_t errlen) {
+    struct cors c;
+    if (cors_init(&c, cfg->allowed_origins, cfg->allowed_methods, cfg->allowed_headers, cfg->allow_credentials, err, errlen))
+        return -1;
+    cors_free(&c);
+    return 0;
+}
+
 /* "duoserve-VERSION-HASH8": HASH8 of what changes outputs for a given seed (the model and the
  * backend settings), as vLLM's system_fingerprint. FNV-1a: stable across runs and builds. */
 static void make_fingerprint(const struct http_config *cfg, char *buf, size_t n) {
@@ -888,6 +917,11 @@ int http_start(struct http_server **out, const struct http_config *cfg, char *er
     s->created = (long long)time(NULL);
     if (getrandom(&s->id_salt, sizeof s->id_salt, 0) != (ssize_t)sizeof s->id_salt) s->id_salt = (uint64_t)time(NULL) * 2654435761u;
     make_fingerprint(cfg, s->fingerprint, sizeof s->fingerprint);
+    if (cors_init(&s->cors, cfg->allowed_origins, cfg->allowed_methods, cfg->allowed_headers, cfg->allow_credentials, err,
+                  errlen)) {
+        http_stop(s);
+        return -1;
+    }
     int fd = open_listener(cfg, err, errlen);
     if (fd < 0) {
         http_stop(s);
@@ -1002,6 +1036,7 @@ void http_stop(struct http_server *s) {
         pthread_mutex_unlock(&s->mu);
         MHD_stop_daemon(s->daemon);
     }
+    cors_free(&s->cors);
     metrics_free(&s->metrics);
     pthread_mutex_destroy(&s->mu);
     free(s);

@@ -4,8 +4,9 @@
 A port held by another duoserve (or any program) is refused with exit 1; bodies over
 --max-request-bytes get a readable 413 (also to Expect: 100-continue, before the body);
 request fields the server does not implement are refused with a 400 naming them; X-Request-Id
-is echoed (and names the completion); /version and /ping; system_fingerprint in completions
-and stream chunks. Every loop is bounded in count and time. Prints one closing line "N passed, M failed"; exits 1 if anything failed.
+is echoed (and names the completion); CORS preflights and headers (--allowed-origins ...);
+/version and /ping; system_fingerprint in completions and stream chunks. Every loop is bounded
+in count and time. Prints one closing line "N passed, M failed"; exits 1 if anything failed.
 
 usage: tests/e2e_http.py [--bin build/duoserve] [--model ../shared/models/stories260k] [-k NAME]
 """
@@ -17,6 +18,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 
@@ -274,6 +276,89 @@ def test_version_ping(binary, model):
         srv.stop()
 
 
+# ---- CORS ----
+
+def preflight(srv, origin, method="POST", req_headers="content-type", path="/v1/completions"):
+    h = {"Origin": origin, "Access-Control-Request-Method": method}
+    if req_headers:
+        h["Access-Control-Request-Headers"] = req_headers
+    return srv.request("OPTIONS", path, None, h)
+
+
+def test_cors_default(srv):
+    st, _, h = preflight(srv, "https://any.example", req_headers="content-type, authorization, x-request-id")
+    check("cors: default preflight from any origin -> 200, Allow-Origin *",
+          st == 200 and h.get("Access-Control-Allow-Origin") == "*", (st, h))
+    check("cors: ... allows POST and mirrors the requested headers",
+          "POST" in h.get("Access-Control-Allow-Methods", "")
+          and h.get("Access-Control-Allow-Headers") == "content-type, authorization, x-request-id", h)
+    c = srv.conn()
+    kept = []
+    for _ in range(2):
+        c.request("OPTIONS", "/v1/chat/completions", headers={"Origin": "https://any.example",
+                                                               "Access-Control-Request-Method": "POST"})
+        r = c.getresponse()
+        r.read()
+        kept.append((r.status, r.getheader("Connection")))
+    c.close()
+    check("cors: preflights keep the connection open", kept == [(200, None), (200, None)], kept)
+    st, _, h = srv.post("/v1/completions", {"prompt": [1], "max_tokens": 2}, {"Origin": "https://any.example"})
+    check("cors: a completion from an origin carries Allow-Origin *", st == 200 and h.get("Access-Control-Allow-Origin") == "*", h)
+    c = srv.conn()
+    c.request("POST", "/v1/completions", body=json.dumps({"prompt": [1], "max_tokens": 2, "stream": True}),
+              headers={"Content-Type": "application/json", "Origin": "https://any.example"})
+    r = c.getresponse()
+    r.read()
+    c.close()
+    check("cors: a stream from an origin carries Allow-Origin *", r.status == 200 and r.getheader("Access-Control-Allow-Origin") == "*",
+          r.getheaders())
+    st, _, h = srv.get("/v1/models")
+    check("cors: no Origin, no CORS headers", "Access-Control-Allow-Origin" not in h, h)
+    st, _, h = srv.request("OPTIONS", "/v1/completions")
+    check("cors: OPTIONS that is not a preflight -> 405", st == 405, st)
+
+
+def test_cors_flags(binary, model):
+    cfg = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False)
+    json.dump({"allowed-headers": ["Authorization", "X-Request-Id"]}, cfg)
+    cfg.close()
+    srv = Server(binary, model, "--api-key", "sk-c", "--allowed-origins", '["https://good.example"]', "--allow-credentials",
+                 "--allowed-methods", '["POST", "GET"]', "--config", cfg.name)
+    key = {"Authorization": "Bearer sk-c"}
+    try:
+        st, _, h = preflight(srv, "https://good.example", req_headers="authorization, content-type")
+        check("cors: allowed origin's preflight -> 200 without an API key, origin echoed, credentials",
+              st == 200 and h.get("Access-Control-Allow-Origin") == "https://good.example"
+              and h.get("Access-Control-Allow-Credentials") == "true" and h.get("Vary") == "Origin", (st, h))
+        check("cors: ... lists the configured methods and headers (from --config's JSON array)",
+              h.get("Access-Control-Allow-Methods") == "POST, GET"
+              and "authorization" in h.get("Access-Control-Allow-Headers", "")
+              and "x-request-id" in h.get("Access-Control-Allow-Headers", ""), h)
+        st, data, h = preflight(srv, "https://evil.example")
+        check("cors: another origin's preflight -> 400, no Allow-Origin",
+              st == 400 and "Access-Control-Allow-Origin" not in h and b"origin" in data, (st, h, data[:200]))
+        st, data, _ = preflight(srv, "https://good.example", method="DELETE")
+        check("cors: a method not allowed -> 400", st == 400 and b"method" in data, (st, data[:200]))
+        st, data, _ = preflight(srv, "https://good.example", req_headers="x-custom")
+        check("cors: a header not allowed -> 400", st == 400 and b"headers" in data, (st, data[:200]))
+        st, _, h = srv.post("/v1/completions", {"prompt": [1], "max_tokens": 2}, {**key, "Origin": "https://good.example"})
+        check("cors: allowed origin's completion -> origin echoed with credentials",
+              st == 200 and h.get("Access-Control-Allow-Origin") == "https://good.example"
+              and h.get("Access-Control-Allow-Credentials") == "true", h)
+        st, _, h = srv.post("/v1/completions", {"prompt": [1], "max_tokens": 2}, {**key, "Origin": "https://evil.example"})
+        check("cors: another origin's completion has no Allow-Origin", st == 200 and "Access-Control-Allow-Origin" not in h, h)
+        st, _, h = srv.get("/v1/models", {"Origin": "https://good.example"})
+        check("cors: a 401 to an allowed origin still carries Allow-Origin (the page can read it)",
+              st == 401 and h.get("Access-Control-Allow-Origin") == "https://good.example", (st, h))
+    finally:
+        srv.stop()
+        os.unlink(cfg.name)
+    p = subprocess.run([binary, "serve", "-m", model, "--port", "0", "--allowed-origins", "https://x.example"],
+                       capture_output=True, text=True, timeout=20)
+    check("cors: --allowed-origins that is not a JSON list -> exit 2 naming the flag",
+          p.returncode == 2 and "--allowed-origins" in p.stderr, (p.returncode, p.stderr[-300:]))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", default=os.path.join(ROOT, "build", "duoserve"))
@@ -286,8 +371,8 @@ def main():
         print("0 passed, 0 failed")
         return 0
     tests_main = [("too_large", test_too_large), ("fields", test_fields), ("request_id", test_request_id),
-                  ("fingerprint", lambda srv: test_fingerprint(srv, args.bin))]
-    tests_own = [("port_in_use", test_port_in_use), ("version_ping", test_version_ping)]
+                  ("fingerprint", lambda srv: test_fingerprint(srv, args.bin)), ("cors_default", test_cors_default)]
+    tests_own = [("port_in_use", test_port_in_use), ("version_ping", test_version_ping), ("cors_flags", test_cors_flags)]
     srv = None
     try:
         if any(args.k in n for n, _ in tests_main):
