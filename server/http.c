@@ -28,12 +28,15 @@
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "engine/engine.h"
+#include "server/cors.h"
 #include "server/log.h"
 #include "server/metrics.h"
 #include "server/openai.h"
 #include "server/prompt.h"
+#include "server/version.h"
 
 struct http_req;
 
@@ -50,11 +53,15 @@ struct http_server {
     int n_active;
     atomic_ullong next_id;
     uint64_t id_salt;
+    struct cors cors;
+    char fingerprint[48];           // system_fingerprint of every completion
 };
 
 enum route {
     ROUTE_NONE,
     ROUTE_HEALTH,
+    ROUTE_PING,
+    ROUTE_VERSION,
     ROUTE_METRICS,
     ROUTE_MODELS,
     ROUTE_MODEL,
@@ -83,16 +90,20 @@ struct http_req {
     double t_start;
     int status;
     char *err_msg;                  // for the log line
+    char req_id[OPENAI_MAX_REQUEST_ID + 32]; // X-Request-Id: the client's, else the completion id or a generated one
+    bool req_id_given;
+    bool preflight;                 // a CORS preflight: its own Access-Control-* headers
 
     char *body;
     size_t body_len, body_cap;
-    bool too_big;
+    bool too_big;                   // answered 413 once the body has been read (and discarded)
+    size_t discarded;               // body bytes read and dropped
 
     // generation (route COMPLETIONS or CHAT after submit)
     bool gen;                       // on the active list
     struct openai_request oreq;
     struct openai_resp_ctx rctx;
-    char id[48];
+    char id[OPENAI_MAX_REQUEST_ID + 32]; // "chatcmpl-" + the request id
     int n_handles;
     struct engine_handle **h;
     bool *h_done;
@@ -126,6 +137,15 @@ static double now_s(void) {
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+static void make_id(struct http_server *s, char *buf, size_t n, const char *prefix) {
+    unsigned long long k = atomic_fetch_add(&s->next_id, 1);
+    uint64_t x = s->id_salt ^ (k * 0x9E3779B97F4A7C15ull);
+    x ^= x >> 31;
+    x *= 0xBF58476D1CE4E5B9ull;
+    x ^= x >> 29;
+    snprintf(buf, n, "%s-%016llx%llx", prefix, (unsigned long long)x, k);
+}
+
 /* ---- output buffer ---- */
 
 static int sbuf_put(struct sbuf *b, const char *s, size_t n) {
@@ -151,11 +171,67 @@ static int sbuf_put_owned(struct sbuf *b, char *frame) {
     return rc;
 }
 
+/* ---- routes ---- */
+
+static enum route route_of(const char *url) {
+    if (!strcmp(url, "/health")) return ROUTE_HEALTH;
+    if (!strcmp(url, "/ping")) return ROUTE_PING;
+    if (!strcmp(url, "/version")) return ROUTE_VERSION;
+    if (!strcmp(url, "/metrics")) return ROUTE_METRICS;
+    if (!strcmp(url, "/v1/models")) return ROUTE_MODELS;
+    if (!strncmp(url, "/v1/models/", 11) && url[11]) return ROUTE_MODEL;
+    if (!strcmp(url, "/v1/completions")) return ROUTE_COMPLETIONS;
+    if (!strcmp(url, "/v1/chat/completions")) return ROUTE_CHAT;
+    if (!strcmp(url, "/tokenize")) return ROUTE_TOKENIZE;
+    if (!strcmp(url, "/detokenize")) return ROUTE_DETOKENIZE;
+    return ROUTE_NONE;
+}
+
+/* The Allow header of a route (and the methods first_call admits). */
+static const char *allowed_methods(enum route rt) {
+    switch (rt) {
+    case ROUTE_HEALTH:
+    case ROUTE_VERSION:
+    case ROUTE_METRICS:
+    case ROUTE_MODELS:
+    case ROUTE_MODEL: return "GET, HEAD";
+    case ROUTE_PING: return "GET, HEAD, POST"; // SageMaker's probe; vLLM answers both
+    default: return "POST";
+    }
+}
+
+static bool method_allowed(enum route rt, const char *method) {
+    const char *allow = allowed_methods(rt);
+    size_t n = strlen(method);
+    for (const char *p = allow; n && (p = strstr(p, method)); p += n)
+        if ((p == allow || p[-1] == ' ') && (p[n] == ',' || !p[n])) return true;
+    return false;
+}
+
+/* Probes and information that need neither an API key nor a loaded model. */
+static bool route_is_open(enum route rt) {
+    return rt == ROUTE_HEALTH || rt == ROUTE_PING || rt == ROUTE_VERSION || rt == ROUTE_METRICS;
+}
+
 /* ---- responses ---- */
 
+static const char *header(const struct http_req *r, const char *name) {
+    return MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, name);
+}
+
+/* Drain, X-Request-Id (vLLM's --enable-request-id-headers: the client's id echoed, else the
+ * completion id, else a generated one) and CORS. */
 static void add_common_headers(struct http_req *r, struct MHD_Response *resp) {
-    if (atomic_load(&r->srv->state) == HTTP_STATE_DRAINING) MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
-    if (r->id[0]) MHD_add_response_header(resp, "X-Request-Id", r->id);
+    struct http_server *s = r->srv;
+    if (atomic_load(&s->state) == HTTP_STATE_DRAINING) MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
+    if (!r->req_id[0]) {
+        if (r->id[0]) snprintf(r->req_id, sizeof r->req_id, "%s", r->id);
+        else make_id(s, r->req_id, sizeof r->req_id, "req");
+    }
+    MHD_add_response_header(resp, "X-Request-Id", r->req_id);
+    const char *origin = header(r, "Origin");
+    if (r->preflight) cors_preflight_headers(&s->cors, origin, header(r, "Access-Control-Request-Headers"), resp);
+    else cors_add_headers(&s->cors, origin, header(r, MHD_HTTP_HEADER_COOKIE) != NULL, resp);
 }
 
 /* Queues body (malloc'd, taken over; NULL = out of memory) with status. */
@@ -176,13 +252,7 @@ static enum MHD_Result respond(struct http_req *r, int status, char *body, const
     add_common_headers(r, resp);
     if (status == 401) MHD_add_response_header(resp, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
     if (status == 429 || status == 503) MHD_add_response_header(resp, MHD_HTTP_HEADER_RETRY_AFTER, "1");
-    if (status == 405) {
-        const char *allow = r->route == ROUTE_HEALTH || r->route == ROUTE_METRICS || r->route == ROUTE_MODELS ||
-                                    r->route == ROUTE_MODEL
-                                ? "GET, HEAD"
-                                : "POST";
-        MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, allow);
-    }
+    if (status == 405) MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, allowed_methods(r->route));
     r->status = status;
     enum MHD_Result ret = MHD_queue_response(r->conn, (unsigned)status, resp);
     MHD_destroy_response(resp);
@@ -208,23 +278,7 @@ static enum MHD_Result fail(struct http_req *r, int status, const char *code, co
     return respond_error(r, &err);
 }
 
-/* ---- routing and auth ---- */
-
-static enum route route_of(const char *url) {
-    if (!strcmp(url, "/health")) return ROUTE_HEALTH;
-    if (!strcmp(url, "/metrics")) return ROUTE_METRICS;
-    if (!strcmp(url, "/v1/models")) return ROUTE_MODELS;
-    if (!strncmp(url, "/v1/models/", 11) && url[11]) return ROUTE_MODEL;
-    if (!strcmp(url, "/v1/completions")) return ROUTE_COMPLETIONS;
-    if (!strcmp(url, "/v1/chat/completions")) return ROUTE_CHAT;
-    if (!strcmp(url, "/tokenize")) return ROUTE_TOKENIZE;
-    if (!strcmp(url, "/detokenize")) return ROUTE_DETOKENIZE;
-    return ROUTE_NONE;
-}
-
-static bool route_is_get(enum route rt) {
-    return rt == ROUTE_HEALTH || rt == ROUTE_METRICS || rt == ROUTE_MODELS || rt == ROUTE_MODEL;
-}
+/* ---- auth ---- */
 
 /* Compares in time that depends only on the length of the expected key. */
 static bool key_equal(const char *given, const char *expected) {
@@ -250,6 +304,20 @@ static enum MHD_Result handle_health(struct http_req *r) {
     int st = atomic_load(&r->srv->state);
     if (st == HTTP_STATE_READY) return respond(r, 200, strdup("{\"status\":\"ok\"}"), "application/json");
     return fail(r, 503, NULL, NULL, st == HTTP_STATE_LOADING ? "the model is loading" : "the server is shutting down");
+}
+
+static enum MHD_Result handle_version(struct http_req *r) {
+    return respond(r, 200, strdup("{\"version\":\"" DUO_VERSION "\"}"), "application/json");
+}
+
+/* A CORS preflight, on any path: answered without routing or the API key (browsers send no
+ * credentials with it), like Starlette's CORSMiddleware in front of vLLM. */
+static enum MHD_Result handle_preflight(struct http_req *r) {
+    char what[64];
+    const char *origin = header(r, "Origin"), *method = header(r, "Access-Control-Request-Method");
+    if (cors_preflight_check(&r->srv->cors, origin, method, header(r, "Access-Control-Request-Headers"), what, sizeof what))
+        return fail(r, 400, "cors_disallowed", NULL, "Disallowed CORS %s", what);
+    return respond(r, 200, strdup("OK"), "text/plain; charset=utf-8");
 }
 
 static enum MHD_Result handle_metrics(struct http_req *r) {
@@ -353,15 +421,6 @@ static void clear_pending(struct http_req *r) {
     pthread_mutex_lock(&r->mu);
     r->pending = false;
     pthread_mutex_unlock(&r->mu);
-}
-
-static void make_id(struct http_server *s, char *buf, size_t n, const char *prefix) {
-    unsigned long long k = atomic_fetch_add(&s->next_id, 1);
-    uint64_t x = s->id_salt ^ (k * 0x9E3779B97F4A7C15ull);
-    x ^= x >> 31;
-    x *= 0xBF58476D1CE4E5B9ull;
-    x ^= x >> 29;
-    snprintf(buf, n, "%s-%016llx%llx", prefix, (unsigned long long)x, k);
 }
 
 static void record_token_timing(struct http_req *r, int choice) {
@@ -567,9 +626,14 @@ static enum MHD_Result handle_generate(struct http_req *r) {
     const struct tokenizer *tok = engine_tokenizer(e);
     if (prompt_prepare(q, tok, engine_chat_template(e), &lim, &err)) return respond_error(r, &err);
 
-    make_id(s, r->id, sizeof r->id, kind == OPENAI_CHAT ? "chatcmpl" : "cmpl");
+    // The client's request id (header first, then the body's request_id) names the response, as in vLLM.
+    const char *prefix = kind == OPENAI_CHAT ? "chatcmpl" : "cmpl";
+    const char *given = r->req_id_given ? r->req_id : q->request_id;
+    if (given) snprintf(r->id, sizeof r->id, "%s-%.*s", prefix, OPENAI_MAX_REQUEST_ID, given);
+    else make_id(s, r->id, sizeof r->id, prefix);
     r->rctx = (struct openai_resp_ctx){
         .kind = kind, .id = r->id, .model = s->cfg.model_name, .created = (long long)time(NULL),
+        .system_fingerprint = s->fingerprint,
         .logprobs = q->logprobs, .tokens_as_ids = q->return_tokens_as_token_ids,
         .piece = prompt_token_bytes, .piece_ud = (void *)tok,
     };
@@ -624,27 +688,83 @@ static enum MHD_Result handle_generate(struct http_req *r) {
 
 /* ---- libmicrohttpd callbacks ---- */
 
+/* Bodies over --max-request-bytes are read and dropped up to this many bytes, so that the
+ * client, which sends its whole body before it reads, gets the 413 instead of a reset
+ * connection (closing a socket with unread input sends RST). Past it the 413 is sent at once. */
+static size_t discard_limit(const struct http_server *s) {
+    size_t m = s->cfg.max_request_bytes, floor = (size_t)64 << 20;
+    return m > SIZE_MAX / 4 ? SIZE_MAX : m * 4 > floor ? m * 4 : floor;
+}
+
+static enum MHD_Result fail_too_big(struct http_req *r) {
+    return fail(r, 413, "request_too_large", NULL, "the request body is over %zu bytes", r->srv->cfg.max_request_bytes);
+}
+
+/* Over the limit by its Content-Length: a client waiting on "Expect: 100-continue" (or one
+ * announcing more than the discard limit) gets the 413 now, before it sends the body; any
+ * other has its body read and dropped, then gets the 413. */
+static enum MHD_Result check_length(struct http_req *r) {
+    struct http_server *s = r->srv;
+    const char *cl = header(r, MHD_HTTP_HEADER_CONTENT_LENGTH);
+    if (!cl) return MHD_YES;
+    char *end;
+    errno = 0;
+    unsigned long long n = strtoull(cl, &end, 10);
+    if (!errno && end != cl && n <= s->cfg.max_request_bytes) return MHD_YES;
+    const char *expect = header(r, MHD_HTTP_HEADER_EXPECT);
+    bool waits = expect && !strcasecmp(expect, "100-continue");
+    if (errno || end == cl || n > discard_limit(s) || waits) return fail_too_big(r);
+    r->too_big = true;
+    return MHD_YES;
+}
+
 static enum MHD_Result first_call(struct http_req *r, const char *url, const char *method) {
     struct http_server *s = r->srv;
-    bool is_get = !strcmp(method, "GET") || !strcmp(method, "HEAD");
-    bool is_post = !strcmp(method, "POST");
+    const char *rid = header(r, "X-Request-Id");
+    if (rid) {
+        if (!openai_request_id_valid(rid))
+            return fail(r, 400, NULL, NULL,
+                        "the X-Request-Id header must be 1 to %d printable ASCII characters without spaces",
+                        OPENAI_MAX_REQUEST_ID);
+        snprintf(r->req_id, sizeof r->req_id, "%s", rid);
+        r->req_id_given = true;
+    }
+    // A preflight is answered on the last call: answering before its (empty) body is read would
+    // make libmicrohttpd close the connection.
+    r->preflight = !strcmp(method, "OPTIONS") && header(r, "Origin") && header(r, "Access-Control-Request-Method");
+    if (r->preflight) return MHD_YES;
     if (r->route == ROUTE_NONE) return fail(r, 404, "not_found", NULL, "no route %s %.100s", method, url);
-    if (route_is_get(r->route) ? !is_get : !is_post)
+    if (!method_allowed(r->route, method))
         return fail(r, 405, "method_not_allowed", NULL, "method %s is not allowed on %.100s", method, url);
-    if (r->route == ROUTE_HEALTH || r->route == ROUTE_METRICS) return MHD_YES; // answered on the next call
+    if (route_is_open(r->route)) return MHD_YES; // answered once the (ignored) body is read
     if (!authorized(r)) return fail(r, 401, "invalid_api_key", NULL, "missing or invalid API key (Authorization: Bearer KEY)");
     int st = atomic_load(&s->state);
     if (st != HTTP_STATE_READY)
         return fail(r, 503, NULL, NULL, st == HTTP_STATE_LOADING ? "the model is loading" : "the server is shutting down");
-    if (route_is_get(r->route)) return MHD_YES;
-    const char *cl = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
-    if (cl) {
-        char *end;
-        errno = 0;
-        unsigned long long n = strtoull(cl, &end, 10);
-        if (errno || end == cl || n > s->cfg.max_request_bytes)
-            return fail(r, 413, "request_too_large", NULL, "the request body is over %zu bytes", s->cfg.max_request_bytes);
+    return strcmp(method, "POST") ? MHD_YES : check_length(r);
+}
+
+/* A piece of the request body: kept, or dropped when the request is over the limit or its
+ * route takes no body. */
+static enum MHD_Result take_body(struct http_req *r, const char *data, size_t n) {
+    struct http_server *s = r->srv;
+    bool ignored = route_is_open(r->route) || r->preflight;
+    if (!r->too_big && !ignored && r->body_len + n > s->cfg.max_request_bytes) r->too_big = true;
+    if (r->too_big || ignored) {
+        r->discarded += n;
+        return r->discarded > discard_limit(s) ? fail_too_big(r) : MHD_YES;
     }
+    if (r->body_len + n + 1 > r->body_cap) {
+        size_t cap = r->body_cap ? r->body_cap : 4096;
+        while (cap < r->body_len + n + 1) cap *= 2;
+        char *b = realloc(r->body, cap);
+        if (!b) return MHD_NO;
+        r->body = b;
+        r->body_cap = cap;
+    }
+    memcpy(r->body + r->body_len, data, n);
+    r->body_len += n;
+    r->body[r->body_len] = 0;
     return MHD_YES;
 }
 
@@ -667,29 +787,18 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         return first_call(r, url, method);
     }
     if (r->gen) return drive_plain(r); // resumed while waiting for a non-streamed result
+    if (r->status) return MHD_YES;     // answered while the body was arriving
     if (*upload_data_size) {
         size_t n = *upload_data_size;
         *upload_data_size = 0;
-        if (r->too_big || r->body_len + n > s->cfg.max_request_bytes) {
-            r->too_big = true;
-            return MHD_YES;
-        }
-        if (r->body_len + n + 1 > r->body_cap) {
-            size_t cap = r->body_cap ? r->body_cap : 4096;
-            while (cap < r->body_len + n + 1) cap *= 2;
-            char *b = realloc(r->body, cap);
-            if (!b) return MHD_NO;
-            r->body = b;
-            r->body_cap = cap;
-        }
-        memcpy(r->body + r->body_len, upload_data, n);
-        r->body_len += n;
-        r->body[r->body_len] = 0;
-        return MHD_YES;
+        return take_body(r, upload_data, n);
     }
-    if (r->too_big) return fail(r, 413, "request_too_large", NULL, "the request body is over %zu bytes", s->cfg.max_request_bytes);
+    if (r->too_big) return fail_too_big(r);
+    if (r->preflight) return handle_preflight(r);
     switch (r->route) {
-    case ROUTE_HEALTH: return handle_health(r);
+    case ROUTE_HEALTH:
+    case ROUTE_PING: return handle_health(r);
+    case ROUTE_VERSION: return handle_version(r);
     case ROUTE_METRICS: return handle_metrics(r);
     case ROUTE_MODELS:
     case ROUTE_MODEL: return handle_models(r, url);
@@ -724,7 +833,8 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     if (r->n_choices > 0) finish = openai_finish_reason(r->choices[0].finish);
     bool client_gone = toe != MHD_REQUEST_TERMINATED_COMPLETED_OK && r->gen;
     struct log_request lr = {
-        .id = r->id[0] ? r->id : NULL, .method = r->method, .path = r->path, .status = client_gone ? 499 : r->status,
+        .id = r->id[0] ? r->id : r->req_id[0] ? r->req_id : NULL, .method = r->method, .path = r->path,
+        .status = client_gone ? 499 : r->status,
         .prompt_tokens = r->prompt_tokens, .completion_tokens = r->choices ? completion_tokens(r) : 0,
         .n_choices = r->n_choices, .ttft_s = r->ttft, .e2e_s = now_s() - r->t_start, .finish = finish,
         .error = r->err_msg ? r->err_msg : client_gone ? "client disconnected" : NULL,
@@ -746,6 +856,57 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
 
 /* ---- lifecycle ---- */
 
+int http_check_config(const struct http_config *cfg, char *err, size_t errlen) {
+    struct cors c;
+    if (cors_init(&c, cfg->allowed_origins, cfg->allowed_methods, cfg->allowed_headers, cfg->allow_credentials, err, errlen))
+        return -1;
+    cors_free(&c);
+    return 0;
+}
+
+/* "duoserve-VERSION-HASH8": HASH8 of what changes outputs for a given seed (the model and the
+ * backend settings), as vLLM's system_fingerprint. FNV-1a: stable across runs and builds. */
+static void make_fingerprint(const struct http_config *cfg, char *buf, size_t n) {
+    const char *parts[] = {DUO_VERSION, cfg->model_name, cfg->model_root, cfg->backend};
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)
+        for (const char *p = parts[i] ? parts[i] : ""; ; p++) { // the NUL too, so parts cannot run together
+            h = (h ^ (unsigned char)*p) * 0x100000001b3ull;
+            if (!*p) break;
+        }
+    snprintf(buf, n, "duoserve-%s-%08llx", DUO_VERSION, (unsigned long long)(h >> 32));
+}
+
+/* The listening socket, made here so that it has SO_REUSEADDR (a restart may bind while old
+ * connections linger in TIME_WAIT) and never SO_REUSEPORT: a second server on a port in use
+ * must fail, not share the port with the first. */
+static int open_listener(const struct http_config *cfg, char *err, size_t errlen) {
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
+    struct addrinfo *ai = NULL;
+    char port[16];
+    snprintf(port, sizeof port, "%d", cfg->port);
+    int gai = getaddrinfo(cfg->host, port, &hints, &ai);
+    if (gai) return snprintf(err, errlen, "--host %s: %s", cfg->host, gai_strerror(gai)), -1;
+    int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol), one = 1;
+    if (fd >= 0) {
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        if (ai->ai_family == AF_INET6) setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one);
+        if (bind(fd, ai->ai_addr, ai->ai_addrlen) || listen(fd, SOMAXCONN)) {
+            int e = errno;
+            close(fd);
+            fd = -1;
+            errno = e;
+        }
+    }
+    if (fd < 0) {
+        bool v6 = strchr(cfg->host, ':') != NULL;
+        snprintf(err, errlen, "cannot listen on %s%s%s:%d: %s", v6 ? "[" : "", cfg->host, v6 ? "]" : "", cfg->port,
+                 errno == EADDRINUSE ? "address in use (another process holds the port)" : strerror(errno));
+    }
+    freeaddrinfo(ai);
+    return fd;
+}
+
 int http_start(struct http_server **out, const struct http_config *cfg, char *err, size_t errlen) {
     struct http_server *s = calloc(1, sizeof *s);
     if (!s) return snprintf(err, errlen, "out of memory"), -1;
@@ -755,22 +916,30 @@ int http_start(struct http_server **out, const struct http_config *cfg, char *er
     atomic_store(&s->state, HTTP_STATE_LOADING);
     s->created = (long long)time(NULL);
     if (getrandom(&s->id_salt, sizeof s->id_salt, 0) != (ssize_t)sizeof s->id_salt) s->id_salt = (uint64_t)time(NULL) * 2654435761u;
-
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
-    struct addrinfo *ai = NULL;
-    char port[16];
-    snprintf(port, sizeof port, "%d", cfg->port);
-    int gai = getaddrinfo(cfg->host, port, &hints, &ai);
-    if (gai) {
-        snprintf(err, errlen, "--host %s: %s", cfg->host, gai_strerror(gai));
+    make_fingerprint(cfg, s->fingerprint, sizeof s->fingerprint);
+    if (cors_init(&s->cors, cfg->allowed_origins, cfg->allowed_methods, cfg->allowed_headers, cfg->allow_credentials, err,
+                  errlen)) {
         http_stop(s);
         return -1;
     }
+    int fd = open_listener(cfg, err, errlen);
+    if (fd < 0) {
+        http_stop(s);
+        return -1;
+    }
+    struct sockaddr_storage sa;
+    socklen_t salen = sizeof sa;
+    bool v6 = false;
+    s->port = cfg->port;
+    if (getsockname(fd, (struct sockaddr *)&sa, &salen) == 0) { // the port chosen for --port 0
+        v6 = sa.ss_family == AF_INET6;
+        s->port = ntohs(v6 ? ((struct sockaddr_in6 *)&sa)->sin6_port : ((struct sockaddr_in *)&sa)->sin_port);
+    }
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ITC |
-                     MHD_USE_ERROR_LOG | (ai->ai_family == AF_INET6 ? MHD_USE_IPv6 : 0);
+                     MHD_USE_ERROR_LOG | (v6 ? MHD_USE_IPv6 : 0);
     s->daemon = MHD_start_daemon(
-        flags, (uint16_t)cfg->port, NULL, NULL, on_request, s,
-        MHD_OPTION_SOCK_ADDR, ai->ai_addr,
+        flags, (uint16_t)s->port, NULL, NULL, on_request, s,
+        MHD_OPTION_LISTEN_SOCKET, fd, // libmicrohttpd closes it when it stops
         MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
         MHD_OPTION_CONNECTION_LIMIT, (unsigned)cfg->max_connections,
         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)cfg->conn_timeout_s,
@@ -778,16 +947,14 @@ int http_start(struct http_server **out, const struct http_config *cfg, char *er
         MHD_OPTION_THREAD_POOL_SIZE, (unsigned)(cfg->threads > 0 ? cfg->threads : 1),
         /* chat templates render recursively on these threads: a generous stack, whatever the ulimit */
         MHD_OPTION_THREAD_STACK_SIZE, (size_t)(8u << 20),
-        MHD_OPTION_LISTENING_ADDRESS_REUSE, 1u,
         MHD_OPTION_END);
-    freeaddrinfo(ai);
     if (!s->daemon) {
-        snprintf(err, errlen, "cannot listen on %s:%d (address in use or not available)", cfg->host, cfg->port);
+        // Whether libmicrohttpd closed fd on this path is not documented: leaving it open (the
+        // process is about to exit) is better than closing a descriptor twice.
+        snprintf(err, errlen, "cannot start the HTTP server on %s:%d", cfg->host, s->port);
         http_stop(s);
         return -1;
     }
-    const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->daemon, MHD_DAEMON_INFO_BIND_PORT);
-    s->port = di ? di->port : cfg->port;
     *out = s;
     return 0;
 }
@@ -869,6 +1036,7 @@ void http_stop(struct http_server *s) {
         pthread_mutex_unlock(&s->mu);
         MHD_stop_daemon(s->daemon);
     }
+    cors_free(&s->cors);
     metrics_free(&s->metrics);
     pthread_mutex_destroy(&s->mu);
     free(s);

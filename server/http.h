@@ -1,6 +1,10 @@
 /* http: the HTTP front end on libmicrohttpd. Routes, API-key check, body limits, OpenAI
  * endpoints (non-streamed and Server-Sent Events), /health, /metrics, and the drain.
  *
+ * Every response carries X-Request-Id (the client's, else the completion id or a generated one)
+ * and, for an allowed Origin, the CORS headers (cors.h); a CORS preflight is answered without an
+ * API key.
+ *
  * Threads: libmicrohttpd's internal polling thread(s) run every request callback. A
  * generation is driven by the engine: its notify callback (engine thread) resumes the
  * suspended connection, so nothing busy-polls. http_tick runs on the caller's thread (the
@@ -30,6 +34,11 @@ struct http_config {
     double request_timeout_s;  // a request running longer is cancelled (0 = never)
     double keepalive_s;        // SSE comment after this long without output
     int max_n;                 // largest n
+    const char *allowed_origins; // CORS: JSON lists ("*": any; NULL: ["*"], as vLLM)
+    const char *allowed_methods;
+    const char *allowed_headers;
+    bool allow_credentials;
+    const char *backend;       // e.g. "device=auto gemm=invariant": part of system_fingerprint
 };
 
 enum http_state {
@@ -40,7 +49,11 @@ enum http_state {
 
 struct http_server;
 
-/* Starts listening (state LOADING). cfg's strings must outlive the server. */
+/* Checks what http_start would refuse before listening (the CORS lists): 0, or -1 with a
+ * message naming the flag in err. */
+int http_check_config(const struct http_config *cfg, char *err, size_t errlen);
+/* Starts listening (state LOADING). cfg's strings must outlive the server. A port in use is an
+ * error (never shared with another process). */
 int http_start(struct http_server **out, const struct http_config *cfg, char *err, size_t errlen);
 /* The engine is loaded: requests are served from now on (state READY). e is borrowed. */
 void http_set_engine(struct http_server *s, struct engine *e);

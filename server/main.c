@@ -14,8 +14,7 @@
 #include "engine/tokenizer.h"
 #include "server/cli_text.h"
 #include "server/serve.h"
-
-#define DUO_VERSION "0.1.0"
+#include "server/version.h"
 
 static void usage(FILE *f) {
     fprintf(f,

@@ -54,6 +54,7 @@ struct openai_limits {
 #define OPENAI_MAX_STOP_BYTES 1024 // bytes of one stop string
 #define OPENAI_MAX_STOP_IDS 1024
 #define OPENAI_MAX_LOGIT_BIAS 4096
+#define OPENAI_MAX_REQUEST_ID 128  // bytes of a request id (X-Request-Id header or request_id field)
 
 struct openai_prompt {
     char *text;   // the prompt as given when a string (UTF-8), else NULL
@@ -81,6 +82,7 @@ struct openai_request {
     bool stream, include_usage, echo, return_tokens_as_token_ids;
     int logprobs;                  // -1: none; else top logprobs per token (0..20)
     char *user;
+    char *request_id;              // vLLM's request_id: the response id's suffix, or NULL
 };
 
 /* Parses body[0..len) (need not be NUL-terminated) for the endpoint `kind` and checks every
@@ -89,6 +91,10 @@ struct openai_request {
 int openai_parse_request(const char *body, size_t len, enum openai_kind kind, const struct openai_limits *lim,
                          struct openai_request *out, struct openai_error *err);
 void openai_request_free(struct openai_request *r);
+
+/* A client-chosen request id is usable in a header and a response id: 1 to
+ * OPENAI_MAX_REQUEST_ID characters, each printable ASCII other than space. */
+bool openai_request_id_valid(const char *s);
 
 /* After every prompt has ids: rejects empty prompts and ids outside the vocabulary, sets the
  * default max_tokens (chat: what is left of the context), and checks prompt + max_tokens
@@ -134,6 +140,7 @@ struct openai_resp_ctx {
     const char *id;              // "cmpl-..." / "chatcmpl-..."
     const char *model;
     long long created;           // unix seconds
+    const char *system_fingerprint; // NULL: left out
     int logprobs;                // -1 none, else top logprobs per token
     bool tokens_as_ids;          // return_tokens_as_token_ids
     openai_piece_fn piece;

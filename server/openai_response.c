@@ -148,6 +148,7 @@ static void add_common(cJSON *root, const struct openai_resp_ctx *ctx, bool chun
     cJSON_AddStringToObject(root, "object", object);
     cJSON_AddNumberToObject(root, "created", (double)ctx->created);
     cJSON_AddStringToObject(root, "model", ctx->model);
+    if (ctx->system_fingerprint) cJSON_AddStringToObject(root, "system_fingerprint", ctx->system_fingerprint);
 }
 
 static void add_usage(cJSON *root, const struct openai_usage *u) {

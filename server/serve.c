@@ -46,10 +46,14 @@ struct serve_options {
     int sink_tokens;
     int recent_tokens;
     const char *chat_template;
+    const char *allowed_origins;
+    const char *allowed_methods;
+    const char *allowed_headers;
+    bool allow_credentials;
     const char *config;
 };
 
-enum opt_type { OPT_STR, OPT_INT, OPT_DOUBLE, OPT_BYTES };
+enum opt_type { OPT_STR, OPT_INT, OPT_DOUBLE, OPT_BYTES, OPT_BOOL }; // OPT_BOOL: a bare flag is true
 
 struct opt {
     const char *name;  // long flag without "--"; also the --config key ('-' or '_')
@@ -89,6 +93,10 @@ static const struct opt opts[] = {
     {"sink-tokens", NULL, OPT_INT, O(sink_tokens), 0, 1 << 20, "N", "streaming heads keep this many first tokens (default 64)"},
     {"recent-tokens", NULL, OPT_INT, O(recent_tokens), 1, 1 << 20, "N", "... and this many last tokens (default 256)"},
     {"chat-template", NULL, OPT_STR, O(chat_template), 0, 0, "FILE", "Jinja chat template overriding the model's"},
+    {"allowed-origins", NULL, OPT_STR, O(allowed_origins), 0, 0, "JSON", "CORS: origins browsers may call from, e.g. '[\"https://app.example\"]' (default '[\"*\"]': any; '[]': none)"},
+    {"allowed-methods", NULL, OPT_STR, O(allowed_methods), 0, 0, "JSON", "CORS: methods allowed in a preflight (default '[\"*\"]')"},
+    {"allowed-headers", NULL, OPT_STR, O(allowed_headers), 0, 0, "JSON", "CORS: request headers allowed in a preflight (default '[\"*\"]')"},
+    {"allow-credentials", NULL, OPT_BOOL, O(allow_credentials), 0, 1, "[=true|false]", "CORS: allow credentials (cookies, HTTP auth) from those origins"},
     {"config", NULL, OPT_STR, O(config), 0, 0, "FILE", "JSON object with any of these keys (flags override it; default $DUOSERVE_CONFIG)"},
 };
 #undef O
@@ -162,6 +170,10 @@ static int set_opt(struct serve_options *o, const struct opt *op, const char *v)
         if (parse_bytes(v, &x) || x < op->lo || x > op->hi) break;
         *(size_t *)p = (size_t)x;
         return 0;
+    case OPT_BOOL:
+        if (strcmp(v, "true") && strcmp(v, "false") && strcmp(v, "1") && strcmp(v, "0")) break;
+        *(bool *)p = !strcmp(v, "true") || !strcmp(v, "1");
+        return 0;
     }
     fprintf(stderr, "duoserve serve: --%s: \"%s\" is not a valid value (%s, in [%g, %g])\n(see duoserve serve --help)\n",
             op->name, v, op->arg, op->lo, op->hi);
@@ -192,6 +204,7 @@ static int parse_args(struct serve_options *o, int argc, char **argv) {
                 if (opts[k].alias && !strcmp(a, opts[k].alias)) op = &opts[k];
         }
         if (!op) return usage_error("unknown option \"%s\"%s", a, "");
+        if (!val && op->type == OPT_BOOL) val = "true";
         if (!val) {
             if (i + 1 >= argc) return usage_error("%s needs a value%s", a, "");
             val = argv[++i];
@@ -223,8 +236,12 @@ static int apply_config(struct serve_options *o, const char *path, cJSON **doc) 
     *doc = buf ? cJSON_ParseWithLength(buf, len) : NULL;
     free(buf);
     if (!cJSON_IsObject(*doc)) return fprintf(stderr, "duoserve serve: --config %s: not a JSON object\n", path), 2;
+    // Strings made here (JSON lists given as arrays) live in *doc too, under a key the loop skips.
+    cJSON *lists = cJSON_AddArrayToObject(*doc, "");
+    if (!lists) return fprintf(stderr, "duoserve serve: out of memory\n"), 2;
     const cJSON *it;
     cJSON_ArrayForEach(it, *doc) {
+        if (it == lists) continue;
         const struct opt *op = find_opt(it->string);
         if (!op || !strcmp(op->name, "config"))
             return fprintf(stderr, "duoserve serve: --config %s: unknown key \"%s\"\n", path, it->string), 2;
@@ -232,9 +249,18 @@ static int apply_config(struct serve_options *o, const char *path, cJSON **doc) 
         const char *v;
         if (cJSON_IsString(it)) v = it->valuestring;
         else if (cJSON_IsNumber(it)) snprintf(num, sizeof num, "%.17g", it->valuedouble), v = num;
-        else if (cJSON_IsNull(it)) continue;
-        else return fprintf(stderr, "duoserve serve: --config %s: \"%s\" must be a string or a number\n", path, it->string), 2;
-        if (op->type == OPT_STR && !cJSON_IsString(it))
+        else if (cJSON_IsBool(it) && op->type == OPT_BOOL) v = cJSON_IsTrue(it) ? "true" : "false";
+        else if (cJSON_IsArray(it) && op->type == OPT_STR && !strncmp(op->name, "allowed-", 8)) {
+            char *list = cJSON_PrintUnformatted(it); // the JSON list as the flag takes it
+            cJSON *copy = list ? cJSON_CreateString(list) : NULL;
+            free(list);
+            if (!copy || !cJSON_AddItemToArray(lists, copy)) return fprintf(stderr, "duoserve serve: out of memory\n"), 2;
+            v = copy->valuestring;
+        } else if (cJSON_IsNull(it)) continue;
+        else
+            return fprintf(stderr, "duoserve serve: --config %s: \"%s\" must be a string or a number (a boolean for "
+                                   "allow-credentials, a list for allowed-*)\n", path, it->string), 2;
+        if (op->type == OPT_STR && !cJSON_IsString(it) && !cJSON_IsArray(it))
             return fprintf(stderr, "duoserve serve: --config %s: \"%s\" must be a string\n", path, it->string), 2;
         int rc = set_opt(o, op, v);
         if (rc) return rc;
@@ -335,14 +361,21 @@ int serve_main(int argc, char **argv) {
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     signal(SIGPIPE, SIG_IGN);
 
+    char backend[160];
+    snprintf(backend, sizeof backend, "device=%s gemm=%s", o.device, o.gemm);
     struct http_config hc = {
         .host = o.host, .port = o.port, .api_key = o.api_key, .model_name = name, .model_root = o.model ? o.model : name,
         .max_request_bytes = o.max_request_bytes, .max_connections = o.max_connections, .threads = o.http_threads,
         .conn_timeout_s = o.http_timeout, .request_timeout_s = o.timeout, .keepalive_s = o.sse_keepalive,
-        .max_n = o.max_num_seqs,
+        .max_n = o.max_num_seqs, .allowed_origins = o.allowed_origins, .allowed_methods = o.allowed_methods,
+        .allowed_headers = o.allowed_headers, .allow_credentials = o.allow_credentials, .backend = backend,
     };
     struct http_server *srv = NULL;
     char err[1024];
+    if (http_check_config(&hc, err, sizeof err)) {
+        cJSON_Delete(config_doc);
+        return usage_error("%s%s", err, "");
+    }
     if (http_start(&srv, &hc, err, sizeof err)) {
         log_msg("error", "%s", err);
         cJSON_Delete(config_doc);

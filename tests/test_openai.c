@@ -202,6 +202,146 @@ static void null_fields_mean_not_given(void **state) {
     openai_request_free(&r);
 }
 
+/* A field is refused (400, param = its name, code unsupported_parameter) on endpoint kind. */
+static void expect_refused(const char *field_json, enum openai_kind kind, const char *param) {
+    char body[512];
+    const char *base = kind == OPENAI_CHAT ? "\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]" : "\"prompt\":[1]";
+    snprintf(body, sizeof body, "{%s,%s}", base, field_json);
+    expect_error(body, kind, 400, param, "unsupported_parameter");
+}
+
+static void expect_accepted(const char *field_json, enum openai_kind kind) {
+    char body[512];
+    const char *base = kind == OPENAI_CHAT ? "\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]" : "\"prompt\":[1]";
+    snprintf(body, sizeof body, "{%s,%s}", base, field_json);
+    struct openai_request r;
+    struct openai_error e;
+    if (parse(body, kind, &r, &e)) fail_msg("refused (%s): %s", e.message, body);
+    openai_request_free(&r);
+}
+
+static void fields_that_change_the_output_are_refused_by_name(void **state) {
+    (void)state;
+    static const char *const both[][2] = {
+        {"\"guided_json\":{\"type\":\"object\"}", "guided_json"}, {"\"guided_regex\":\"a+\"", "guided_regex"},
+        {"\"guided_choice\":[\"a\"]", "guided_choice"}, {"\"guided_grammar\":\"g\"", "guided_grammar"},
+        {"\"structured_outputs\":{}", "structured_outputs"}, {"\"logits_processors\":[]", "logits_processors"},
+        {"\"response_format\":{\"type\":\"json_object\"}", "response_format"}, {"\"response_format\":\"text\"", "response_format"},
+        {"\"prompt_logprobs\":0", "prompt_logprobs"}, {"\"use_beam_search\":true", "use_beam_search"},
+        {"\"allowed_token_ids\":[1]", "allowed_token_ids"}, {"\"bad_words\":[\"x\"]", "bad_words"},
+        {"\"truncate_prompt_tokens\":2", "truncate_prompt_tokens"}, {"\"priority\":1", "priority"},
+        {"\"spaces_between_special_tokens\":false", "spaces_between_special_tokens"},
+        {"\"return_token_ids\":true", "return_token_ids"}, {"\"vllm_xargs\":{}", "vllm_xargs"},
+        {"\"stream\":true,\"stream_options\":{\"continuous_usage_stats\":true}", "stream_options.continuous_usage_stats"},
+    };
+    for (size_t i = 0; i < sizeof both / sizeof both[0]; i++) {
+        expect_refused(both[i][0], OPENAI_COMPLETION, both[i][1]);
+        expect_refused(both[i][0], OPENAI_CHAT, both[i][1]);
+    }
+    expect_refused("\"suffix\":\"x\"", OPENAI_COMPLETION, "suffix");
+    static const char *const chat[][2] = {
+        {"\"tools\":[{\"type\":\"function\"}]", "tools"}, {"\"tools\":{}", NULL}, {"\"tool_choice\":\"required\"", "tool_choice"},
+        {"\"functions\":[{}]", "functions"}, {"\"function_call\":{\"name\":\"f\"}", "function_call"},
+        {"\"modalities\":[\"text\",\"audio\"]", "modalities"}, {"\"audio\":{}", "audio"},
+        {"\"reasoning_effort\":\"low\"", "reasoning_effort"}, {"\"echo\":true", "echo"},
+        {"\"continue_final_message\":true", "continue_final_message"}, {"\"chat_template\":\"x\"", "chat_template"},
+        {"\"include_reasoning\":false", "include_reasoning"}, {"\"documents\":[]", "documents"},
+    };
+    for (size_t i = 0; i < sizeof chat / sizeof chat[0]; i++)
+        if (chat[i][1]) expect_refused(chat[i][0], OPENAI_CHAT, chat[i][1]);
+    expect_error("{\"prompt\":\"hi\",\"chat_template\":\"x\"}", OPENAI_TOKENIZE, 400, "chat_template", "unsupported_parameter");
+}
+
+static void unknown_fields_are_refused_by_name(void **state) {
+    (void)state;
+    struct openai_request r;
+    struct openai_error e;
+    assert_int_equal(parse("{\"prompt\":[1],\"temprature\":0}", OPENAI_COMPLETION, &r, &e), -1);
+    assert_int_equal(e.status, 400);
+    assert_string_equal(e.param, "temprature");
+    assert_null(e.code); // as OpenAI's "Unrecognized request argument supplied"
+    assert_non_null(strstr(e.message, "temprature"));
+    // A field of one endpoint is unknown on another.
+    expect_error("{\"prompt\":[1],\"max_completion_tokens\":2}", OPENAI_COMPLETION, 400, "max_completion_tokens", NULL);
+    expect_error("{\"prompt\":[1],\"top_logprobs\":2}", OPENAI_COMPLETION, 400, "top_logprobs", NULL);
+    expect_error("{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"prompt\":\"p\"}", OPENAI_CHAT, 400, "prompt", NULL);
+    expect_error("{\"tokens\":[1],\"prompt\":\"p\"}", OPENAI_DETOKENIZE, 400, "prompt", NULL);
+    expect_error("{\"prompt\":\"p\",\"max_tokens\":3}", OPENAI_TOKENIZE, 400, "max_tokens", NULL);
+    expect_error("{\"prompt\":[1],\"stream\":true,\"stream_options\":{\"x\":1}}", OPENAI_COMPLETION, 400, "stream_options.x", NULL);
+    // null means "not given", for unknown fields too
+    assert_int_equal(parse("{\"prompt\":[1],\"whatever\":null,\"guided_json\":null}", OPENAI_COMPLETION, &r, &e), 0);
+    openai_request_free(&r);
+}
+
+static void fields_without_effect_and_off_values_are_accepted(void **state) {
+    (void)state;
+    static const char *const both[] = {
+        "\"user\":\"u\"", "\"metadata\":{\"a\":\"b\"}", "\"store\":true", "\"service_tier\":\"auto\"",
+        "\"prompt_cache_key\":\"k\"", "\"safety_identifier\":\"s\"", "\"cache_salt\":\"c\"", "\"kv_transfer_params\":{}",
+        "\"length_penalty\":1", "\"guided_decoding_backend\":\"xgrammar\"", "\"use_beam_search\":false",
+        "\"response_format\":{\"type\":\"text\"}", "\"priority\":0", "\"spaces_between_special_tokens\":true",
+        "\"return_token_ids\":false", "\"stream\":true,\"stream_options\":{\"include_usage\":true,\"include_obfuscation\":false,"
+                                      "\"continuous_usage_stats\":false}",
+    };
+    for (size_t i = 0; i < sizeof both / sizeof both[0]; i++) {
+        expect_accepted(both[i], OPENAI_COMPLETION);
+        expect_accepted(both[i], OPENAI_CHAT);
+    }
+    static const char *const chat[] = {
+        "\"tools\":[]", "\"tool_choice\":\"none\"", "\"tool_choice\":\"auto\"", "\"functions\":[]", "\"function_call\":\"none\"",
+        "\"parallel_tool_calls\":true", "\"modalities\":[\"text\"]", "\"prediction\":{\"type\":\"content\",\"content\":\"x\"}",
+        "\"echo\":false", "\"continue_final_message\":false", "\"include_reasoning\":true", "\"mm_processor_kwargs\":{}",
+    };
+    for (size_t i = 0; i < sizeof chat / sizeof chat[0]; i++) expect_accepted(chat[i], OPENAI_CHAT);
+}
+
+static void request_id_and_tokenize_template_kwargs_are_parsed(void **state) {
+    (void)state;
+    struct openai_request r;
+    struct openai_error e;
+    assert_int_equal(parse("{\"prompt\":[1],\"request_id\":\"abc-1\"}", OPENAI_COMPLETION, &r, &e), 0);
+    assert_string_equal(r.request_id, "abc-1");
+    openai_request_free(&r);
+    expect_error("{\"prompt\":[1],\"request_id\":\"a b\"}", OPENAI_COMPLETION, 400, "request_id", NULL);
+    expect_error("{\"prompt\":[1],\"request_id\":\"\"}", OPENAI_COMPLETION, 400, "request_id", NULL);
+    expect_error("{\"prompt\":[1],\"request_id\":7}", OPENAI_COMPLETION, 400, "request_id", NULL);
+    assert_true(openai_request_id_valid("x"));
+    assert_true(openai_request_id_valid("0f8fad5b-d9cb-469f-a165-70867728950e"));
+    assert_false(openai_request_id_valid(""));
+    assert_false(openai_request_id_valid("tab\there"));
+    assert_false(openai_request_id_valid("\xc3\xa9"));
+    char longest[OPENAI_MAX_REQUEST_ID + 2];
+    memset(longest, 'a', sizeof longest - 1);
+    longest[sizeof longest - 1] = 0;
+    assert_false(openai_request_id_valid(longest));
+    longest[OPENAI_MAX_REQUEST_ID] = 0;
+    assert_true(openai_request_id_valid(longest));
+    // /tokenize with messages renders with chat_template_kwargs, as the chat endpoint does.
+    assert_int_equal(parse("{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"chat_template_kwargs\":{\"t\":true}}",
+                           OPENAI_TOKENIZE, &r, &e), 0);
+    assert_non_null(r.template_kwargs);
+    assert_true(cJSON_IsTrue(cJSON_GetObjectItem(r.template_kwargs, "t")));
+    openai_request_free(&r);
+}
+
+static void system_fingerprint_is_left_out_when_unset(void **state) {
+    (void)state;
+    struct openai_resp_ctx ctx = {.kind = OPENAI_COMPLETION, .id = "cmpl-1", .model = "m", .logprobs = -1};
+    struct openai_choice c;
+    openai_choice_init(&c);
+    char *j = openai_response_json(&ctx, &c, 1, NULL);
+    assert_null(strstr(j, "system_fingerprint"));
+    free(j);
+    ctx.system_fingerprint = "duoserve-x";
+    j = openai_response_json(&ctx, &c, 1, NULL);
+    assert_non_null(strstr(j, "\"system_fingerprint\":\"duoserve-x\""));
+    free(j);
+    j = openai_chunk_sse(&ctx, 0, "a", NULL, 0, ENGINE_FINISH_NONE, NULL, -1);
+    assert_non_null(strstr(j, "\"system_fingerprint\":\"duoserve-x\""));
+    free(j);
+    openai_choice_free(&c);
+}
+
 static void stop_accepts_string_or_list_and_rejects_empty(void **state) {
     (void)state;
     struct openai_request r;
@@ -348,7 +488,7 @@ static void completion_response_with_legacy_logprobs(void **state) {
 static void chat_response_and_chunks_have_the_openai_shape(void **state) {
     (void)state;
     struct openai_resp_ctx ctx = {.kind = OPENAI_CHAT, .id = "chatcmpl-1", .model = "m", .created = 7, .logprobs = 1,
-                                  .piece = fake_piece};
+                                  .piece = fake_piece, .system_fingerprint = "fp-1"};
     struct openai_choice c;
     openai_choice_init(&c);
     struct engine_event a = token_event(5, "hi", -0.25f);
@@ -357,6 +497,7 @@ static void chat_response_and_chunks_have_the_openai_shape(void **state) {
     char *j = openai_response_json(&ctx, &c, 1, NULL);
     cJSON *root = cJSON_Parse(j);
     assert_string_equal(cJSON_GetObjectItem(root, "object")->valuestring, "chat.completion");
+    assert_string_equal(cJSON_GetObjectItem(root, "system_fingerprint")->valuestring, "fp-1");
     cJSON *ch = cJSON_GetArrayItem(cJSON_GetObjectItem(root, "choices"), 0);
     cJSON *msg = cJSON_GetObjectItem(ch, "message");
     assert_string_equal(cJSON_GetObjectItem(msg, "role")->valuestring, "assistant");
@@ -374,12 +515,14 @@ static void chat_response_and_chunks_have_the_openai_shape(void **state) {
     char *role = openai_chunk_role_sse(&ctx, 0);
     assert_non_null(strstr(role, "\"delta\":{\"role\":\"assistant\",\"content\":\"\"}"));
     assert_non_null(strstr(role, "chat.completion.chunk"));
+    assert_non_null(strstr(role, "\"system_fingerprint\":\"fp-1\""));
     free(role);
     char *chunk = openai_chunk_sse(&ctx, 1, "yo", &a, 0, ENGINE_FINISH_NONE, NULL, -1);
     assert_true(strncmp(chunk, "data: {", 7) == 0);
     root = cJSON_Parse(chunk + 6);
     ch = cJSON_GetArrayItem(cJSON_GetObjectItem(root, "choices"), 0);
     assert_int_equal(cJSON_GetObjectItem(ch, "index")->valueint, 1);
+    assert_string_equal(cJSON_GetObjectItem(root, "system_fingerprint")->valuestring, "fp-1");
     assert_string_equal(cJSON_GetObjectItem(cJSON_GetObjectItem(ch, "delta"), "content")->valuestring, "yo");
     assert_true(cJSON_IsNull(cJSON_GetObjectItem(ch, "finish_reason")));
     cJSON_Delete(root);
@@ -389,6 +532,7 @@ static void chat_response_and_chunks_have_the_openai_shape(void **state) {
     root = cJSON_Parse(us + 6);
     assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(root, "choices")), 0);
     assert_int_equal(cJSON_GetObjectItem(cJSON_GetObjectItem(root, "usage"), "total_tokens")->valueint, 10);
+    assert_string_equal(cJSON_GetObjectItem(root, "system_fingerprint")->valuestring, "fp-1");
     cJSON_Delete(root);
     free(us);
 }
@@ -452,6 +596,11 @@ int main(void) {
         cmocka_unit_test(bad_json_utf8_and_nesting_are_400),
         cmocka_unit_test(unknown_model_is_404_model_not_found),
         cmocka_unit_test(null_fields_mean_not_given),
+        cmocka_unit_test(fields_that_change_the_output_are_refused_by_name),
+        cmocka_unit_test(unknown_fields_are_refused_by_name),
+        cmocka_unit_test(fields_without_effect_and_off_values_are_accepted),
+        cmocka_unit_test(request_id_and_tokenize_template_kwargs_are_parsed),
+        cmocka_unit_test(system_fingerprint_is_left_out_when_unset),
         cmocka_unit_test(stop_accepts_string_or_list_and_rejects_empty),
         cmocka_unit_test(context_length_is_checked_after_tokenization),
         cmocka_unit_test(chat_messages_are_normalised_and_max_tokens_defaults_to_the_rest),

@@ -1,0 +1,8 @@
+/* version: duoserve's version, shown by `duoserve --version`, GET /version and inside
+ * system_fingerprint. */
+#ifndef DUO_VERSION_H
+#define DUO_VERSION_H
+
+#define DUO_VERSION "0.1.0"
+
+#endif
