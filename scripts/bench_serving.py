@@ -718,7 +718,7 @@ def write_result_json(args, run, model, reqs, dropped, use_server_tok, interrupt
     print(f"Results written to {args.result_json}")
 
 
-def main():
+def parse_args():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--base-url", default="http://127.0.0.1:8000", help="server root (default %(default)s)")
     ap.add_argument("--backend", default="openai", choices=("openai", "vllm", "openai-chat"),
@@ -805,6 +805,11 @@ def main():
     except ValueError as e:
         ap.error(str(e))
     args.keep_text = args.save_detailed
+    return args
+
+
+def main():
+    args = parse_args()
     use_server_tok = bool(args.tokenizer_dir) or args.server_tokenize
     if args.tokenizer_dir and not os.path.isdir(args.tokenizer_dir):
         print(f"bench_serving: note: --tokenizer-dir {args.tokenizer_dir} is not a directory here; "
