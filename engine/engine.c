@@ -5,6 +5,7 @@
 #include "engine/engine.h"
 
 #include <pthread.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,8 +43,71 @@ struct engine {
     bool draining, stopping;     // mu
     int n_active;                // submitted and not done (mu)
     int n_waiting_est;           // inbox + core waiting (mu), for the queue limit
-    struct engine_stats stats;   // snapshot after each step (mu)
+    struct engine_stats stats;   // the core's counters after each step, the cache info, the histograms (mu)
 };
+
+static const double latency_bounds[] = ENGINE_LATENCY_BOUNDS;
+static const double tpot_bounds[] = ENGINE_TOKEN_TIME_BOUNDS;
+/* vLLM's iteration_tokens_total bounds (it uses its CUDA-graph batch sizes when it has them) */
+static const double iteration_bounds[] = {1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384};
+
+void engine_hist_init(struct engine_hist *h, const double *bounds, int n_bounds) {
+    memset(h, 0, sizeof *h);
+    h->n_bounds = n_bounds < ENGINE_HIST_MAX_BOUNDS ? n_bounds : ENGINE_HIST_MAX_BOUNDS;
+    memcpy(h->bounds, bounds, sizeof(double) * h->n_bounds);
+}
+
+void engine_hist_observe(struct engine_hist *h, double v) {
+    if (!(v >= 0)) v = 0;
+    int b = 0;
+    while (b < h->n_bounds && v > h->bounds[b]) b++;
+    h->counts[b]++;
+    h->sum += v;
+    h->count++;
+}
+
+/* vLLM's build_1_2_5_buckets: 1, 2, 5, 10, 20, 50, ... up to max. Returns the count. */
+static int bounds_1_2_5(double *out, int cap, int max) {
+    int n = 0;
+    for (double p = 1; n < cap; p *= 10)
+        for (int k = 0; k < 3 && n < cap; k++) {
+            double v = p * (k == 0 ? 1 : k == 1 ? 2 : 5);
+            if (v > max) return n;
+            out[n++] = v;
+        }
+    return n;
+}
+
+static void hists_init(struct engine *e) {
+    struct engine_hist *h = e->stats.hist;
+    int nl = (int)(sizeof latency_bounds / sizeof(double)), nt = (int)(sizeof tpot_bounds / sizeof(double));
+    engine_hist_init(&h[ENGINE_HIST_QUEUE], latency_bounds, nl);
+    engine_hist_init(&h[ENGINE_HIST_PREFILL], latency_bounds, nl);
+    engine_hist_init(&h[ENGINE_HIST_DECODE], latency_bounds, nl);
+    engine_hist_init(&h[ENGINE_HIST_INFERENCE], latency_bounds, nl);
+    engine_hist_init(&h[ENGINE_HIST_TPOT], tpot_bounds, nt);
+    engine_hist_init(&h[ENGINE_HIST_REQUEST_TPOT], tpot_bounds, nt);
+    engine_hist_init(&h[ENGINE_HIST_ITERATION_TOKENS], iteration_bounds, sizeof iteration_bounds / sizeof(double));
+    double tok[ENGINE_HIST_MAX_BOUNDS];
+    int n = bounds_1_2_5(tok, ENGINE_HIST_MAX_BOUNDS, core_max_model_len(e->core));
+    engine_hist_init(&h[ENGINE_HIST_PROMPT_TOKENS], tok, n);
+    engine_hist_init(&h[ENGINE_HIST_GENERATION_TOKENS], tok, n);
+}
+
+/* Under e->mu: the stats of one event the core emitted. */
+static void hists_observe_event(struct engine *e, const struct engine_event *ev) {
+    struct engine_hist *h = e->stats.hist;
+    if (ev->type == ENGINE_EVENT_TOKEN && ev->itl_s >= 0) engine_hist_observe(&h[ENGINE_HIST_TPOT], ev->itl_s);
+    if (ev->type != ENGINE_EVENT_FINISH) return;
+    engine_hist_observe(&h[ENGINE_HIST_QUEUE], ev->queue_s);
+    engine_hist_observe(&h[ENGINE_HIST_PREFILL], ev->prefill_s);
+    engine_hist_observe(&h[ENGINE_HIST_DECODE], ev->decode_s);
+    engine_hist_observe(&h[ENGINE_HIST_INFERENCE], ev->prefill_s + ev->decode_s);
+    if (ev->completion_tokens > 1)
+        engine_hist_observe(&h[ENGINE_HIST_REQUEST_TPOT], ev->decode_s / (ev->completion_tokens - 1));
+    engine_hist_observe(&h[ENGINE_HIST_PROMPT_TOKENS], ev->prompt_tokens);
+    engine_hist_observe(&h[ENGINE_HIST_GENERATION_TOKENS], ev->completion_tokens);
+}
 
 static void handle_unref_locked(struct engine_handle *h) {
     if (--h->refs > 0) return;
@@ -59,11 +123,13 @@ static void handle_unref_locked(struct engine_handle *h) {
     free(h);
 }
 
-/* Engine thread: an event of h's request (ownership of ev->text moves to the queue). */
-static void on_event(void *ud, const struct engine_event *ev) {
+/* Engine thread: an event of h's request (ownership of ev->text moves to the queue); from the
+ * core (core_event) or made here for a request the core refused (no stats then). */
+static void on_event_stats(void *ud, const struct engine_event *ev, bool stats) {
     struct engine_handle *h = ud;
     struct engine *e = h->e;
     pthread_mutex_lock(&e->mu);
+    if (stats) hists_observe_event(e, ev);
     if (h->q_len == h->q_cap) {
         int nc = h->q_cap ? h->q_cap * 2 : 16;
         struct engine_event *nq = malloc(sizeof *nq * nc);
@@ -99,6 +165,9 @@ static void on_event(void *ud, const struct engine_event *ev) {
     pthread_mutex_unlock(&e->mu);
 }
 
+static void on_event(void *ud, const struct engine_event *ev) { on_event_stats(ud, ev, false); }
+static void core_event(void *ud, const struct engine_event *ev) { on_event_stats(ud, ev, true); }
+
 static void live_remove(struct engine *e, struct engine_handle *h) {
     for (struct engine_handle **p = &e->live; *p; p = &(*p)->next)
         if (*p == h) {
@@ -124,7 +193,7 @@ static void process_inbox(struct engine *e) {
     for (struct engine_handle *h = in, *nx; h; h = nx) {
         nx = h->next;
         char err[256];
-        int rc = core_add(e->core, &h->req, on_event, h, &h->cr, err, sizeof err);
+        int rc = core_add(e->core, &h->req, core_event, h, &h->cr, err, sizeof err);
         h->added = true;
         h->next = e->live;
         e->live = h;
@@ -155,11 +224,13 @@ static void process_inbox(struct engine *e) {
     }
 }
 
-static void update_stats(struct engine *e) {
+/* n_step: tokens the step just run computed (0: no step). */
+static void update_stats(struct engine *e, int n_step) {
     struct engine_stats st;
     core_stats(e->core, &st);
     pthread_mutex_lock(&e->mu);
-    e->stats = st;
+    memcpy(&e->stats, &st, offsetof(struct engine_stats, cache)); /* the rest is ours */
+    if (n_step > 0) engine_hist_observe(&e->stats.hist[ENGINE_HIST_ITERATION_TOKENS], n_step);
     e->n_waiting_est = st.num_waiting;
     for (struct engine_handle *h = e->inbox; h; h = h->next) e->n_waiting_est++;
     pthread_mutex_unlock(&e->mu);
@@ -168,9 +239,9 @@ static void update_stats(struct engine *e) {
 static void on_idle(uv_idle_t *idle) {
     struct engine *e = idle->data;
     process_inbox(e);
-    if (core_has_work(e->core)) core_step(e->core);
+    int n_step = core_has_work(e->core) ? core_step(e->core) : 0;
     process_inbox(e); /* drop what just finished */
-    update_stats(e);
+    update_stats(e, n_step);
     if (!core_has_work(e->core)) uv_idle_stop(&e->idle);
 }
 
@@ -186,8 +257,21 @@ static void on_wake(uv_async_t *a) {
         return;
     }
     process_inbox(e);
-    update_stats(e);
+    update_stats(e, 0);
     if (core_has_work(e->core)) uv_idle_start(&e->idle, on_idle);
+}
+
+static void cache_info(struct engine *e, const struct engine_config *cfg) {
+    const struct kv_cache *kv = core_kv(e->core);
+    e->stats.cache = (struct engine_cache_info){
+        .block_size = kv->block_size,
+        .num_gpu_blocks = kv_cache_has_full(kv) ? kv->n_blocks : 0,
+        .num_streaming_slots = kv_cache_has_stream(kv) ? kv->n_slots : 0,
+        .sink_tokens = kv->sink,
+        .recent_tokens = kv->recent,
+        .gpu_memory_utilization = cfg->gpu_memory_utilization > 0 ? cfg->gpu_memory_utilization : 0.9f,
+        .cache_dtype_bytes = (int)kv->b->ops->act_size,
+    };
 }
 
 static void engine_thread(void *arg) {
@@ -217,7 +301,9 @@ int engine_create(struct engine **out, const struct engine_config *cfg, char *er
     uv_async_init(&e->loop, &e->wake, on_wake);
     uv_idle_init(&e->loop, &e->idle);
     e->wake.data = e->idle.data = e;
-    update_stats(e);
+    cache_info(e, cfg);
+    hists_init(e);
+    update_stats(e, 0);
     if (uv_thread_create(&e->thread, engine_thread, e) != 0) {
         uv_close((uv_handle_t *)&e->wake, NULL);
         uv_close((uv_handle_t *)&e->idle, NULL);

@@ -33,7 +33,7 @@ struct core_seq {
     size_t text_len, text_cap, emitted;
     size_t text_chars, emitted_chars; // code points in text[0, text_len) and text[0, emitted)
     int n_generated;
-    double t_first;
+    double t_scheduled, t_first, t_last; // first admission (kept across preemptions), first and last token
 };
 
 struct core_request {
@@ -88,6 +88,7 @@ struct core {
     struct sample_row *srows; // [draws_cap] the draws the sample op makes
     int32_t *sids;            // [draws_cap] their ids
     int draws_cap;
+    double t_tokens; // when this step's tokens come out
     struct engine_stats stats;
     struct util_rng seed_rng; // seeds of requests that give none
 };
@@ -191,6 +192,7 @@ static int plan_memory(struct core *c, char *err, size_t errlen) {
         return util_err(err, errlen, "out of memory for the KV pools (%zu bytes)", budget);
     c->has_full = block_bytes > 0;
     c->has_stream = slot_bytes > 0;
+    c->stats.kv_capacity_tokens = c->has_full ? (int)(n_blocks * c->cfg.block_size) : 0;
     const struct model_config *mc = &c->m->cfg;
     int n_stream_total = 0;
     for (int l = 0; l < mc->n_layers; l++) n_stream_total += c->m->n_stream[l];
@@ -211,7 +213,6 @@ static int plan_memory(struct core *c, char *err, size_t errlen) {
         fprintf(stderr, "duoserve: streaming KV heads per layer: %s (sink %d, recent %d)\n", line, c->cfg.sink_tokens,
                 c->cfg.recent_tokens);
     }
-    c->stats.kv_capacity_tokens = c->has_full ? (int)(n_blocks * c->cfg.block_size) : 0;
     return 0;
 }
 
@@ -593,6 +594,10 @@ static void seq_finish(struct core *c, struct core_seq *s, enum engine_finish wh
                               .stop_reason_str = stop_str, .stop_index = -1, .stop_reason_id = stop_id,
                               .prompt_tokens = r->n_prompt, .completion_tokens = s->n_generated,
                               .ttft_s = s->t_first > 0 ? s->t_first - r->t_arrival : 0};
+    double t_end = s->n_generated ? s->t_last : util_now(), t_run = s->t_scheduled > 0 ? s->t_scheduled : t_end;
+    ev.queue_s = t_run - r->t_arrival;
+    ev.prefill_s = (s->t_first > 0 ? s->t_first : t_end) - t_run;
+    ev.decode_s = s->t_first > 0 ? t_end - s->t_first : 0;
     ev.text = dup_range(s->text ? s->text + s->emitted : "", s->text ? s->text_len - s->emitted : 0);
     text_emitted(s, s->text_len);
     for (int i = 0; stop_str && i < r->sp.n_stop; i++)
@@ -660,7 +665,9 @@ static bool seq_accept_token(struct core *c, struct core_seq *s, int32_t id, con
     s->tokens[s->n_tokens++] = id;
     s->n_generated++;
     sampler_seq_accept(&s->smp, id);
-    if (s->n_generated == 1) s->t_first = util_now();
+    ev.itl_s = s->n_generated > 1 ? c->t_tokens - s->t_last : -1;
+    if (s->n_generated == 1) s->t_first = c->t_tokens;
+    s->t_last = c->t_tokens;
     c->stats.generation_tokens_total++;
 
     enum engine_finish fin = ENGINE_FINISH_NONE;
@@ -796,6 +803,7 @@ static int schedule(struct core *c, int *n_tokens) {
         if (want > budget) want = budget;
         if (!ensure_blocks(c, s, s->n_computed + want)) break;
         if (c->has_stream) kv_cache_alloc_slot(&c->kv, &s->slot);
+        if (s->t_scheduled <= 0) s->t_scheduled = util_now();
         list_remove(&c->waiting, s);
         s->state = SEQ_RUNNING;
         s->admit_order = c->next_admit++;
@@ -835,6 +843,7 @@ static int fork_choices(struct core *c, struct core_seq *parent) {
         for (int i = 0; i < s->n_blocks; i++) kv_cache_ref(&c->kv, s->blocks[i]);
         if (c->has_stream) kv_cache_copy_slot(&c->kv, s->slot, parent->slot); /* slot reserved at admission */
         s->n_computed = parent->n_computed;
+        s->t_scheduled = parent->t_scheduled;
         s->state = SEQ_RUNNING;
         s->admit_order = c->next_admit++;
         list_push(&c->running, s);
@@ -957,6 +966,7 @@ int core_step(struct core *c) {
         return ENGINE_ERR_OOM;
     }
     /* a request is freed with its last choice, which is its last draw here */
+    c->t_tokens = util_now();
     for (int i = 0; i < n_draws; i++) {
         const struct core_draw *d = &c->draws[i];
         seq_accept_token(c, d->seq, d->op >= 0 ? c->sids[d->op] : d->id,

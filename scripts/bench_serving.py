@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """Serving benchmark for any OpenAI-compatible server, after vLLM's benchmark_serving.py.
 
-Python standard library only. It replays a dataset against streaming /v1/completions and
-reports request and token throughput with TTFT, TPOT and inter-token latency (ITL).
+Python standard library only. It replays a dataset against streaming /v1/completions
+(--backend openai, the default) or /v1/chat/completions (--backend openai-chat: the prompt as
+one user message, max_completion_tokens) and reports request and token throughput with TTFT,
+TPOT, inter-token latency (ITL) and end-to-end latency (E2EL).
 
 Datasets (--dataset FILE):
   * ShareGPT JSON: a list of {"id", "conversations": [{"from", "value"}, ...]}. The prompt is
@@ -26,7 +28,8 @@ unless --no-shuffle; the first --num-prompts that pass the filter are sent.
 
 Measurement (as vLLM's async_request_openai_completions):
   * TTFT: from sending the request to the first SSE chunk that carries a choice (its text may
-    be empty); the usage-only chunk and keep-alive comments do not count.
+    be empty); the usage-only chunk and keep-alive comments do not count, nor (chat) a chunk
+    that only announces the assistant role, which a server may send before any token.
   * ITL: the gaps between successive choice-carrying chunks.
   * latency (E2EL): from sending the request to the last choice-carrying chunk.
   * TPOT: (latency - TTFT) / (output_tokens - 1), for requests with more than one token.
@@ -34,6 +37,11 @@ Measurement (as vLLM's async_request_openai_completions):
     if a server sends no usage, the number of choice-carrying chunks (flagged in the output).
   * input tokens: usage.prompt_tokens as the server counted them; the dataset's count if absent.
   * benchmark duration: from the first request sent to the last one finished.
+
+Report (as vLLM): --percentile-metrics picks which of ttft, tpot, itl, e2el are reported
+(default ttft,tpot,itl), each with mean, median and the --metric-percentiles (default 99).
+--goodput ttft:500 tpot:50 e2el:1000 (milliseconds; any subset) adds the request goodput:
+requests per second that met every objective (a one-token request's TPOT counts as 0).
 
 Bounds: each request has --request-timeout (default 600 s, total, enforced on every socket
 read); the whole run has --max-duration (default 3600 s), after which requests still in flight
@@ -319,14 +327,15 @@ class Result:
 
 def run_request(server, args, model, req, run_deadline, stop):
     res = Result(req)
-    body = {
-        "model": model,
-        "prompt": req["prompt"],
-        "max_tokens": req["output_len"],
-        "temperature": args.temperature,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
+    chat = args.backend == "openai-chat"
+    body = {"model": model}
+    if chat:  # as vLLM's async_request_openai_chat_completions
+        body["messages"] = [{"role": "user", "content": req["prompt"]}]
+        body["max_completion_tokens"] = req["output_len"]
+    else:
+        body["prompt"] = req["prompt"]
+        body["max_tokens"] = req["output_len"]
+    body.update({"temperature": args.temperature, "stream": True, "stream_options": {"include_usage": True}})
     if args.ignore_eos:
         body["ignore_eos"] = True
     if args.extra_body:
@@ -347,7 +356,9 @@ def run_request(server, args, model, req, run_deadline, stop):
             raise socket.timeout()
         conn = server.connect(max(0.001, remaining()))
         conn.request("POST", server.prefix + args.endpoint, body=payload, headers=server.headers(True))
-        conn.sock.settimeout(max(0.001, remaining()))
+        # the socket itself: http.client drops conn.sock once a response says Connection: close
+        sock = conn.sock
+        sock.settimeout(max(0.001, remaining()))
         resp = conn.getresponse()
         if resp.status != 200:
             res.status, res.error = "failed", f"HTTP {resp.status}: {error_message(resp.read())}"
@@ -357,7 +368,7 @@ def run_request(server, args, model, req, run_deadline, stop):
             rem = remaining()
             if rem <= 0 or stop.is_set():
                 raise socket.timeout()
-            conn.sock.settimeout(rem)
+            sock.settimeout(rem)
             line = resp.readline()
             if not line:
                 break  # end of stream
@@ -380,7 +391,11 @@ def run_request(server, args, model, req, run_deadline, stop):
                 res.status, res.error = "failed", "error in stream: " + error_message(json.dumps(obj))
                 return res
             choices = obj.get("choices")
-            if choices:
+            c0 = choices[0] if choices and isinstance(choices[0], dict) else {}
+            delta = c0.get("delta") if isinstance(c0.get("delta"), dict) else {}
+            # chat: the role announcement, which a server may send before any token, is no token
+            role_only = chat and "role" in delta and not delta.get("content") and not c0.get("finish_reason")
+            if choices and not role_only:
                 ts = time.perf_counter()
                 if res.chunks == 0:
                     res.ttft = ts - st
@@ -388,9 +403,8 @@ def run_request(server, args, model, req, run_deadline, stop):
                     res.itl.append(ts - last)
                 last = ts
                 res.chunks += 1
-                c0 = choices[0] if isinstance(choices[0], dict) else {}
                 if args.keep_text:
-                    res.text.append(c0.get("text") or "")
+                    res.text.append((delta.get("content") if chat else c0.get("text")) or "")
             usage = obj.get("usage")
             if isinstance(usage, dict):
                 if isinstance(usage.get("completion_tokens"), int):
@@ -440,14 +454,51 @@ def percentile(xs, q):
     return s[lo] + (s[hi] - s[lo]) * (k - lo)
 
 
-def stats_ms(xs):
-    if not xs:
-        return {"mean": 0.0, "median": 0.0, "std": 0.0, "p99": 0.0}
+# --percentile-metrics names, in report order: (short name, section title)
+METRICS = {"ttft": ("TTFT", "Time to First Token"), "tpot": ("TPOT", "Time per Output Token (excl. 1st token)"),
+           "itl": ("ITL", "Inter-token Latency"), "e2el": ("E2EL", "End-to-end Latency")}
+GOODPUT_METRICS = ("ttft", "tpot", "e2el")
+
+
+def stats_ms(xs, percentiles):
+    """Mean, median, std and the given percentiles of xs (seconds), in ms; zeros when empty (as vLLM)."""
+    xs = xs or [0.0]
     n = len(xs)
     mean = sum(xs) / n
     std = math.sqrt(sum((x - mean) ** 2 for x in xs) / n)
     return {"mean": mean * 1000, "median": percentile(xs, 50) * 1000, "std": std * 1000,
-            "p99": percentile(xs, 99) * 1000}
+            "percentiles": [(p, percentile(xs, p) * 1000) for p in percentiles]}
+
+
+def percentile_name(p):
+    """vLLM's label of a percentile: 99 -> "99", 99.9 -> "99.9"."""
+    return str(int(p)) if int(p) == p else str(p)
+
+
+def parse_goodput(pairs):
+    """vLLM's --goodput KEY:VALUE pairs (KEY ttft, tpot or e2el; VALUE milliseconds >= 0) -> {KEY: seconds}."""
+    slos = {}
+    for pair in pairs:
+        name, sep, val = pair.partition(":")
+        try:
+            ms = float(val) if sep else None
+        except ValueError:
+            ms = None
+        if ms is None:
+            raise ValueError(f"--goodput {pair!r}: give KEY:VALUE pairs, the value in milliseconds (e.g. ttft:500)")
+        if name not in GOODPUT_METRICS:
+            raise ValueError(f"--goodput {pair!r}: the metric must be one of {', '.join(GOODPUT_METRICS)}")
+        if not (0 <= ms < math.inf):
+            raise ValueError(f"--goodput {pair!r}: the value must be a non-negative number of milliseconds")
+        slos[name] = ms / 1000.0
+    return slos
+
+
+def meets_slos(r, slos):
+    """Whether a finished request meets every goodput objective (TPOT counts as 0 for one token, as vLLM)."""
+    tpot = (r.latency - r.ttft) / (r.output_tokens - 1) if r.output_tokens > 1 else 0.0
+    got = {"ttft": r.ttft, "tpot": tpot, "e2el": r.latency}
+    return all(got[k] <= v for k, v in slos.items())
 
 
 def benchmark(server, args, model, reqs):
@@ -470,7 +521,11 @@ def benchmark(server, args, model, reqs):
             item = work.get()
             if item is None:
                 return
-            r = run_request(server, args, model, item, run_deadline, stop)
+            try:
+                r = run_request(server, args, model, item, run_deadline, stop)
+            except Exception as e:  # noqa: BLE001 (a bug must not leave the run waiting for this answer)
+                r = Result(item)
+                r.status, r.error, r.end = "failed", f"{type(e).__name__}: {e}", time.perf_counter()
             with done_cv:
                 results.append(r)
                 k = len(results)
@@ -530,10 +585,147 @@ def benchmark(server, args, model, reqs):
     return final, duration, n_unsent, n_queued_or_running, interrupted
 
 
-def main():
+def summarize(args, results, duration, n_unsent, n_unfinished):
+    """The run's numbers, as vLLM's calculate_metrics (plus what did not finish)."""
+    ok = [r for r in results if r.ok]
+    failed = [r for r in results if r.status in ("failed", "timeout")]
+    abandoned = [r for r in results if r.status == "abandoned"]
+    in_lens = [r.prompt_tokens if r.prompt_tokens is not None else r.req["prompt_len"] for r in ok]
+    out_lens = [r.output_tokens for r in ok]
+    samples = {"ttft": [r.ttft for r in ok],
+               "tpot": [(r.latency - r.ttft) / (r.output_tokens - 1) for r in ok if r.output_tokens > 1],
+               "itl": [g for r in ok for g in r.itl],
+               "e2el": [r.latency for r in ok]}
+    first_error = None
+    for r in sorted(failed + abandoned, key=lambda r: r.end):
+        first_error = r.error
+        break
+    return {
+        "results": results, "ok": ok, "failed": failed, "duration": duration,
+        "n_abandoned": len(abandoned) + n_unfinished, "n_unsent": n_unsent,
+        "in_lens": in_lens, "out_lens": out_lens, "total_in": sum(in_lens), "total_out": sum(out_lens),
+        "prompt_est": sum(1 for r in ok if r.prompt_tokens is None), "out_est": sum(1 for r in ok if not r.usage_seen),
+        "samples": samples,
+        "stats": {k: stats_ms(v, args.metric_percentiles) for k, v in samples.items()},
+        "goodput": (sum(1 for r in ok if meets_slos(r, args.goodput)) / duration) if args.goodput else None,
+        "first_error": first_error,
+    }
+
+
+def print_report(args, run, interrupted):
+    w, dur = 40, run["duration"]
+    line = "{:<{w}} {:<10}".format
+    num = "{:<{w}} {:<10.2f}".format
+    print("{s:{c}^{n}}".format(s=" Serving Benchmark Result ", n=50, c="="))
+    print(line("Successful requests:", len(run["ok"]), w=w))
+    if run["failed"]:
+        print(line("Failed requests:", len(run["failed"]), w=w))
+    if run["n_abandoned"] or run["n_unsent"]:
+        print(line("Abandoned requests (unfinished at end):", run["n_abandoned"], w=w))
+        print(line("Requests not sent (time ran out):", run["n_unsent"], w=w))
+    print(num("Benchmark duration (s):", dur, w=w))
+    print(line("Total input tokens:", run["total_in"], w=w))
+    print(line("Total generated tokens:", run["total_out"], w=w))
+    print(num("Request throughput (req/s):", len(run["ok"]) / dur, w=w))
+    if run["goodput"] is not None:
+        print(num("Request goodput (req/s):", run["goodput"], w=w))
+    print(num("Output token throughput (tok/s):", run["total_out"] / dur, w=w))
+    print(num("Total Token throughput (tok/s):", (run["total_in"] + run["total_out"]) / dur, w=w))
+    for key, (name, title) in METRICS.items():
+        if key not in args.percentile_metrics:
+            continue
+        st = run["stats"][key]
+        print("{s:{c}^{n}}".format(s=title, n=50, c="-"))
+        print(num(f"Mean {name} (ms):", st["mean"], w=w))
+        print(num(f"Median {name} (ms):", st["median"], w=w))
+        for p, v in st["percentiles"]:
+            print(num(f"P{percentile_name(p)} {name} (ms):", v, w=w))
+    print("=" * 50)
+    if run["prompt_est"]:
+        print(f"note: {run['prompt_est']} requests had no usage.prompt_tokens; "
+              "their input tokens are the dataset's count")
+    if run["out_est"]:
+        print(f"note: {run['out_est']} requests had no usage.completion_tokens; their output tokens are chunk counts")
+    if run["first_error"]:
+        print(f"First error: {run['first_error']}")
+    if interrupted:
+        print("note: the run was interrupted (Ctrl-C)")
+
+
+def write_result_json(args, run, model, reqs, dropped, use_server_tok, interrupted):
+    ok, dur = run["ok"], run["duration"]
+    res = {
+        "date": datetime.datetime.now().strftime("%Y%m%d-%H%M%S"),
+        "backend": args.backend,
+        "base_url": args.base_url,
+        "endpoint": args.endpoint,
+        "model_id": model,
+        "tokenizer_id": args.tokenizer_dir,
+        "token_counts": "server /tokenize" if use_server_tok else "estimated chars/4",
+        "dataset": args.dataset,
+        "output_lens_csv": args.output_lens_csv,
+        "num_prompts": len(reqs),
+        "num_prompts_requested": args.num_prompts,
+        "filter_dropped": dropped,
+        "max_prompt_len": args.max_prompt_len,
+        "max_total_len": args.max_total_len,
+        "request_rate": args.request_rate if not math.isinf(args.request_rate) else "inf",
+        "burstiness": args.burstiness,
+        "max_concurrency": args.max_concurrency,
+        "ignore_eos": args.ignore_eos,
+        "temperature": args.temperature,
+        "seed": args.seed,
+        "request_timeout": args.request_timeout,
+        "max_duration": args.max_duration,
+        "ttft_definition": "first chunk with a choice (text may be empty; a chat role-only chunk does not count)",
+        "duration": dur,
+        "completed": len(ok),
+        "failed": len(run["failed"]),
+        "abandoned": run["n_abandoned"],
+        "not_sent": run["n_unsent"],
+        "first_error": run["first_error"],
+        "interrupted": interrupted,
+        "total_input_tokens": run["total_in"],
+        "total_output_tokens": run["total_out"],
+        "request_throughput": len(ok) / dur,
+        "request_goodput": run["goodput"],
+        "goodput_slos_ms": {k: v * 1000 for k, v in args.goodput.items()} or None,
+        "output_throughput": run["total_out"] / dur,
+        "total_token_throughput": (run["total_in"] + run["total_out"]) / dur,
+    }
+    for key in METRICS:
+        if key not in args.percentile_metrics:
+            continue
+        st = run["stats"][key]
+        for name in ("mean", "median", "std"):
+            res[f"{name}_{key}_ms"] = st[name]
+        for p, v in st["percentiles"]:
+            res[f"p{percentile_name(p)}_{key}_ms"] = v
+    if args.save_detailed:
+        res["input_lens"] = run["in_lens"]
+        res["output_lens"] = run["out_lens"]
+        res["requested_output_lens"] = [r.req["output_len"] for r in ok]
+        res["ttfts"] = run["samples"]["ttft"]
+        res["itls"] = [r.itl for r in ok]
+        res["e2els"] = run["samples"]["e2el"]
+        res["generated_texts"] = ["".join(r.text) for r in ok]
+        res["errors"] = [r.error for r in sorted(run["results"], key=lambda r: r.start) if not r.ok]
+    tmp = args.result_json + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(res, f, indent=2)
+        f.write("\n")
+    os.replace(tmp, args.result_json)
+    print(f"Results written to {args.result_json}")
+
+
+def parse_args():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--base-url", default="http://127.0.0.1:8000", help="server root (default %(default)s)")
-    ap.add_argument("--endpoint", default="/v1/completions", help="completions path (default %(default)s)")
+    ap.add_argument("--backend", default="openai", choices=("openai", "vllm", "openai-chat"),
+                    help="openai (or vllm): streaming /v1/completions; openai-chat: streaming /v1/chat/completions, "
+                         "the prompt as one user message (default %(default)s)")
+    ap.add_argument("--endpoint", default=None,
+                    help="API path (default /v1/completions, /v1/chat/completions for openai-chat)")
     ap.add_argument("--model", help="model id (default: the first id from GET /v1/models)")
     ap.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"),
                     help="sent as Authorization: Bearer KEY (default $OPENAI_API_KEY)")
@@ -563,9 +755,17 @@ def main():
     ap.add_argument("--request-timeout", type=float, default=600.0, help="seconds per request (default %(default)s)")
     ap.add_argument("--max-duration", type=float, default=3600.0,
                     help="seconds for the whole run; then outstanding requests are abandoned (default %(default)s)")
+    ap.add_argument("--percentile-metrics", default="ttft,tpot,itl",
+                    help="comma-separated metrics to report (mean, median and --metric-percentiles) of ttft, tpot, "
+                         "itl, e2el (default %(default)s)")
+    ap.add_argument("--metric-percentiles", default="99",
+                    help='comma-separated percentiles of those metrics, e.g. "25,50,75,99.9" (default %(default)s)')
+    ap.add_argument("--goodput", nargs="+", metavar="KEY:VALUE", default=None,
+                    help="service level objectives in milliseconds, e.g. ttft:500 tpot:50 e2el:1000 (keys ttft, tpot, "
+                         "e2el); reports the request goodput: requests/s that met all of them (DistServe)")
     ap.add_argument("--result-json", metavar="FILE", help="write the numbers as JSON")
     ap.add_argument("--save-detailed", action="store_true",
-                    help="add per-request lists (input_lens, output_lens, ttfts, itls, errors) to --result-json")
+                    help="add per-request lists (input_lens, output_lens, ttfts, itls, e2els, errors) to --result-json")
     ap.add_argument("--quiet", action="store_true", help="no progress lines")
     args = ap.parse_args()
 
@@ -583,9 +783,33 @@ def main():
         ap.error("--request-timeout and --max-duration must be > 0")
     if args.extra_body is not None and not isinstance(args.extra_body, dict):
         ap.error("--extra-body must be a JSON object")
+    if args.endpoint is None:
+        args.endpoint = "/v1/chat/completions" if args.backend == "openai-chat" else "/v1/completions"
     if not args.endpoint.startswith("/"):
         args.endpoint = "/" + args.endpoint
+    if args.backend == "openai-chat" and not args.endpoint.rstrip("/").endswith("chat/completions"):
+        ap.error("--backend openai-chat needs an --endpoint ending in chat/completions")
+    metrics = [m.strip() for m in args.percentile_metrics.split(",")]
+    bad = [m for m in metrics if m not in METRICS]
+    if bad:
+        ap.error(f"--percentile-metrics: unknown {', '.join(map(repr, bad))}; choose from {', '.join(METRICS)}")
+    args.percentile_metrics = metrics
+    try:
+        args.metric_percentiles = [float(p) for p in args.metric_percentiles.split(",")]
+    except ValueError:
+        ap.error(f"--metric-percentiles {args.metric_percentiles!r}: give comma-separated numbers, e.g. 50,90,99")
+    if not all(0 <= p <= 100 for p in args.metric_percentiles):
+        ap.error("--metric-percentiles: each percentile must be in [0, 100]")
+    try:
+        args.goodput = parse_goodput(args.goodput or [])
+    except ValueError as e:
+        ap.error(str(e))
     args.keep_text = args.save_detailed
+    return args
+
+
+def main():
+    args = parse_args()
     use_server_tok = bool(args.tokenizer_dir) or args.server_tokenize
     if args.tokenizer_dir and not os.path.isdir(args.tokenizer_dir):
         print(f"bench_serving: note: --tokenizer-dir {args.tokenizer_dir} is not a directory here; "
@@ -607,7 +831,7 @@ def main():
     reqs, dropped, n_cands = sample_requests(args, items, out_lens, counter)
     tok_note = ("token counts from the server's /tokenize" if use_server_tok
                 else "token counts ESTIMATED as characters/4 (pass --tokenizer-dir for exact counts)")
-    print(f"Model: {model}   server: {args.base_url}{args.endpoint}")
+    print(f"Model: {model}   server: {args.base_url}{args.endpoint} ({args.backend})")
     print(f"Dataset: {args.dataset}: {n_cands} usable prompts; {tok_note}")
     print(f"Filter: prompt <= {args.max_prompt_len}, prompt + output <= {args.max_total_len}, both >= 4: "
           f"kept {len(reqs)}, dropped {sum(dropped.values())} ({dropped['too_short']} too short, "
@@ -626,115 +850,11 @@ def main():
     sys.stdout.flush()
 
     results, duration, n_unsent, n_unfinished, interrupted = benchmark(server, args, model, reqs)
-
-    ok = [r for r in results if r.ok]
-    failed = [r for r in results if r.status in ("failed", "timeout")]
-    abandoned = [r for r in results if r.status == "abandoned"]
-    n_abandoned = len(abandoned) + n_unfinished
-    in_lens = [r.prompt_tokens if r.prompt_tokens is not None else r.req["prompt_len"] for r in ok]
-    out_lens_act = [r.output_tokens for r in ok]
-    prompt_est = sum(1 for r in ok if r.prompt_tokens is None)
-    out_est = sum(1 for r in ok if not r.usage_seen)
-    ttfts = [r.ttft for r in ok]
-    tpots = [(r.latency - r.ttft) / (r.output_tokens - 1) for r in ok if r.output_tokens > 1]
-    itls = [g for r in ok for g in r.itl]
-    e2els = [r.latency for r in ok]
-    total_in, total_out = sum(in_lens), sum(out_lens_act)
-    m = {"ttft": stats_ms(ttfts), "tpot": stats_ms(tpots), "itl": stats_ms(itls), "e2el": stats_ms(e2els)}
-
-    first_error = None
-    for r in sorted(failed + abandoned, key=lambda r: r.end):
-        first_error = r.error
-        break
-
-    w = 40
-    print("{s:{c}^{n}}".format(s=" Serving Benchmark Result ", n=50, c="="))
-    print("{:<{w}} {:<10}".format("Successful requests:", len(ok), w=w))
-    if failed:
-        print("{:<{w}} {:<10}".format("Failed requests:", len(failed), w=w))
-    if n_abandoned or n_unsent:
-        print("{:<{w}} {:<10}".format("Abandoned requests (unfinished at end):", n_abandoned, w=w))
-        print("{:<{w}} {:<10}".format("Requests not sent (time ran out):", n_unsent, w=w))
-    print("{:<{w}} {:<10.2f}".format("Benchmark duration (s):", duration, w=w))
-    print("{:<{w}} {:<10}".format("Total input tokens:", total_in, w=w))
-    print("{:<{w}} {:<10}".format("Total generated tokens:", total_out, w=w))
-    print("{:<{w}} {:<10.2f}".format("Request throughput (req/s):", len(ok) / duration, w=w))
-    print("{:<{w}} {:<10.2f}".format("Output token throughput (tok/s):", total_out / duration, w=w))
-    print("{:<{w}} {:<10.2f}".format("Total Token throughput (tok/s):", (total_in + total_out) / duration, w=w))
-    for key, title, name in (("ttft", "Time to First Token", "TTFT"),
-                             ("tpot", "Time per Output Token (excl. 1st token)", "TPOT"),
-                             ("itl", "Inter-token Latency", "ITL"),
-                             ("e2el", "End-to-end Latency", "E2EL")):
-        print("{s:{c}^{n}}".format(s=title, n=50, c="-"))
-        print("{:<{w}} {:<10.2f}".format(f"Mean {name} (ms):", m[key]["mean"], w=w))
-        print("{:<{w}} {:<10.2f}".format(f"Median {name} (ms):", m[key]["median"], w=w))
-        print("{:<{w}} {:<10.2f}".format(f"P99 {name} (ms):", m[key]["p99"], w=w))
-    print("=" * 50)
-    if prompt_est:
-        print(f"note: {prompt_est} requests had no usage.prompt_tokens; their input tokens are the dataset's count")
-    if out_est:
-        print(f"note: {out_est} requests had no usage.completion_tokens; their output tokens are chunk counts")
-    if first_error:
-        print(f"First error: {first_error}")
-    if interrupted:
-        print("note: the run was interrupted (Ctrl-C)")
-
+    run = summarize(args, results, duration, n_unsent, n_unfinished)
+    print_report(args, run, interrupted)
     if args.result_json:
-        res = {
-            "date": datetime.datetime.now().strftime("%Y%m%d-%H%M%S"),
-            "backend": "openai",
-            "base_url": args.base_url,
-            "endpoint": args.endpoint,
-            "model_id": model,
-            "tokenizer_id": args.tokenizer_dir,
-            "token_counts": "server /tokenize" if use_server_tok else "estimated chars/4",
-            "dataset": args.dataset,
-            "output_lens_csv": args.output_lens_csv,
-            "num_prompts": len(reqs),
-            "num_prompts_requested": args.num_prompts,
-            "filter_dropped": dropped,
-            "max_prompt_len": args.max_prompt_len,
-            "max_total_len": args.max_total_len,
-            "request_rate": args.request_rate if not math.isinf(args.request_rate) else "inf",
-            "burstiness": args.burstiness,
-            "max_concurrency": args.max_concurrency,
-            "ignore_eos": args.ignore_eos,
-            "temperature": args.temperature,
-            "seed": args.seed,
-            "request_timeout": args.request_timeout,
-            "max_duration": args.max_duration,
-            "ttft_definition": "first chunk with a choice (text may be empty)",
-            "duration": duration,
-            "completed": len(ok),
-            "failed": len(failed),
-            "abandoned": n_abandoned,
-            "not_sent": n_unsent,
-            "first_error": first_error,
-            "interrupted": interrupted,
-            "total_input_tokens": total_in,
-            "total_output_tokens": total_out,
-            "request_throughput": len(ok) / duration,
-            "output_throughput": total_out / duration,
-            "total_token_throughput": (total_in + total_out) / duration,
-        }
-        for key in ("ttft", "tpot", "itl", "e2el"):
-            for st in ("mean", "median", "std", "p99"):
-                res[f"{st}_{key}_ms"] = m[key][st]
-        if args.save_detailed:
-            res["input_lens"] = in_lens
-            res["output_lens"] = out_lens_act
-            res["requested_output_lens"] = [r.req["output_len"] for r in ok]
-            res["ttfts"] = ttfts
-            res["itls"] = [r.itl for r in ok]
-            res["generated_texts"] = ["".join(r.text) for r in ok]
-            res["errors"] = [r.error for r in sorted(results, key=lambda r: r.start) if not r.ok]
-        tmp = args.result_json + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(res, f, indent=2)
-            f.write("\n")
-        os.replace(tmp, args.result_json)
-        print(f"Results written to {args.result_json}")
-    return 0 if ok else 1
+        write_result_json(args, run, model, reqs, dropped, use_server_tok, interrupted)
+    return 0 if run["ok"] else 1
 
 
 if __name__ == "__main__":

@@ -1,6 +1,8 @@
 /* metrics: the server's Prometheus counters and histograms and the text exposition of
- * GET /metrics (engine gauges and counters come from engine_get_stats). Thread-safe: the
- * observe functions may be called from any HTTP thread; one mutex guards the histograms. */
+ * GET /metrics: the server's own series, the engine's (engine_get_stats: gauges, counters,
+ * vLLM's request and iteration histograms, cache_config_info) and the process_* series of
+ * Prometheus client libraries (from /proc). Thread-safe: the observe functions may be called
+ * from any HTTP thread; one mutex guards the histograms. */
 #ifndef DUO_METRICS_H
 #define DUO_METRICS_H
 
@@ -8,16 +10,6 @@
 #include <stdint.h>
 
 #include "engine/engine.h"
-
-#define METRICS_MAX_BUCKETS 24
-
-struct metrics_hist {
-    const double *bounds; // upper bounds (seconds), ascending; +Inf is implicit
-    int n_bounds;
-    uint64_t counts[METRICS_MAX_BUCKETS + 1]; // per bucket, not cumulative; last = +Inf
-    double sum;
-    uint64_t count;
-};
 
 enum metrics_hist_id {
     METRICS_TTFT,        // time to first token (server side: arrival to first token out)
@@ -30,7 +22,7 @@ enum metrics_hist_id {
 
 struct metrics {
     pthread_mutex_t mu;
-    struct metrics_hist hist[METRICS_N_HIST];
+    struct engine_hist hist[METRICS_N_HIST];
     uint64_t http_status[METRICS_N_STATUS]; // per status in metrics_statuses order
     uint64_t http_other;
 };

@@ -1,6 +1,7 @@
 /* The threaded engine API (engine.h): submissions from several threads, notify-driven polling,
- * cancellation and early release free the KV, drain refuses new work, and results equal the
- * synchronous core's. */
+ * cancellation and early release free the KV, drain refuses new work, results equal the
+ * synchronous core's, and the stats' histograms count what ran. */
+#include <math.h>
 #include <pthread.h>
 #include <unistd.h>
 
@@ -182,8 +183,67 @@ static void test_drain_refuses_and_queue_limit_applies(void **state) {
     engine_destroy(e); /* with requests possibly still running: they are aborted */
 }
 
+static void test_hist_buckets_are_upper_inclusive(void **state) {
+    static const double b[] = {1, 2, 5};
+    struct engine_hist h;
+    engine_hist_init(&h, b, 3);
+    double v[] = {-3, NAN, 0.5, 1, 1.5, 2, 5, 5.01, 1e9};
+    for (int i = 0; i < 9; i++) engine_hist_observe(&h, v[i]);
+    assert_int_equal(h.count, 9);
+    assert_int_equal(h.counts[0], 4); /* -3 and NaN count as 0; 1 is in le=1 */
+    assert_int_equal(h.counts[1], 2);
+    assert_int_equal(h.counts[2], 1);
+    assert_int_equal(h.counts[3], 2); /* +Inf */
+    assert_true(fabs(h.sum - (0.5 + 1 + 1.5 + 2 + 5 + 5.01 + 1e9)) < 1e-3);
+}
+
+/* One request of 10 prompt and 24 generated tokens: every request histogram counts it once,
+ * the token gaps add up to its decode time, the steps computed 10 + 23 tokens. */
+static void test_stats_histograms_count_a_request(void **state) {
+    struct engine *e = start(64);
+    int32_t prompt[10];
+    for (int i = 0; i < 10; i++) prompt[i] = 11 + i;
+    struct engine_request req = {prompt, 10, greedy(24)};
+    struct waiter w = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0};
+    struct engine_handle *h;
+    char err[256];
+    assert_int_equal(engine_submit(e, &req, notify, &w, &h, err, sizeof err), ENGINE_OK);
+    int32_t ids[64];
+    assert_int_equal(drain_events(h, &w, ids, 64, NULL), 24);
+    engine_release(h);
+    struct engine_stats st;
+    for (int i = 0; i < 200; i++) { /* published after the step (bounded wait) */
+        engine_get_stats(e, &st);
+        if (st.num_running == 0 && st.hist[ENGINE_HIST_ITERATION_TOKENS].sum == 33) break;
+        usleep(10000);
+    }
+    const struct engine_hist *hs = st.hist;
+    static const int per_request[] = {ENGINE_HIST_QUEUE,         ENGINE_HIST_PREFILL,      ENGINE_HIST_DECODE,
+                                      ENGINE_HIST_INFERENCE,     ENGINE_HIST_REQUEST_TPOT, ENGINE_HIST_PROMPT_TOKENS,
+                                      ENGINE_HIST_GENERATION_TOKENS};
+    for (int k = 0; k < 7; k++) assert_int_equal(hs[per_request[k]].count, 1);
+    assert_true(hs[ENGINE_HIST_QUEUE].sum > 0 && hs[ENGINE_HIST_PREFILL].sum > 0 && hs[ENGINE_HIST_DECODE].sum > 0);
+    assert_true(fabs(hs[ENGINE_HIST_INFERENCE].sum - hs[ENGINE_HIST_PREFILL].sum - hs[ENGINE_HIST_DECODE].sum) < 1e-9);
+    assert_int_equal(hs[ENGINE_HIST_TPOT].count, 23);
+    assert_true(fabs(hs[ENGINE_HIST_TPOT].sum - hs[ENGINE_HIST_DECODE].sum) < 1e-9);
+    assert_true(fabs(hs[ENGINE_HIST_REQUEST_TPOT].sum - hs[ENGINE_HIST_DECODE].sum / 23) < 1e-9);
+    assert_true(hs[ENGINE_HIST_PROMPT_TOKENS].sum == 10 && hs[ENGINE_HIST_GENERATION_TOKENS].sum == 24);
+    assert_true(hs[ENGINE_HIST_ITERATION_TOKENS].sum == 33);
+    assert_int_equal(hs[ENGINE_HIST_ITERATION_TOKENS].count, 24); /* one prefill step (10 <= 64), 23 decodes */
+    /* token counts: vLLM's 1-2-5 bounds up to max_model_len */
+    const struct engine_hist *pt = &hs[ENGINE_HIST_PROMPT_TOKENS];
+    assert_true(pt->n_bounds >= 3 && pt->bounds[0] == 1 && pt->bounds[1] == 2 && pt->bounds[2] == 5);
+    assert_true(pt->bounds[pt->n_bounds - 1] <= engine_max_model_len(e) &&
+                pt->bounds[pt->n_bounds - 1] * 2 > engine_max_model_len(e));
+    assert_int_equal(st.cache.block_size, 16);
+    assert_int_equal(st.cache.num_gpu_blocks * 16, st.kv_capacity_tokens);
+    engine_destroy(e);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_hist_buckets_are_upper_inclusive),
+        cmocka_unit_test(test_stats_histograms_count_a_request),
         cmocka_unit_test(test_concurrent_clients_get_their_alone_results),
         cmocka_unit_test(test_cancel_and_release_free_the_kv),
         cmocka_unit_test(test_drain_refuses_and_queue_limit_applies),
