@@ -1083,7 +1083,7 @@ static int fa_launch(bool dec, dim3 grid, cudaStream_t st, __nv_bfloat16 *o, con
     // (one wave of blocks: a larger step's blocks would take the GEMM's SMs and gain nothing)
     const bool pdl = cuda_pdl_on() || (dec && fa_cfg<HDP, true>::COOP && a.rope_inv_freq && !g_attn_no_pdl &&
                                        grid.x * grid.y <= (unsigned)g_attn_sms);
-    if (dec) CUDA_CHECK(cuda_launch_cluster(pdl, a.cluster ? grid.z : 1, flash_kernel<HDP, true>, grid, T,
+    if (dec) CUDA_CHECK(cuda_launch_cluster(pdl, dim3(1, 1, a.cluster ? grid.z : 1), flash_kernel<HDP, true>, grid, T,
                                             fa_cfg<HDP, true>::BYTES, st, o, q, kb, vb, rs, a));
     else CUDA_CHECK(cuda_launch(flash_kernel<HDP, false>, grid, T, fa_cfg<HDP, false>::BYTES, st, o, q, kb, vb, rs, a));
     return 0;

@@ -88,10 +88,10 @@ static inline bool cuda_pdl_on(void) {
 
 // pdl: this launch may start while the kernel before it runs (programmatic dependent launch),
 // whatever DUOSERVE_PDL says; the kernel must pdl_wait() before touching that kernel's data.
-// cluster_z > 1: blocks (x, y, z) with z in [k * cluster_z, (k + 1) * cluster_z) form a thread-block
-// cluster (gridDim.z a multiple of it).
+// cluster other than (1, 1, 1): blocks form thread-block clusters of that shape (the grid a
+// multiple of it).
 template <typename... KArgs, typename... Args>
-static cudaError_t cuda_launch_cluster(bool pdl, unsigned cluster_z, void (*kernel)(KArgs...), dim3 grid, dim3 block,
+static cudaError_t cuda_launch_cluster(bool pdl, dim3 cluster, void (*kernel)(KArgs...), dim3 grid, dim3 block,
                                        size_t smem, cudaStream_t s, Args... args) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
@@ -104,9 +104,9 @@ static cudaError_t cuda_launch_cluster(bool pdl, unsigned cluster_z, void (*kern
         at[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
         at[n++].val.programmaticStreamSerializationAllowed = 1;
     }
-    if (cluster_z > 1) {
+    if (cluster.x * cluster.y * cluster.z > 1) {
         at[n].id = cudaLaunchAttributeClusterDimension;
-        at[n].val.clusterDim.x = 1, at[n].val.clusterDim.y = 1, at[n++].val.clusterDim.z = cluster_z;
+        at[n].val.clusterDim.x = cluster.x, at[n].val.clusterDim.y = cluster.y, at[n++].val.clusterDim.z = cluster.z;
     }
     cfg.attrs = at;
     cfg.numAttrs = n;
@@ -115,7 +115,7 @@ static cudaError_t cuda_launch_cluster(bool pdl, unsigned cluster_z, void (*kern
 template <typename... KArgs, typename... Args>
 static cudaError_t cuda_launch_pdl(bool pdl, void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
                                    cudaStream_t s, Args... args) {
-    return cuda_launch_cluster(pdl, 1, kernel, grid, block, smem, s, args...);
+    return cuda_launch_cluster(pdl, dim3(1, 1, 1), kernel, grid, block, smem, s, args...);
 }
 
 template <typename... KArgs, typename... Args>

@@ -719,12 +719,6 @@ int cuda_gemm_init(void) {
     g_stream_pdl = cuda_env_on("DUOSERVE_PDL_GEMM");
     g_stream_k = cuda_env_on("DUOSERVE_STREAM_K");
     g_wg = cuda_env_on("DUOSERVE_GEMM_WG");
-    {
-        const char *w3 = getenv("DUOSERVE_GEMM_W3D");
-        const char *bk = getenv("DUOSERVE_GEMM_BK");
-        const struct gemm_wg_tune t = {0, w3 && atoi(w3) == 1, cuda_env_on("DUOSERVE_GEMM_SK"), bk && atoi(bk) == 128 ? 128 : 64};
-        gemm_wg_set_tune(&t);
-    }
     if (const char *ku = getenv("DUOSERVE_STREAM_K_MIN_UNITS")) g_stream_k_units = (unsigned)max(0, atoi(ku));
     g_nosplit_strips = ns ? (unsigned)atoi(ns) : 1024;
     g_mid_cfg = mc ? atoi(mc) : 1;
@@ -803,12 +797,6 @@ int cuda_gemm_norm(void *y_out, void *x_out, const void *x, const void *y, const
     __nv_bfloat16 *out = (__nv_bfloat16 *)y_out;
     return swiglu ? launch_stream<1, __nv_bfloat16, true, true>(out, x, w, NULL, M, N, K, s, nrm)
                   : launch_stream<1, __nv_bfloat16, false, true>(out, x, w, bias, M, N, K, s, nrm);
-}
-
-/* The wgmma tiles' speed choices (the op test's gemmbench A/B; the same sums). */
-void cuda_gemm_tune(int bn, int w3d, int sk, int bk) {
-    const struct gemm_wg_tune t = {bn, w3d, sk, bk};
-    gemm_wg_set_tune(&t);
 }
 
 /* Which kernel a shape takes (for the op test's labels). */

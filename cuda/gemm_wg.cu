@@ -1,17 +1,18 @@
 // gemm_wg: the GEMM for M above the weight stream's batch sizes, on Hopper's wgmma. A block of
-// three warpgroups: one producer warp streams each k tile into a ring of shared-memory stages
-// (the tokens through a TMA tensor copy, 128-byte swizzled; the packed weight strips through
-// bulk copies, both completing on the stage's mbarrier), two consumer warpgroups each multiply
-// 64 weight rows (the wgmma A operand, from registers: a warp's strip of the packed layout is its
-// A fragment, one 16-byte shared load a lane and k step) by the tile's BN tokens (B, from the
-// swizzled stage). The grid is persistent: block b takes work items b, b + grid, ...
+// three warpgroups: one producer thread streams each k tile into a ring of shared-memory stages
+// (the tokens through a 2D TMA tensor copy, 128-byte swizzled; the packed weight strips through
+// a 3D one, both completing on the stage's mbarrier); two consumer warpgroups each multiply 64
+// weight rows (the wgmma A operand, from registers: a warp's strip of the packed layout is its A
+// fragment, one 16-byte shared load a lane and k block) by the tile's BN tokens (B, from the
+// swizzled stage). The grid is persistent.
 //
 // The sums are gemm.cu's (see its top comment): K in chunks of GEMM_KC, each chunk summed from
 // zero by m64nNk16 steps in k order (bit-equal to mma.m16n8k16 steps: wgmma and mma.sync round
-// alike, which the op test checks), chunk sums added in order into a zero-started total. A
-// work item is a tile's chunks or, when too few tiles fill the GPU, a group of them: then each
-// chunk's sum is a partial of its own and each warp's last arrival adds its rows' partials in
-// chunk order.
+// alike, which the op test checks), chunk sums added in order into a zero-started total. Past
+// K the stage holds zeros (the tensor copies fill them), and a step of zero products leaves a
+// sum as it is. When the tiles are fewer than the SMs, the blocks share the (tile, chunk) units
+// (stream-K): a tile split over several blocks has its chunks past the prefix as partials, and
+// a fixup kernel adds them in chunk order.
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <string.h>
@@ -22,12 +23,13 @@
 
 #define WG_BM 128       // weight rows a tile (two consumer warpgroups of 64)
 #define WG_THREADS 384  // producer warpgroup + two consumers
+#define WG_BK 128       // k a stage
 
-// BN tokens x BK k a stage: BK / 64 token boxes of 64 k (128-byte swizzled rows) and the weight
-// rows' BK / 16 packed 16 x 16 blocks of each of 8 strips
-template <int BN, int BK> struct wg_cfg {
-    static constexpr int X_BYTES = BN * BK * 2;
-    static constexpr int W_BYTES = WG_BM / 16 * BK / 16 * 512;
+// BN tokens x WG_BK k a stage: two token boxes of 64 k (128-byte swizzled rows) and the weight
+// rows' 8 packed 16 x 16 blocks of each of 8 strips
+template <int BN> struct wg_cfg {
+    static constexpr int X_BYTES = BN * WG_BK * 2;
+    static constexpr int W_BYTES = WG_BM / 16 * WG_BK / 16 * 512;
     static constexpr int STAGES = 196608 / (X_BYTES + W_BYTES) < 8 ? 196608 / (X_BYTES + W_BYTES) : 8;
     static constexpr size_t SMEM = 1024 + (size_t)STAGES * (X_BYTES + W_BYTES) + 2 * STAGES * 8;
 };
@@ -55,14 +57,10 @@ __device__ __forceinline__ void tma_tokens(uint32_t dst, const CUtensorMap *map,
                  "l"(map), "r"(k), "r"(t), "r"(bar)
                  : "memory");
 }
+// weight strips [strip, strip + 8) x k blocks [kb, kb + BK / 16) into dst
 __device__ __forceinline__ void tma_weights(uint32_t dst, const CUtensorMap *map, int kb, int strip, uint32_t bar) {
     asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
                  "l"(map), "r"(0), "r"(kb), "r"(strip), "r"(bar)
-                 : "memory");
-}
-__device__ __forceinline__ void bulk_copy(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
-                 "l"(src), "r"(bytes), "r"(bar)
                  : "memory");
 }
 // wgmma descriptor of a K-major tile with 128-byte rows, 128-byte swizzle (8-row groups 1024 bytes apart)
@@ -71,11 +69,12 @@ __device__ __forceinline__ uint64_t sw128_desc(uint32_t addr) {
 }
 
 // The work of a block, in segments: a tile's chunks [c_lo, c_hi). Tiles mode: block b takes the
-// whole tiles b, b + grid, ...; stream-K (fewer tiles than SMs): the grid's blocks share the
-// units (tile, chunk) evenly in order, block b units [b U / grid, (b + 1) U / grid), so a tile
-// may be split over several blocks (the one holding its chunk 0 is its prefix).
+// whole tiles b, b + grid, ...;
+// stream-K: the grid's blocks share the units (tile, chunk) evenly in order, block b units
+// [b U / grid, (b + 1) U / grid), so a tile may be split over several blocks (the one holding
+// its chunk 0 is its prefix). Tiles are numbered weight tile major, token tiles fastest.
 struct wg_seg {
-    int tile, c_lo, c_hi;
+    int tile, wt, tt, c_lo, c_hi; // tile = wt * TT + tt
 };
 struct wg_walk {
     int u, u1; // stream-K: the next unit and the end of the block's range
@@ -85,15 +84,16 @@ struct wg_walk {
         u = (int)((long long)blockIdx.x * U / gridDim.x), u1 = (int)((long long)(blockIdx.x + 1) * U / gridDim.x);
         i = blockIdx.x;
     }
-    __device__ bool next(bool sk, int T, int CH, wg_seg &sg) {
+    __device__ bool next(bool sk, int T, int TT, int CH, wg_seg &sg) {
         if (!sk) {
             if (i >= T) return false;
-            sg = {i, 0, CH};
+            sg = {i, i / TT, i % TT, 0, CH};
             i += gridDim.x;
             return true;
         }
         if (u >= u1) return false;
         sg.tile = u / CH, sg.c_lo = u - sg.tile * CH, sg.c_hi = min(CH, u1 - sg.tile * CH);
+        sg.wt = sg.tile / TT, sg.tt = sg.tile % TT;
         u = sg.tile * CH + sg.c_hi;
         return true;
     }
@@ -108,17 +108,17 @@ __device__ __forceinline__ int wg_prefix_end(int tile, int T, int CH, int W) {
 
 struct wg_args {
     void *y; // OUT [M][N] (SW: [M][N / 2])
-    const __nv_bfloat16 *w, *bias;
+    const __nv_bfloat16 *bias;
     int M, N, K;
-    float *ws;   // stream-K partials [chunk][M][N]
-    int sk, w3d;   // stream-K; packed weights through one 3D tensor copy a stage (else bulk copies a strip)
+    float *ws; // stream-K partials [chunk][M][N]
+    int sk;    // stream-K
 };
 
-template <int BN, int BK, typename OUT, bool SW>
+template <int BN, typename OUT, bool SW>
 __global__ void __launch_bounds__(WG_THREADS, 1)
     gemm_wg_kernel(const wg_args p, const __grid_constant__ CUtensorMap xmap, const __grid_constant__ CUtensorMap wmap) {
-    using C = wg_cfg<BN, BK>;
-    constexpr int ST = C::STAGES, KS = BK / 16, KTC = GEMM_KC / BK; // k blocks a stage, stages a chunk
+    using C = wg_cfg<BN>;
+    constexpr int ST = C::STAGES, BK = WG_BK, KS = BK / 16, KTC = GEMM_KC / BK; // k blocks a stage, stages a chunk
     extern __shared__ unsigned char smem_raw[];
     const uint32_t base = (smem_u32(smem_raw) + 1023) & ~1023u;
     auto xs = [&](int s) { return base + s * C::X_BYTES; };
@@ -127,7 +127,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
     const unsigned char *gbase = smem_raw + (base - smem_u32(smem_raw)); // generic address of base
 
     const int M = p.M, N = p.N, K = p.K;
-    const int NB = (N + 15) / 16, KB = (K + 15) / 16, KT = (KB + KS - 1) / KS, CH = (K + GEMM_KC - 1) / GEMM_KC;
+    const int KB = (K + 15) / 16, KT = (KB + KS - 1) / KS, CH = (K + GEMM_KC - 1) / GEMM_KC;
     const int TT = (M + BN - 1) / BN, T = (N + WG_BM - 1) / WG_BM * TT;
     const bool sk = p.sk != 0;
     if (threadIdx.x == 0) {
@@ -139,132 +139,113 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
 
     if (threadIdx.x < 128) { // producer
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
-        int s = 0, ph = 0;
         if (threadIdx.x == 0) {
+            int s = 0, ph = 0;
+            wg_walk walk(sk, T, CH);
+            wg_seg sg;
+            while (walk.next(sk, T, TT, CH, sg)) {
+                const int kt_end = min(KT, sg.c_hi * KTC);
+                for (int kt = sg.c_lo * KTC; kt < kt_end; kt++) {
+                    mbar_wait(empty0 + 8 * s, ph ^ 1);
+                    const uint32_t full = full0 + 8 * s;
+                    const int nx = (min(BK, K - kt * BK) + 63) / 64; // token boxes before K
+                    mbar_expect_tx(full, nx * BN * 128 + C::W_BYTES);
+                    tma_weights(wsm(s), &wmap, kt * KS, sg.wt * (WG_BM / 16), full);
+                    for (int h = 0; h < nx; h++) tma_tokens(xs(s) + h * BN * 128, &xmap, kt * BK + h * 64, sg.tt * BN, full);
+                    if (++s == ST) s = 0, ph ^= 1;
+                }
+            }
+        }
+    } else { // consumers: warpgroup cw (0, 1) holds weight rows cw * 64 .. + 63 of the tile; warp wq of it strip wq
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+        const int cw = threadIdx.x / 128 - 1, wq = threadIdx.x / 32 % 4, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
+        const int cwarp = cw * 4 + wq; // 0..7
+        float acc[BN / 2], total[BN / 2];
+#pragma unroll
+        for (int j = 0; j < BN / 2; j++) acc[j] = 0.0f; // (defined before the first wgmma: a chunk's first step overwrites it)
+        int s = 0, ph = 0;
+        auto release = [&](int st) { // stage st may be refilled
+            __syncwarp();
+            if (lane == 0) mbar_arrive(empty0 + 8 * st);
+        };
         wg_walk walk(sk, T, CH);
         wg_seg sg;
-        while (walk.next(sk, T, CH, sg)) {
-            const int wt = sg.tile / TT, tt = sg.tile % TT;
-            const int strips = min(WG_BM / 16, NB - wt * (WG_BM / 16));
-            const int kt_end = min(KT, sg.c_hi * KTC);
-            for (int kt = sg.c_lo * KTC; kt < kt_end; kt++) {
-                mbar_wait(empty0 + 8 * s, ph ^ 1);
-                const int nkb = min(KS, KB - kt * KS), nx = (min(BK, K - kt * BK) + 63) / 64; // token boxes in K
-                const uint32_t full = full0 + 8 * s;
-                if (p.w3d) {
-                    mbar_expect_tx(full, nx * BN * 128 + C::W_BYTES);
-                    tma_weights(wsm(s), &wmap, kt * KS, wt * (WG_BM / 16), full);
-                } else {
-                    mbar_expect_tx(full, nx * BN * 128 + strips * nkb * 512);
-                    for (int st = 0; st < strips; st++)
-                        bulk_copy(wsm(s) + st * KS * 512, p.w + ((size_t)(wt * (WG_BM / 16) + st) * KB + kt * KS) * 256,
-                                  nkb * 512, full);
+        while (walk.next(sk, T, TT, CH, sg)) {
+            const int n0 = sg.wt * WG_BM + cwarp * 16 + g, t0 = sg.tt * BN + 2 * q;
+            // output i of this thread: row n0 + 8 ((i % 4) / 2), token t0 + 8 (i / 4) + i % 2
+            auto each_out = [&](float(&v)[BN / 2], auto &&f) {
+#pragma unroll
+                for (int i = 0; i < BN / 2; i++) {
+                    const int n = n0 + 8 * ((i % 4) >> 1), t = t0 + (i / 4) * 8 + (i & 1);
+                    if (n < N && t < M) f(n, t, v[i]);
                 }
-                for (int h = 0; h < nx; h++) tma_tokens(xs(s) + h * BN * 128, &xmap, kt * BK + h * 64, tt * BN, full);
+            };
+            const bool whole = sg.c_lo == 0 && sg.c_hi == CH, prefix = sg.c_lo == 0;
+            const int kt_beg = sg.c_lo * KTC, kt_end = min(KT, sg.c_hi * KTC);
+#pragma unroll
+            for (int j = 0; j < BN / 2; j++) total[j] = 0.0f;
+            int prev = -1; // the stage whose wgmma group may still be in flight
+            // one k tile: its A fragments, the wgmma group, then the group before it done: its stage
+            // is released; at a chunk's end its sum goes into total (the prefix's chunks) or to a
+            // partial of its own
+            for (int kt = kt_beg; kt < kt_end; kt++) {
+                mbar_wait(full0 + 8 * s, ph);
+                const uint4 *wa = reinterpret_cast<const uint4 *>(gbase + (wsm(s) - base) + cwarp * KS * 512) + lane;
+                uint32_t a[KS][4];
+#pragma unroll
+                for (int kk = 0; kk < KS; kk++) {
+                    const uint4 v = wa[kk * 32];
+                    a[kk][0] = v.x, a[kk][1] = v.y, a[kk][2] = v.z, a[kk][3] = v.w;
+                }
+                wgmma_fence();
+                // a chunk's first step starts from zero (scale_d 0: only wgmma defines acc, so the
+                // groups pipeline)
+                const int keep = kt % KTC != 0;
+#pragma unroll
+                for (int kk = 0; kk < KS; kk++)
+                    wgmma_rs<BN>(acc, a[kk], sw128_desc(xs(s) + (kk / 4) * BN * 128 + (kk % 4) * 32), kk ? 1 : keep);
+                wgmma_commit();
+                const bool chunk_end = (kt + 1) % KTC == 0 || kt + 1 == kt_end;
+                if (chunk_end) wgmma_wait<0>();
+                else wgmma_wait<1>();
+                if (prev >= 0) release(prev); // its group is done
+                prev = s;
+                if (chunk_end) {
+                    wgmma_hold<BN / 2>(acc);
+                    release(s);
+                    prev = -1;
+                    if (prefix) {
+#pragma unroll
+                        for (int j = 0; j < BN / 2; j++) total[j] += acc[j];
+                    } else { // a chunk of a split tile past its prefix: a partial of its own
+                        float *part = p.ws + (size_t)(kt / KTC) * M * N;
+                        each_out(acc, [&](int n, int t, float &v) { part[(size_t)t * N + n] = v; });
+                    }
+                }
                 if (++s == ST) s = 0, ph ^= 1;
             }
-        }
-            }
-    } else { // consumers
-    // consumers: warpgroup cw (0, 1) holds weight rows cw * 64 .. + 63 of the tile; warp wq of it strip wq
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
-    const int cw = threadIdx.x / 128 - 1, wq = threadIdx.x / 32 % 4, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
-    const int cwarp = cw * 4 + wq; // 0..7
-    float acc[BN / 2], total[BN / 2];
-#pragma unroll
-    for (int j = 0; j < BN / 2; j++) acc[j] = 0.0f; // (defined before the first wgmma: a chunk's first step overwrites it)
-    int s = 0, ph = 0;
-    wg_walk walk(sk, T, CH);
-    wg_seg sg;
-    while (walk.next(sk, T, CH, sg)) {
-        const int wt = sg.tile / TT, tt = sg.tile % TT, n0 = wt * WG_BM + cwarp * 16 + g, t0 = tt * BN + 2 * q;
-        // output i of this thread: row n0 + 8 ((i % 4) / 2), token t0 + 8 (i / 4) + i % 2
-        auto each_out = [&](float(&v)[BN / 2], auto &&f) {
-#pragma unroll
-            for (int i = 0; i < BN / 2; i++) {
-                const int n = n0 + 8 * ((i % 4) >> 1), t = t0 + (i / 4) * 8 + (i & 1);
-                if (n < N && t < M) f(n, t, v[i]);
-            }
-        };
-        const bool whole = sg.c_lo == 0 && sg.c_hi == CH, prefix = sg.c_lo == 0;
-        const int kt_beg = sg.c_lo * KTC, kt_end = min(KT, sg.c_hi * KTC);
-#pragma unroll
-        for (int j = 0; j < BN / 2; j++) total[j] = 0.0f;
-        int prev = -1; // the stage whose wgmma group may still be in flight
-        // one k tile: its A fragments into a, the wgmma group, then the group before it done: its
-        // stage is released; at a chunk's end its sum goes into total (the prefix's chunks) or to
-        // a partial of its own
-        auto xdesc = [&](int kk) { return sw128_desc(xs(s) + (kk / 4) * BN * 128 + (kk % 4) * 32); };
-        auto k_tile = [&](uint32_t(&a)[KS][4], int kt) {
-            mbar_wait(full0 + 8 * s, ph);
-            const int nkb = min(KS, KB - kt * KS);
-            const uint4 *wa = reinterpret_cast<const uint4 *>(gbase + (wsm(s) - base) + cwarp * KS * 512) + lane;
-#pragma unroll
-            for (int kk = 0; kk < KS; kk++) {
-                const uint4 v = wa[kk * 32];
-                a[kk][0] = v.x, a[kk][1] = v.y, a[kk][2] = v.z, a[kk][3] = v.w;
-            }
-            wgmma_fence();
-            // a chunk's first step starts from zero (scale_d 0: only wgmma defines acc, so the
-            // groups pipeline)
-            const int keep = kt % KTC != 0;
-            if (nkb == KS) {
-#pragma unroll
-                for (int kk = 0; kk < KS; kk++) wgmma_rs<BN>(acc, a[kk], xdesc(kk), kk ? 1 : keep);
-            } else { // K's last tile: its nkb < KS k blocks
-                for (int kk = 0; kk < nkb; kk++) wgmma_rs<BN>(acc, a[kk], xdesc(kk), kk ? 1 : keep);
-            }
-            wgmma_commit();
-            const bool chunk_end = (kt + 1) % KTC == 0 || kt + 1 == kt_end;
-            if (chunk_end) wgmma_wait<0>();
-            else wgmma_wait<1>();
-            if (prev >= 0) { // its group is done: the stage may be refilled
-                __syncwarp();
-                if (lane == 0) mbar_arrive(empty0 + 8 * prev);
-            }
-            prev = s;
-            if (chunk_end) {
-                wgmma_hold<BN / 2>(acc);
-                __syncwarp();
-                if (lane == 0) mbar_arrive(empty0 + 8 * s);
-                prev = -1;
+            if (!whole) { // a split tile: the prefix's total out (the fixup kernel adds the rest in chunk order)
                 if (prefix) {
-#pragma unroll
-                    for (int j = 0; j < BN / 2; j++) total[j] += acc[j];
-                } else { // a chunk of a split tile past its prefix: a partial of its own
-                    float *part = p.ws + (size_t)(kt / KTC) * M * N;
-                    each_out(acc, [&](int n, int t, float &v) { part[(size_t)t * N + n] = v; });
+                    float *part = p.ws + (size_t)(sg.c_hi - 1) * M * N;
+                    each_out(total, [&](int n, int t, float &v) { part[(size_t)t * N + n] = v; });
                 }
+                continue;
             }
-            if (++s == ST) s = 0, ph ^= 1;
-        };
-        uint32_t a0[KS][4], a1[KS][4];
-        for (int kt = kt_beg; kt < kt_end; kt += 2) {
-            k_tile(a0, kt);
-            if (kt + 1 < kt_end) k_tile(a1, kt + 1);
-        }
-        if (!whole) { // a split tile: the prefix's total out (the fixup kernel adds the rest in chunk order)
-            if (prefix) {
-                float *part = p.ws + (size_t)(sg.c_hi - 1) * M * N;
-                each_out(total, [&](int n, int t, float &v) { part[(size_t)t * N + n] = v; });
+            OUT *y = (OUT *)p.y;
+            if constexpr (SW) { // total[4j + e] is row g, total[4j + 2 + e] row g + 8: a gate and its up
+#pragma unroll
+                for (int j = 0; j < BN / 8; j++)
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        const int t = t0 + j * 8 + e;
+                        if (n0 < N && t < M) store_swiglu(y, N, n0, t, total[4 * j + e], total[4 * j + 2 + e]);
+                    }
+            } else {
+                each_out(total, [&](int n, int t, float &v) { store_out(y + (size_t)t * N + n, out_value(v, p.bias, n)); });
             }
-            continue;
         }
-        OUT *y = (OUT *)p.y;
-        if constexpr (SW) { // total[4j + e] is row g, total[4j + 2 + e] row g + 8: a gate and its up
-#pragma unroll
-            for (int j = 0; j < BN / 8; j++)
-#pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    const int t = t0 + j * 8 + e;
-                    if (n0 < N && t < M) store_swiglu(y, N, n0, t, total[4 * j + e], total[4 * j + 2 + e]);
-                }
-        } else {
-            each_out(total, [&](int n, int t, float &v) { store_out(y + (size_t)t * N + n, out_value(v, p.bias, n)); });
-        }
+        pdl_trigger();
     }
-    }
-    pdl_trigger();
 }
 
 // Stream-K's split tiles: each output's prefix total (slot j - 1) plus its chunks j.. in order,
@@ -293,54 +274,48 @@ __global__ void gemm_wg_fixup_kernel(const wg_args p, int BN, int W) {
 
 static PFN_cuTensorMapEncodeTiled_v12000 g_encode;
 
-// The tokens' tensor map: x [M][K] bf16 row-major, boxes of 64 k x bn tokens, 128-byte
-// swizzle, zeros past M and K.
-static int token_map(CUtensorMap *map, const void *x, int M, int K, int bn) {
-    cuuint64_t dims[2] = {(cuuint64_t)K, (cuuint64_t)M}, strides[1] = {(cuuint64_t)K * 2};
-    cuuint32_t box[2] = {64, (cuuint32_t)bn}, es[2] = {1, 1};
-    CUresult r = g_encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void *>(x), dims, strides, box, es,
-                          CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+static int encode(CUtensorMap *map, int rank, const void *ptr, const cuuint64_t *dims, const cuuint64_t *strides,
+                  const cuuint32_t *box, CUtensorMapSwizzle sw) {
+    const cuuint32_t es[3] = {1, 1, 1};
+    CUresult r = g_encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, rank, const_cast<void *>(ptr), dims, strides, box, es,
+                          CU_TENSOR_MAP_INTERLEAVE_NONE, sw, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (r != CUDA_SUCCESS) {
-        fprintf(stderr, "duoserve: cuTensorMapEncodeTiled failed (%d) for x %p, M %d, K %d\n", (int)r, x, M, K);
+        fprintf(stderr, "duoserve: cuTensorMapEncodeTiled failed (%d) for %p (%llu x %llu)\n", (int)r, ptr,
+                (unsigned long long)dims[rank - 1], (unsigned long long)dims[0]);
         return -2;
     }
     return 0;
+}
+
+// The tokens' tensor map: x [M][K] bf16 row-major, boxes of 64 k x bn tokens, 128-byte swizzle,
+// zeros past M and K.
+static int token_map(CUtensorMap *map, const void *x, int M, int K, int bn) {
+    const cuuint64_t dims[2] = {(cuuint64_t)K, (cuuint64_t)M}, strides[1] = {(cuuint64_t)K * 2};
+    const cuuint32_t box[2] = {64, (cuuint32_t)bn};
+    return encode(map, 2, x, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_128B);
 }
 
 // The packed weights' tensor map: [NB strips][KB blocks][256 elements], boxes of bk / 16 blocks x
-// 8 strips (a stage's), zeros past the matrix.
-static int weight_map(CUtensorMap *map, const void *w, int N, int K, int bk) {
-    const int NB = (N + 15) / 16, KB = (K + 15) / 16;
-    cuuint64_t dims[3] = {256, (cuuint64_t)KB, (cuuint64_t)NB}, strides[2] = {512, (cuuint64_t)KB * 512};
-    cuuint32_t box[3] = {256, (cuuint32_t)bk / 16, WG_BM / 16}, es[3] = {1, 1, 1};
-    CUresult r = g_encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<void *>(w), dims, strides, box, es,
-                          CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    if (r != CUDA_SUCCESS) {
-        fprintf(stderr, "duoserve: cuTensorMapEncodeTiled failed (%d) for w %p, N %d, K %d\n", (int)r, w, N, K);
-        return -2;
-    }
-    return 0;
+// `strips` strips, zeros past the matrix.
+static int weight_map(CUtensorMap *map, const void *w, int N, int K, int bk, int strips) {
+    const cuuint64_t dims[3] = {256, (cuuint64_t)(K + 15) / 16, (cuuint64_t)(N + 15) / 16},
+                     strides[2] = {512, (cuuint64_t)(K + 15) / 16 * 512};
+    const cuuint32_t box[3] = {256, (cuuint32_t)bk / 16, (cuuint32_t)strips};
+    return encode(map, 3, w, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_NONE);
 }
 
-static struct gemm_wg_tune g_tune = {0, 0, 1, 64};
-
-template <int BN, int BK, typename OUT, bool SW>
+template <int BN, typename OUT, bool SW>
 static int wg_launch(OUT *y, const void *x, const void *w, const void *bias, int M, int N, int K,
                      const struct gemm_wg_env *env, cudaStream_t s) {
     CUtensorMap xm, wm;
-    if (token_map(&xm, x, M, K, BN)) return -2;
-    if (g_tune.w3d && weight_map(&wm, w, N, K, BK)) return -2;
-    if (!g_tune.w3d) memset(&wm, 0, sizeof wm);
+    if (token_map(&xm, x, M, K, BN) || weight_map(&wm, w, N, K, WG_BK, WG_BM / 16)) return -2;
     const unsigned chunks = (unsigned)((K + GEMM_KC - 1) / GEMM_KC);
     const unsigned tiles = (unsigned)((N + WG_BM - 1) / WG_BM) * (unsigned)((M + BN - 1) / BN);
-    // fewer tiles than SMs: stream-K over (tile, chunk) units, when the partials fit
-    const bool sk = g_tune.sk && tiles < (unsigned)env->sms && chunks > 1 && (size_t)chunks * M * N <= GEMM_WS_FLOATS;
+    // decode batch sizes with fewer tiles than SMs: stream-K over (tile, chunk) units, when the partials fit
+    const bool sk = M <= 128 && tiles < (unsigned)env->sms && chunks > 1 && (size_t)chunks * M * N <= GEMM_WS_FLOATS;
     const unsigned grid = sk ? (unsigned)min((size_t)env->sms, (size_t)tiles * chunks) : min(tiles, (unsigned)env->sms);
-    const wg_args a = {y, (const __nv_bfloat16 *)w, (const __nv_bfloat16 *)bias, M, N, K, env->ws, sk, g_tune.w3d};
-    CUDA_CHECK(cuda_launch(gemm_wg_kernel<BN, BK, OUT, SW>, dim3(grid), dim3(WG_THREADS), wg_cfg<BN, BK>::SMEM, s, a, xm,
-                           wm));
+    const wg_args a = {y, (const __nv_bfloat16 *)bias, M, N, K, env->ws, sk};
+    CUDA_CHECK(cuda_launch(gemm_wg_kernel<BN, OUT, SW>, dim3(grid), dim3(WG_THREADS), wg_cfg<BN>::SMEM, s, a, xm, wm));
     if (sk) {
         const size_t outs = (size_t)M * (SW ? N / 2 : N);
         CUDA_CHECK(cuda_launch(gemm_wg_fixup_kernel<OUT, SW>, dim3(cuda_blocks(outs, 256)), dim3(256), 0, s, a, BN, (int)grid));
@@ -348,11 +323,11 @@ static int wg_launch(OUT *y, const void *x, const void *w, const void *bias, int
     return 0;
 }
 
-template <int BN, int BK> static int wg_allow() {
-    const int smem = (int)wg_cfg<BN, BK>::SMEM;
-    CUDA_CHECK(cudaFuncSetAttribute(gemm_wg_kernel<BN, BK, __nv_bfloat16, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    CUDA_CHECK(cudaFuncSetAttribute(gemm_wg_kernel<BN, BK, float, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    CUDA_CHECK(cudaFuncSetAttribute(gemm_wg_kernel<BN, BK, __nv_bfloat16, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+template <int BN> static int wg_allow() {
+    const int smem = (int)wg_cfg<BN>::SMEM;
+    CUDA_CHECK(cudaFuncSetAttribute(gemm_wg_kernel<BN, __nv_bfloat16, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    CUDA_CHECK(cudaFuncSetAttribute(gemm_wg_kernel<BN, float, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    CUDA_CHECK(cudaFuncSetAttribute(gemm_wg_kernel<BN, __nv_bfloat16, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     return 0;
 }
 
@@ -365,20 +340,15 @@ int gemm_wg_init(void) {
         return -2;
     }
     g_encode = (PFN_cuTensorMapEncodeTiled_v12000)fn;
-    return wg_allow<64, 64>() | wg_allow<128, 64>() | wg_allow<64, 128>() | wg_allow<128, 128>();
+    return wg_allow<64>() | wg_allow<128>();
 }
 
 template <typename OUT, bool SW>
 static int wg_gemm(OUT *y, const void *x, const void *w, const void *bias, int M, int N, int K,
                    const struct gemm_wg_env *env, cudaStream_t s) {
-    const bool bn64 = g_tune.bn == 64 || (!g_tune.bn && M <= 64), bk128 = g_tune.bk == 128;
-    if (bn64) return bk128 ? wg_launch<64, 128, OUT, SW>(y, x, w, bias, M, N, K, env, s)
-                           : wg_launch<64, 64, OUT, SW>(y, x, w, bias, M, N, K, env, s);
-    return bk128 ? wg_launch<128, 128, OUT, SW>(y, x, w, bias, M, N, K, env, s)
-                 : wg_launch<128, 64, OUT, SW>(y, x, w, bias, M, N, K, env, s);
+    if (M <= 64) return wg_launch<64, OUT, SW>(y, x, w, bias, M, N, K, env, s);
+    return wg_launch<128, OUT, SW>(y, x, w, bias, M, N, K, env, s);
 }
-
-void gemm_wg_set_tune(const struct gemm_wg_tune *t) { g_tune = *t; }
 
 int gemm_wg_bf16(__nv_bfloat16 *y, const void *x, const void *w, const void *bias, int M, int N, int K, bool swiglu,
                  const struct gemm_wg_env *env, cudaStream_t s) {

@@ -14,14 +14,6 @@ struct gemm_wg_env {
     int sms;
 };
 
-/* speed choices (the same sums): bn 64/128 forces the token tile (0: by M), w3d the weights
- * through one 3D tensor copy a stage (0: bulk copies a strip), sk stream-K when tiles are few,
- * bk the k of a stage (64 or 128) */
-struct gemm_wg_tune {
-    int bn, w3d, sk, bk;
-};
-void gemm_wg_set_tune(const struct gemm_wg_tune *t);
-
 int gemm_wg_init(void);
 /* y[M][N] (bf16; swiglu: y[M][N / 2], no bias) or f32 = x[M][K] @ w^T (+ bias) */
 int gemm_wg_bf16(__nv_bfloat16 *y, const void *x, const void *w, const void *bias, int M, int N, int K, bool swiglu,

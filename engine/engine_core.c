@@ -178,6 +178,16 @@ static int plan_memory(struct core *c, char *err, size_t errlen) {
                             "--gpu-memory-utilization %.2f", dev_total / 1073741824.0, dev_free / 1073741824.0, util);
         budget = (size_t)want;
     }
+    if (c->cfg.max_num_seqs <= 0) { /* not given: 64 on the CPU; on a GPU as many as the pool holds at
+                                       1024 tokens each (a chat turn), 64 to 512 (the decode graphs) */
+        int n = 64;
+        if (dev_total) {
+            size_t per = (block_bytes ? 1024 / (size_t)c->cfg.block_size * block_bytes : 0) + slot_bytes;
+            size_t fit = per ? budget / per : 512;
+            n = fit < 64 ? 64 : fit > 512 ? 512 : (int)fit;
+        }
+        c->cfg.max_num_seqs = n;
+    }
     int n_slots = slot_bytes ? c->cfg.max_num_seqs : 0;
     if ((size_t)n_slots * slot_bytes > budget)
         return util_err(err, errlen, "KV budget of %zu bytes cannot hold %d streaming slots of %zu bytes", budget,
@@ -217,7 +227,6 @@ static int plan_memory(struct core *c, char *err, size_t errlen) {
 }
 
 static void fill_defaults(struct engine_config *cfg) {
-    if (cfg->max_num_seqs <= 0) cfg->max_num_seqs = 64;
     if (cfg->max_num_batched_tokens <= 0) cfg->max_num_batched_tokens = 2048;
     if (cfg->max_queue <= 0) cfg->max_queue = 1024;
     if (cfg->block_size <= 0) cfg->block_size = 16;

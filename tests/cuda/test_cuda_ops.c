@@ -778,23 +778,20 @@ static void attention_bench(int ctx) {
 }
 
 
-void cuda_gemm_tune(int bn, int w3d, int sk, int bk);
-
 /* DUOSERVE_TEST_ONLY=gemmbench: Llama-3-8B's GEMMs alone at decode and prefill batch sizes, us a
- * call (back to back, then one sync), under the wgmma tiles' speed choices and cuBLAS. */
+ * call (back to back, then one sync), the default kernels against cuBLAS. */
 static void gemm_bench(void) {
     char err[256];
     struct backend *blas = backend_cuda_create(0, BACKEND_CUDA_CUBLAS, err, sizeof err);
     int shapes[][2] = {{6144, 4096}, {4096, 4096}, {28672, 4096}, {4096, 14336}};
     const char *names[] = {"qkv", "o", "gate|up", "down"};
     int Ms[] = {64, 128, 256, 512, 2048, 8192};
+    const char *ms_env = getenv("GEMMBENCH_MS"); /* "2048,8192": only these M */
     struct {
         const char *name;
-        int bn, w3d, sk, bk;
-    } v[] = {{"default", 0, 0, 1, 64}, {"w3d", 0, 1, 1, 64}, {"bk128", 0, 0, 1, 128}, {"w3d-bk128", 0, 1, 1, 128},
-             {"w3d-bn128", 128, 1, 1, 64}};
+    } v[] = {{"default"}};
     const int nv = (int)(sizeof v / sizeof v[0]);
-    /* GEMMBENCH_ONLY="gate|up,2048,w3d": one shape, M and choice (for a profiler) */
+    /* GEMMBENCH_ONLY="gate|up,2048,default": one shape, M and kernel (default or cublas: for a profiler) */
     const char *only = getenv("GEMMBENCH_ONLY");
     char o_shape[32] = "", o_var[32] = "";
     int o_m = 0;
@@ -818,11 +815,16 @@ static void gemm_bench(void) {
         for (size_t mi = 0; mi < sizeof Ms / sizeof Ms[0]; mi++) {
             const int M = Ms[mi], reps = M >= 2048 ? 10 : 40;
             if (only && M != o_m) continue;
+            if (ms_env) {
+                char key[16];
+                snprintf(key, sizeof key, "%d", M);
+                const char *f = strstr(ms_env, key);
+                if (!f || (f > ms_env && f[-1] != ',') || (f[strlen(key)] && f[strlen(key)] != ',')) continue;
+            }
             double us[8], best = 1e30;
             for (int k = 0; k <= nv; k++) {
                 struct backend *b = k < nv ? gpu : blas;
                 if (!b || (only && strcmp(o_var, k < nv ? v[k].name : "cublas"))) { us[k] = 0; continue; }
-                if (k < nv) cuda_gemm_tune(v[k].bn, v[k].w3d, v[k].sk, v[k].bk);
                 void *o = k < nv ? og : ob, *xx = k < nv ? xg : xb, *ww = k < nv ? wg : wb;
                 for (int r = 0; r < 2; r++) b->ops->matmul(b, o, xx, ww, NULL, M, N, K);
                 int e = b->ops->sync(b);
@@ -836,7 +838,6 @@ static void gemm_bench(void) {
             for (int k = 0; k <= nv; k++) printf(" %9.1f", us[k]);
             printf("   %.0f\n", 2.0 * M * N * K / best * 1e-6);
         }
-        cuda_gemm_tune(0, 0, 1, 64);
         gpu->ops->free(gpu, xg), gpu->ops->free(gpu, og), gpu->ops->free(gpu, wg);
         if (blas) blas->ops->free(blas, xb), blas->ops->free(blas, ob), blas->ops->free(blas, wb);
         free(x), free(w);
