@@ -2,7 +2,7 @@
 # device_run.sh: one GPU-machine run of the checks, benchmarks, A/B of the switches, kernel
 # traces and ShareGPT serving; the stages to run are the arguments (default: all of them).
 #
-#   [AB="name:VAR=v,..."] [TRACE_AB="name:VAR=v,..."] bash scripts/device_run.sh [attnbench] [optest] [gemm] [gemmab] [ncu] [checks] [bench] [gemmprof] [gemmbench] [stamps] [ab] [trace] [optime] [serving]
+#   [AB="name:VAR=v,..."] [TRACE_AB="name:VAR=v,..."] bash scripts/device_run.sh [attnbench] [optest] [gemm] [gemmab] [ncu] [checks] [bench] [gemmprof] [gemmbench] [stamps] [ab] [trace] [optime] [serving] [sharegpt]
 #
 # Expects .device/ as scripts/device_pack.sh leaves it (run there first): bin.txz (the stripped
 # binaries of make CUDA=1 BUILD=build-gpu, libktrace.so and libcupti.so.13 in bin/),
@@ -147,6 +147,21 @@ if has serving; then
   timeout -s INT 100 python3 scripts/bench_serving.py --base-url http://127.0.0.1:18431 --dataset $SHARED/traces/ShareGPT_V3_filtered_1000_prompts_only.json --output-lens-csv $SHARED/traces/sharegpt_8k_filtered_stats_llama2_tokenizer.csv --ignore-eos --max-concurrency 64 --num-prompts 300 --server-tokenize > $L/serving.log 2>&1
   kill -TERM $pid; wait $pid
   grep -iE "throughput|ttft|tpot|success|fail" $L/serving.log | head -12
+fi
+# issue 20's trace: the ShareGPT prompts, 900 sent at once, ignore_eos, the server's default flags
+# (SHAREGPT_GEMM="invariant cublas": one server each)
+if has sharegpt; then
+  for gm in ${SHAREGPT_GEMM:-invariant}; do
+    $B/duoserve serve -m $M --device cuda --port 18432 --gemm $gm > $L/server_sg_$gm.log 2>&1 &
+    pid=$!; ts=$SECONDS
+    for _ in $(seq 1 600); do curl -sf http://127.0.0.1:18432/health >/dev/null 2>&1 && break; sleep 0.5; done
+    echo "== sharegpt $gm: ready after $((SECONDS-ts)) s"; grep -iE "warm-up|KV cache|sequences" $L/server_sg_$gm.log | head -4 | cut -c1-300
+    timeout -s INT 300 python3 scripts/bench_serving.py --base-url http://127.0.0.1:18432 --dataset $SHARED/traces/ShareGPT_V3_filtered_1000_prompts_only.json \
+      --output-lens-csv $SHARED/traces/sharegpt_8k_filtered_stats_llama2_tokenizer.csv --ignore-eos --num-prompts 900 --server-tokenize \
+      --percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,99 > $L/sharegpt_$gm.log 2>&1
+    kill -TERM $pid; wait $pid
+    grep -iE "throughput|ttft|tpot|success|fail|duration" $L/sharegpt_$gm.log | head -20
+  done
 fi
 echo "all done at $((SECONDS-t0)) s"
 tar czf $OUT/run.tgz -C /tmp r
