@@ -8,6 +8,7 @@
 
 #include "engine/demo_model.h"
 #include "engine/duo_pattern.h"
+#include "engine/elog.h"
 #include "engine/sampler.h"
 #include "engine/tokenizer.h"
 #include "engine/util.h"
@@ -185,21 +186,21 @@ static int plan_memory(struct core *c, char *err, size_t errlen) {
     int n_stream_total = 0;
     for (int l = 0; l < mc->n_layers; l++) n_stream_total += c->m->n_stream[l];
     if (c->cfg.quiet) return 0;
-    fprintf(stderr,
-            "duoserve: KV cache: full pool %zu blocks x %d tokens = %zu tokens (%zu B/token), streaming pool %d slots "
-            "x %d tokens (%zu B/slot); %d of %d KV heads streaming; max concurrency at %d tokens: %zu\n",
-            n_blocks, c->cfg.block_size, n_blocks * c->cfg.block_size, block_bytes / c->cfg.block_size, n_slots,
-            c->cfg.sink_tokens + c->cfg.recent_tokens, slot_bytes, n_stream_total, mc->n_layers * mc->n_kv_heads,
-            c->max_model_len,
-            c->has_full ? n_blocks / ((size_t)(c->max_model_len + c->cfg.block_size - 1) / c->cfg.block_size)
-                        : (size_t)n_slots);
+    elog("info",
+         "KV cache: full pool %zu blocks x %d tokens = %zu tokens (%zu B/token), streaming pool %d slots "
+         "x %d tokens (%zu B/slot); %d of %d KV heads streaming; max concurrency at %d tokens: %zu",
+         n_blocks, c->cfg.block_size, n_blocks * c->cfg.block_size, block_bytes / c->cfg.block_size, n_slots,
+         c->cfg.sink_tokens + c->cfg.recent_tokens, slot_bytes, n_stream_total, mc->n_layers * mc->n_kv_heads,
+         c->max_model_len,
+         c->has_full ? n_blocks / ((size_t)(c->max_model_len + c->cfg.block_size - 1) / c->cfg.block_size)
+                     : (size_t)n_slots);
     if (n_stream_total) {
         char line[1024];
         size_t o = 0;
         for (int l = 0; l < mc->n_layers && o < sizeof line - 8; l++)
             o += (size_t)snprintf(line + o, sizeof line - o, "%s%d", l ? " " : "", c->m->n_stream[l]);
-        fprintf(stderr, "duoserve: streaming KV heads per layer: %s (sink %d, recent %d)\n", line, c->cfg.sink_tokens,
-                c->cfg.recent_tokens);
+        elog("info", "streaming KV heads per layer: %s (sink %d, recent %d)", line, c->cfg.sink_tokens,
+             c->cfg.recent_tokens);
     }
     c->stats.kv_capacity_tokens = c->has_full ? (int)(n_blocks * c->cfg.block_size) : 0;
     return 0;
@@ -227,7 +228,7 @@ int core_create(struct core **out, const struct engine_config *cfg_in, char *err
     if (!dir) {
         if (demo_model_ensure(demo_dir, sizeof demo_dir, err, errlen) != 0) goto fail;
         dir = demo_dir;
-        fprintf(stderr, "duoserve: no -m given: using the built-in demo model (random weights, its text is noise) in %s\n", dir);
+        elog("info", "no -m given: using the built-in demo model (random weights, its text is noise) in %s", dir);
     }
     c->cfg.model_dir = dir;
     char auto_note[300] = "";
@@ -294,12 +295,12 @@ int core_create(struct core **out, const struct engine_config *cfg_in, char *err
         double qd = (double)k->n_heads * k->head_dim, kd = (double)k->n_kv_heads * k->head_dim;
         double params = (double)k->vocab_size * k->dim * (k->tie_embeddings ? 1 : 2) + k->dim +
                         (double)k->n_layers * (k->dim * (qd + 2 * kd) + qd * k->dim + 3.0 * k->dim * k->hidden_dim + 2.0 * k->dim);
-        fprintf(stderr, "duoserve: loaded %s (%s, %d layers, %.2f%s parameters, %.2f GiB on %s) in %.1f s\n", dir,
-                model_arch_name(k->arch), k->n_layers, params >= 1e9 ? params / 1e9 : params / 1e6,
-                params >= 1e9 ? "B" : "M", params * c->b->ops->act_size / 1073741824.0, c->b->name,
-                util_now() - t_load);
+        elog("info", "loaded %s (%s, %d layers, %.2f%s parameters, %.2f GiB on %s) in %.1f s", dir,
+             model_arch_name(k->arch), k->n_layers, params >= 1e9 ? params / 1e9 : params / 1e6,
+             params >= 1e9 ? "B" : "M", params * c->b->ops->act_size / 1073741824.0, c->b->name,
+             util_now() - t_load);
     }
-    if (auto_note[0] && !c->cfg.quiet) fprintf(stderr, "duoserve: %s\n", auto_note);
+    if (auto_note[0] && !c->cfg.quiet) elog("info", "%s", auto_note);
     c->vocab = c->m->cfg.vocab_size;
     c->max_model_len = c->cfg.max_model_len > 0 && c->cfg.max_model_len < c->m->cfg.max_pos ? c->cfg.max_model_len
                                                                                               : c->m->cfg.max_pos;
@@ -313,7 +314,7 @@ int core_create(struct core **out, const struct engine_config *cfg_in, char *err
             goto fail;
         }
     } else {
-        if (!c->cfg.quiet) fprintf(stderr, "duoserve: %s has no tokenizer.json: token ids only (no text prompts or stop strings)\n", dir);
+        if (!c->cfg.quiet) elog("info", "%s has no tokenizer.json: token ids only (no text prompts or stop strings)", dir);
     }
     /* EOS ids: config.json's and the tokenizer's */
     for (int i = 0; i < c->m->cfg.n_eos && c->n_eos < 16; i++) c->eos[c->n_eos++] = c->m->cfg.eos_ids[i];
