@@ -757,15 +757,51 @@ static struct backend_ops make_ops(void) {
 
 static const struct backend_ops cuda_ops = make_ops();
 
-extern "C" struct backend *backend_cuda_create(int device, int flags, char *err, size_t errlen) {
-    int n = 0;
+/* The CUDA runtime's own words mislead here: with no NVIDIA driver at all it says "CUDA driver
+ * version is insufficient for CUDA runtime version", which reads as "upgrade your driver". */
+extern "C" int backend_cuda_probe(int device, char *err, size_t errlen) {
+    int n = 0, drv = 0, rt = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
-    if (e != cudaSuccess || n == 0) {
-        snprintf(err, errlen, "no CUDA device usable (%s)", e != cudaSuccess ? cudaGetErrorString(e) : "none found");
-        return NULL;
+    cudaGetLastError();
+    cudaDriverGetVersion(&drv); // 0 when no driver is installed
+    cudaRuntimeGetVersion(&rt);
+    if (e == cudaErrorInsufficientDriver && drv == 0) {
+        snprintf(err, errlen, "no NVIDIA GPU driver found (libcuda.so.1 is not installed or not visible; in a "
+                              "container, run it with --gpus all)");
+        return BACKEND_CUDA_NONE;
     }
-    if (device >= n || cudaSetDevice(device) != cudaSuccess) {
-        snprintf(err, errlen, "CUDA device %d is not usable (%d devices)", device, n);
+    if (e == cudaErrorInsufficientDriver) {
+        snprintf(err, errlen, "the NVIDIA driver supports CUDA %d.%d, this build needs %d.%d: update the NVIDIA driver",
+                 drv / 1000, drv % 1000 / 10, rt / 1000, rt % 1000 / 10);
+        return BACKEND_CUDA_UNSUPPORTED;
+    }
+    if (e == cudaErrorNoDevice || (e == cudaSuccess && n == 0)) {
+        snprintf(err, errlen, "no NVIDIA GPU found (the driver sees none; check nvidia-smi and CUDA_VISIBLE_DEVICES)");
+        return BACKEND_CUDA_NONE;
+    }
+    if (e != cudaSuccess) {
+        snprintf(err, errlen, "the NVIDIA GPUs cannot be used: %s", cudaGetErrorString(e));
+        return BACKEND_CUDA_UNSUPPORTED;
+    }
+    cudaDeviceProp prop;
+    if (device < 0 || device >= n || cudaGetDeviceProperties(&prop, device) != cudaSuccess) {
+        cudaGetLastError();
+        snprintf(err, errlen, "CUDA device %d is not usable (%d found)", device, n);
+        return BACKEND_CUDA_UNSUPPORTED;
+    }
+    if (prop.major != 9 || prop.minor != 0) {
+        snprintf(err, errlen, "GPU %d (%s) has compute capability %d.%d; duoserve's CUDA kernels are built for "
+                              "sm_90a only (H100, H200, GH200)", device, prop.name, prop.major, prop.minor);
+        return BACKEND_CUDA_UNSUPPORTED;
+    }
+    return BACKEND_CUDA_OK;
+}
+
+extern "C" struct backend *backend_cuda_create(int device, int flags, char *err, size_t errlen) {
+    if (backend_cuda_probe(device, err, errlen) != BACKEND_CUDA_OK) return NULL;
+    if (cudaSetDevice(device) != cudaSuccess) {
+        cudaGetLastError();
+        snprintf(err, errlen, "CUDA device %d is not usable", device);
         return NULL;
     }
     if (cuda_gemm_init() || cuda_attention_init()) {

@@ -231,29 +231,31 @@ int core_create(struct core **out, const struct engine_config *cfg_in, char *err
         elog("info", "no -m given: using the built-in demo model (random weights, its text is noise) in %s", dir);
     }
     c->cfg.model_dir = dir;
-    char auto_note[300] = "";
+    if (model_config_check_dir(dir, err, errlen) != 0) goto fail;
     int cuda_flags = 0;
     if (c->cfg.gemm && !strcmp(c->cfg.gemm, "cublas")) cuda_flags |= BACKEND_CUDA_CUBLAS;
     else if (c->cfg.gemm && strcmp(c->cfg.gemm, "invariant")) {
         util_err(err, errlen, "gemm \"%s\" is not invariant or cublas", c->cfg.gemm);
         goto fail;
     }
+    char why[300] = "";
+    const char *why_level = NULL; /* said after loading, so that a bad model directory is one line */
     if (!strcmp(c->cfg.device, "auto")) { /* the GPU when there is one, else the CPU */
-        char why[256];
-        c->b = backend_cuda_create(0, cuda_flags, why, sizeof why);
+        int probe = backend_cuda_probe(0, why, sizeof why);
+        if (probe == BACKEND_CUDA_OK) c->b = backend_cuda_create(0, cuda_flags, why, sizeof why);
         c->cfg.device = c->b ? "cuda" : "cpu";
-        if (!c->b) snprintf(auto_note, sizeof auto_note, "running on the CPU (%s)", why);
+        /* no GPU is the normal case on a CPU machine; a GPU it cannot use is worth a warning */
+        if (!c->b) why_level = probe == BACKEND_CUDA_NONE ? "info" : "warning";
     }
     if (c->b) {
     } else if (!strcmp(c->cfg.device, "cuda")) {
-        c->b = backend_cuda_create(0, cuda_flags, err, errlen);
+        c->b = backend_cuda_create(0, cuda_flags, why, sizeof why);
+        if (!c->b) util_err(err, errlen, "--device cuda: %s; --device auto or cpu runs on the CPU", why);
     } else {
         c->b = backend_cpu_create();
+        if (!c->b) util_err(err, errlen, "out of memory");
     }
-    if (!c->b) {
-        if (strcmp(c->cfg.device, "cuda")) util_err(err, errlen, "out of memory");
-        goto fail;
-    }
+    if (!c->b) goto fail;
     /* head pattern -> streaming mask, checked against the model's shape */
     struct model_config mc;
     uint8_t *streaming = NULL;
@@ -300,7 +302,7 @@ int core_create(struct core **out, const struct engine_config *cfg_in, char *err
              params >= 1e9 ? "B" : "M", params * c->b->ops->act_size / 1073741824.0, c->b->name,
              util_now() - t_load);
     }
-    if (auto_note[0] && !c->cfg.quiet) elog("info", "%s", auto_note);
+    if (why_level && !c->cfg.quiet) elog(why_level, "running on the CPU: %s", why);
     c->vocab = c->m->cfg.vocab_size;
     c->max_model_len = c->cfg.max_model_len > 0 && c->cfg.max_model_len < c->m->cfg.max_pos ? c->cfg.max_model_len
                                                                                               : c->m->cfg.max_pos;
