@@ -7,9 +7,14 @@
 #ifndef DUO_SERVE_H
 #define DUO_SERVE_H
 
+#include <stdio.h>
+
 /* argv holds the options after "serve" (argv[0] is the first option). Returns the process
  * exit status: 0 after a clean drain, 1 runtime error (model failed to load, port in use),
  * 2 usage error. */
 int serve_main(int argc, char **argv);
+
+/* `duoserve serve --help` (also `duoserve help serve`). */
+void serve_usage(FILE *f);
 
 #endif
