@@ -967,3 +967,11 @@ const struct kv_cache *core_kv(const struct core *c) { return &c->kv; }
 int core_max_model_len(const struct core *c) { return c->max_model_len; }
 const char *core_model_dir(const struct core *c) { return c->cfg.model_dir; }
 int core_max_queue(const struct core *c) { return c->cfg.max_queue; }
+int core_max_num_seqs(const struct core *c) { return c->cfg.max_num_seqs; }
+const char *core_device(const struct core *c) { return c->b->name; }
+
+void core_reset_stats(struct core *c) {
+    int capacity = c->stats.kv_capacity_tokens;
+    memset(&c->stats, 0, sizeof c->stats);
+    c->stats.kv_capacity_tokens = capacity;
+}

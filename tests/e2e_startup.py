@@ -4,8 +4,9 @@
 What a newcomer meets first: a model directory that is not there (or not a model) is refused
 before anything listens; so are missing --duo-pattern / --chat-template files and --device cuda
 without a usable GPU; with --log-format json every line on stderr is a JSON object, the
-loader's, errors and shutdown included (stories260k and the built-in demo model).
-Every loop is bounded in count and time.
+loader's, the warm-up's, errors and shutdown included (stories260k and the built-in demo
+model); the warm-up runs before the server says ready and leaves no trace in /metrics, and the
+first request gets the golden output. Every loop is bounded in count and time.
 Prints one closing line "N passed, M failed"; exits 1 if anything failed.
 
 usage: tests/e2e_startup.py [--bin build/duoserve] [--model ../shared/models/stories260k] [-k NAME]
@@ -148,7 +149,7 @@ def run_json_server(srv, name):
     bad = json_lines(srv.lines)
     check(f"json logs {name}: every stderr line is a JSON object", not bad and len(srv.lines) >= 6,
           bad[:5] or srv.lines)
-    for want in ("listening on", "loaded ", "KV cache:", "ready in", "request", ": draining", "stopped"):
+    for want in ("listening on", "loaded ", "KV cache:", "warm-up:", "ready in", "request", ": draining", "stopped"):
         check(f"json logs {name}: has '{want}'", any(want in m for m in msgs), msgs)
     return msgs
 
@@ -170,6 +171,35 @@ def test_json_logs(binary, model):
               rc == 1 and not json_lines(lines) and any("corrupt or truncated" in line for line in lines), (rc, lines))
 
 
+def test_warmup(binary, model):
+    exp_ids = json.load(open(os.path.join(model, "expected_greedy_ids.json")))["greedy_ids"][:40]
+    srv = Server(binary, model)
+    try:
+        log = "".join(srv.lines)
+        warm = log.find("warm-up: 1 forward pass in")
+        check("warm-up: logged before ready", 0 <= warm < log.find("ready in"), log[-1500:])
+        m = srv.metrics()
+        zero = ["duoserve:prompt_tokens_total", "duoserve:generation_tokens_total", "duoserve:num_preemptions_total",
+                "duoserve:num_requests_running", "duoserve:num_requests_waiting",
+                'duoserve:kv_cache_usage_perc{pool="full"}', 'duoserve:kv_cache_usage_perc{pool="streaming"}']
+        zero += [f'duoserve:request_success_total{{finished_reason="{r}"}}' for r in ("stop", "length", "abort")]
+        check("warm-up: /metrics after start shows no requests, tokens or KV in use",
+              all(m.get(k) == 0 for k in zero), {k: m.get(k) for k in zero})
+        body = {"prompt": [1], "max_tokens": len(exp_ids), "temperature": 0, "ignore_eos": True, "logprobs": 0,
+                "return_tokens_as_token_ids": True}
+        st, data, _ = srv.post("/v1/completions", body)
+        lp = json.loads(data)["choices"][0]["logprobs"] if st == 200 else None
+        ids = [int(t.split(":")[1]) for t in lp["tokens"]] if lp else None
+        check("warm-up: the first request's ids equal the golden ids", ids == exp_ids, (st, (ids or [])[:10]))
+        m = srv.metrics()
+        check("warm-up: /metrics counts only that request",
+              m.get("duoserve:prompt_tokens_total") == 1 and m.get("duoserve:generation_tokens_total") == len(exp_ids)
+              and m.get('duoserve:request_success_total{finished_reason="length"}') == 1,
+              {k: m.get(k) for k in zero})
+    finally:
+        srv.stop()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", default=os.path.join(ROOT, "build", "duoserve"))
@@ -182,7 +212,7 @@ def main():
         print("0 passed, 0 failed")
         return 0
     for name, fn in (("bad_inputs", test_bad_inputs), ("device_cuda", test_device_cuda),
-                     ("json_logs", test_json_logs)):
+                     ("json_logs", test_json_logs), ("warmup", test_warmup)):
         if args.k in name:
             print(f"== {name}")
             try:
