@@ -1,6 +1,8 @@
 /* duoserve: command-line entry point. Subcommands:
  *   serve       the OpenAI-compatible daemon
  *   generate    runs one request to completion and prints the result
+ *   tokenize, detokenize, chat-template   the text tools (cli_text.c)
+ *   help [COMMAND], --version / -V
  * Exit status: 0 ok, 1 runtime error (bad model directory, ...), 2 usage error. */
 #include <cjson/cJSON.h>
 #include <errno.h>

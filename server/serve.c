@@ -3,7 +3,6 @@
 
 #include <cjson/cJSON.h>
 #include <errno.h>
-#include <math.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
