@@ -55,6 +55,13 @@ $(shell mkdir -p $(BUILD) && echo '$(CC) $(DUO_CFLAGS) $(CFLAGS) $(LDLIBS)' | cm
 .PHONY: all test debug setup run clean fuzz bench
 all: $(BUILD)/duoserve $(CUDA_ALL) $(CUDA_TEST)
 
+# `duoserve --version` names the commit; only main.o is rebuilt when it changes.
+GIT_HASH := $(shell git describe --always --dirty --abbrev=10 2>/dev/null || echo unknown)
+GIT_STAMP := $(BUILD)/.git_hash
+$(shell echo '$(GIT_HASH)' | cmp -s - $(GIT_STAMP) || echo '$(GIT_HASH)' > $(GIT_STAMP))
+$(BUILD)/server/main.o: DUO_CFLAGS += -DDUO_GIT_HASH='"$(GIT_HASH)"'
+$(BUILD)/server/main.o: $(GIT_STAMP)
+
 $(BUILD)/libduoserve.a: $(LIB_OBJ) $(FLAGS_STAMP)
 	@mkdir -p $(@D)
 	@rm -f $@

@@ -13,6 +13,7 @@
 
 extern "C" {
 #include "engine/backend.h"
+#include "engine/elog.h"
 }
 #include "cuda/cuda_attention.h"
 #include "cuda/cuda_common.h"
@@ -54,7 +55,7 @@ void cuda_sampler_free(struct cuda_sampler *sp);
 /* DUOSERVE_OP_TIMING=1: the GPU time of each op of every forward pass, from CUDA events recorded
  * after each op (captured into decode graphs as event nodes, so replays are timed too); each
  * op's share is the time from the previous event to its own, launch gaps included. A table
- * goes to stderr when the backend is destroyed. Off by default. */
+ * goes to the log when the backend is destroyed. Off by default. */
 #define TM_MAX_EV 2048
 #define TM_MAX_LABELS 96
 struct op_timing {
@@ -141,13 +142,12 @@ static void drop_graphs(struct cuda_ctx *c) {
                 }
 }
 
-// Records the first failure of a void op; file:line goes to stderr.
+// Records the first failure of a void op; file:line goes to the log.
 #define CK(b, stmt)                                                                                       \
     do {                                                                                                  \
         cudaError_t e_ = (stmt);                                                                          \
         if (e_ != cudaSuccess) {                                                                          \
-            fprintf(stderr, "duoserve: CUDA error %s in %s at %s:%d\n", cudaGetErrorString(e_), #stmt, __FILE__, \
-                    __LINE__);                                                                            \
+            elog("error", "CUDA error %s in %s at %s:%d", cudaGetErrorString(e_), #stmt, __FILE__, __LINE__);  \
             if (!CTX(b)->err) CTX(b)->err = BACKEND_ERR_DEVICE;                                          \
         }                                                                                                 \
     } while (0)
@@ -159,7 +159,7 @@ static void drop_graphs(struct cuda_ctx *c) {
     do {                                                                                                  \
         cublasStatus_t s_ = (stmt);                                                                       \
         if (s_ != CUBLAS_STATUS_SUCCESS) {                                                                \
-            fprintf(stderr, "duoserve: cuBLAS error %d in %s at %s:%d\n", (int)s_, #stmt, __FILE__, __LINE__); \
+            elog("error", "cuBLAS error %d in %s at %s:%d", (int)s_, #stmt, __FILE__, __LINE__);             \
             if (!CTX(b)->err) CTX(b)->err = BACKEND_ERR_DEVICE;                                          \
         }                                                                                                 \
     } while (0)
@@ -216,19 +216,19 @@ static void tm_report(struct cuda_ctx *c) {
     if (!t || !t->steps) return;
     double total = 0.0;
     for (int k = 0; k < t->n_names; k++) total += t->ms[k];
-    fprintf(stderr,
-            "duoserve: op timing over %ld forward passes (%.3f ms each on average; %ld passes that captured a "
-            "graph or grew a buffer left out):\n",
-            t->steps, total / (double)t->steps, t->dropped);
+    elog("info",
+         "op timing over %ld forward passes (%.3f ms each on average; %ld passes that captured a graph or grew a "
+         "buffer left out):",
+         t->steps, total / (double)t->steps, t->dropped);
     bool done[TM_MAX_LABELS] = {false};
     for (int r = 0; r < t->n_names; r++) { // largest total first
         int best = -1;
         for (int k = 0; k < t->n_names; k++)
             if (!done[k] && (best < 0 || t->ms[k] > t->ms[best])) best = k;
         done[best] = true;
-        fprintf(stderr, "  %-28s %8ld calls %10.3f ms %8.1f us/call %6.1f%%\n", t->names[best], t->calls[best],
-                t->ms[best], t->calls[best] ? 1e3 * t->ms[best] / (double)t->calls[best] : 0.0,
-                total > 0.0 ? 100.0 * t->ms[best] / total : 0.0);
+        elog("info", "  %-28s %8ld calls %10.3f ms %8.1f us/call %6.1f%%", t->names[best], t->calls[best],
+             t->ms[best], t->calls[best] ? 1e3 * t->ms[best] / (double)t->calls[best] : 0.0,
+             total > 0.0 ? 100.0 * t->ms[best] / total : 0.0);
     }
 }
 
@@ -296,7 +296,7 @@ static int cu_weight_upload(struct backend *b, const struct st_tensor *t, void *
     const int64_t K = packed ? t->shape[1] : 1;
     /* packed: chunks of whole 16-row blocks (16 rows must fit a staging buffer) */
     if (packed && (size_t)16 * (size_t)K > chunk) {
-        fprintf(stderr, "duoserve: weight rows of %lld elements are too long to upload\n", (long long)K);
+        elog("error", "weight rows of %lld elements are too long to upload", (long long)K);
         return BACKEND_ERR_ARG;
     }
     size_t step = packed ? (size_t)((chunk / (size_t)K) / 16 * 16) * (size_t)K : chunk;
@@ -669,7 +669,7 @@ static int cu_graph_end(struct backend *b, int key) {
     if (e == cudaSuccess && !c->err) e = cudaGraphInstantiate(&ge, g, 0);
     if (g) cudaGraphDestroy(g);
     if (e != cudaSuccess || c->err || cudaGraphLaunch(ge, c->stream) != cudaSuccess) {
-        fprintf(stderr, "duoserve: CUDA graph capture failed (%s); running without graphs\n", cudaGetErrorString(e));
+        elog("warning", "CUDA graph capture failed (%s); running without graphs", cudaGetErrorString(e));
         cudaGetLastError();
         if (ge) cudaGraphExecDestroy(ge);
         c->err = 0;
@@ -757,15 +757,51 @@ static struct backend_ops make_ops(void) {
 
 static const struct backend_ops cuda_ops = make_ops();
 
-extern "C" struct backend *backend_cuda_create(int device, int flags, char *err, size_t errlen) {
-    int n = 0;
+/* The CUDA runtime's own words mislead here: with no NVIDIA driver at all it says "CUDA driver
+ * version is insufficient for CUDA runtime version", which reads as "upgrade your driver". */
+extern "C" int backend_cuda_probe(int device, char *err, size_t errlen) {
+    int n = 0, drv = 0, rt = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
-    if (e != cudaSuccess || n == 0) {
-        snprintf(err, errlen, "no CUDA device usable (%s)", e != cudaSuccess ? cudaGetErrorString(e) : "none found");
-        return NULL;
+    cudaGetLastError();
+    cudaDriverGetVersion(&drv); // 0 when no driver is installed
+    cudaRuntimeGetVersion(&rt);
+    if (e == cudaErrorInsufficientDriver && drv == 0) {
+        snprintf(err, errlen, "no NVIDIA GPU driver found (libcuda.so.1 is not installed or not visible; in a "
+                              "container, run it with --gpus all)");
+        return BACKEND_CUDA_NONE;
     }
-    if (device >= n || cudaSetDevice(device) != cudaSuccess) {
-        snprintf(err, errlen, "CUDA device %d is not usable (%d devices)", device, n);
+    if (e == cudaErrorInsufficientDriver) {
+        snprintf(err, errlen, "the NVIDIA driver supports CUDA %d.%d, this build needs %d.%d: update the NVIDIA driver",
+                 drv / 1000, drv % 1000 / 10, rt / 1000, rt % 1000 / 10);
+        return BACKEND_CUDA_UNSUPPORTED;
+    }
+    if (e == cudaErrorNoDevice || (e == cudaSuccess && n == 0)) {
+        snprintf(err, errlen, "no NVIDIA GPU found (the driver sees none; check nvidia-smi and CUDA_VISIBLE_DEVICES)");
+        return BACKEND_CUDA_NONE;
+    }
+    if (e != cudaSuccess) {
+        snprintf(err, errlen, "the NVIDIA GPUs cannot be used: %s", cudaGetErrorString(e));
+        return BACKEND_CUDA_UNSUPPORTED;
+    }
+    cudaDeviceProp prop;
+    if (device < 0 || device >= n || cudaGetDeviceProperties(&prop, device) != cudaSuccess) {
+        cudaGetLastError();
+        snprintf(err, errlen, "CUDA device %d is not usable (%d found)", device, n);
+        return BACKEND_CUDA_UNSUPPORTED;
+    }
+    if (prop.major != 9 || prop.minor != 0) {
+        snprintf(err, errlen, "GPU %d (%s) has compute capability %d.%d; duoserve's CUDA kernels are built for "
+                              "sm_90a only (H100, H200, GH200)", device, prop.name, prop.major, prop.minor);
+        return BACKEND_CUDA_UNSUPPORTED;
+    }
+    return BACKEND_CUDA_OK;
+}
+
+extern "C" struct backend *backend_cuda_create(int device, int flags, char *err, size_t errlen) {
+    if (backend_cuda_probe(device, err, errlen) != BACKEND_CUDA_OK) return NULL;
+    if (cudaSetDevice(device) != cudaSuccess) {
+        cudaGetLastError();
+        snprintf(err, errlen, "CUDA device %d is not usable", device);
         return NULL;
     }
     if (cuda_gemm_init() || cuda_attention_init()) {

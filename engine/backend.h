@@ -171,7 +171,17 @@ struct backend {
 };
 
 struct backend *backend_cpu_create(void);
-/* NULL with a message in err when no CUDA device is usable or the build has no CUDA. */
+/* Whether CUDA device `device` can run duoserve's kernels, which are built for sm_90a only
+ * (compute capability 9.0: H100, H200, GH200). Without a CUDA runtime call that could fail
+ * later. Returns BACKEND_CUDA_OK, or another status with a one-line reason in err. */
+enum backend_cuda_probe {
+    BACKEND_CUDA_OK = 0,
+    BACKEND_CUDA_NONE = 1,        // no NVIDIA GPU, no driver, or a build without CUDA
+    BACKEND_CUDA_UNSUPPORTED = 2, // a GPU is there but cannot be used (its architecture, the driver's age)
+};
+int backend_cuda_probe(int device, char *err, size_t errlen);
+/* NULL with a message in err when the device is not usable (backend_cuda_probe's reasons
+ * among them) or the build has no CUDA. */
 /* flags: BACKEND_CUDA_CUBLAS: GEMMs through cuBLAS (faster at large batches, but a token's
  * rounding then depends on the batch size); default: duoserve's batch-invariant kernels. */
 #define BACKEND_CUDA_CUBLAS 1

@@ -419,9 +419,16 @@ void backend_destroy(struct backend *b) {
 }
 
 #ifndef DUO_CUDA
+int backend_cuda_probe(int device, char *err, size_t errlen) {
+    if (err && errlen)
+        snprintf(err, errlen, "this duoserve was built without CUDA (CUDA=0 or no nvcc at build time; make CUDA=1 "
+                              "builds it with the CUDA toolkit)");
+    return BACKEND_CUDA_NONE;
+}
+
 struct backend *backend_cuda_create(int device, int flags, char *err, size_t errlen) {
     (void)flags;
-    if (err && errlen) snprintf(err, errlen, "this build has no CUDA support (rebuild with make CUDA=1)");
+    backend_cuda_probe(device, err, errlen);
     return NULL;
 }
 #endif

@@ -12,8 +12,10 @@
 #include <uv.h>
 
 #include "engine/chat_template.h"
+#include "engine/elog.h"
 #include "engine/engine_core.h"
 #include "engine/util.h"
+#include "engine/warmup.h"
 
 struct engine_handle {
     struct engine *e;
@@ -296,6 +298,17 @@ int engine_create(struct engine **out, const struct engine_config *cfg, char *er
         free(e);
         return -1;
     }
+    /* warm-up: on a GPU the decode graphs of every batch size, before anyone is told "ready" */
+    double t0 = util_now();
+    int steps = warmup_run(e->core, strcmp(core_device(e->core), "cpu") ? core_max_num_seqs(e->core) : 0, err, errlen);
+    if (steps < 0) {
+        core_free(e->core);
+        chat_template_free(e->tmpl);
+        free(e);
+        return -1;
+    }
+    if (steps && !cfg->quiet)
+        elog("info", "warm-up: %d forward pass%s in %.0f ms", steps, steps == 1 ? "" : "es", (util_now() - t0) * 1e3);
     pthread_mutex_init(&e->mu, NULL);
     uv_loop_init(&e->loop);
     uv_async_init(&e->loop, &e->wake, on_wake);

@@ -20,7 +20,7 @@ struct engine_config {
     const char *device;         // "cpu" or "cuda"
     const char *gemm;           // CUDA GEMMs: "invariant" (default; batch-invariant) or "cublas"
     int max_num_seqs;           // concurrent running sequences (choices), default 64
-    int max_num_batched_tokens; // token budget per step, default 2048 on CPU, 8192 on GPU
+    int max_num_batched_tokens; // token budget per step (the prefill chunk), default 2048
     int max_model_len;          // prompt + output limit, default the model's max_position_embeddings
     int max_queue;              // waiting requests before submit says ENGINE_ERR_QUEUE_FULL, default 1024
     int block_size;             // full-pool block size in tokens, default 16

@@ -8,6 +8,7 @@
 
 #include "engine/demo_model.h"
 #include "engine/duo_pattern.h"
+#include "engine/elog.h"
 #include "engine/sampler.h"
 #include "engine/tokenizer.h"
 #include "engine/utf8.h"
@@ -207,21 +208,21 @@ static int plan_memory(struct core *c, char *err, size_t errlen) {
     int n_stream_total = 0;
     for (int l = 0; l < mc->n_layers; l++) n_stream_total += c->m->n_stream[l];
     if (c->cfg.quiet) return 0;
-    fprintf(stderr,
-            "duoserve: KV cache: full pool %zu blocks x %d tokens = %zu tokens (%zu B/token), streaming pool %d slots "
-            "x %d tokens (%zu B/slot); %d of %d KV heads streaming; max concurrency at %d tokens: %zu\n",
-            n_blocks, c->cfg.block_size, n_blocks * c->cfg.block_size, block_bytes / c->cfg.block_size, n_slots,
-            c->cfg.sink_tokens + c->cfg.recent_tokens, slot_bytes, n_stream_total, mc->n_layers * mc->n_kv_heads,
-            c->max_model_len,
-            c->has_full ? n_blocks / ((size_t)(c->max_model_len + c->cfg.block_size - 1) / c->cfg.block_size)
-                        : (size_t)n_slots);
+    elog("info",
+         "KV cache: full pool %zu blocks x %d tokens = %zu tokens (%zu B/token), streaming pool %d slots "
+         "x %d tokens (%zu B/slot); %d of %d KV heads streaming; max concurrency at %d tokens: %zu",
+         n_blocks, c->cfg.block_size, n_blocks * c->cfg.block_size, block_bytes / c->cfg.block_size, n_slots,
+         c->cfg.sink_tokens + c->cfg.recent_tokens, slot_bytes, n_stream_total, mc->n_layers * mc->n_kv_heads,
+         c->max_model_len,
+         c->has_full ? n_blocks / ((size_t)(c->max_model_len + c->cfg.block_size - 1) / c->cfg.block_size)
+                     : (size_t)n_slots);
     if (n_stream_total) {
         char line[1024];
         size_t o = 0;
         for (int l = 0; l < mc->n_layers && o < sizeof line - 8; l++)
             o += (size_t)snprintf(line + o, sizeof line - o, "%s%d", l ? " " : "", c->m->n_stream[l]);
-        fprintf(stderr, "duoserve: streaming KV heads per layer: %s (sink %d, recent %d)\n", line, c->cfg.sink_tokens,
-                c->cfg.recent_tokens);
+        elog("info", "streaming KV heads per layer: %s (sink %d, recent %d)", line, c->cfg.sink_tokens,
+             c->cfg.recent_tokens);
     }
     return 0;
 }
@@ -247,32 +248,34 @@ int core_create(struct core **out, const struct engine_config *cfg_in, char *err
     if (!dir) {
         if (demo_model_ensure(demo_dir, sizeof demo_dir, err, errlen) != 0) goto fail;
         dir = demo_dir;
-        fprintf(stderr, "duoserve: no -m given: using the built-in demo model (random weights, its text is noise) in %s\n", dir);
+        elog("info", "no -m given: using the built-in demo model (random weights, its text is noise) in %s", dir);
     }
     c->cfg.model_dir = dir;
-    char auto_note[300] = "";
+    if (model_config_check_dir(dir, err, errlen) != 0) goto fail;
     int cuda_flags = 0;
     if (c->cfg.gemm && !strcmp(c->cfg.gemm, "cublas")) cuda_flags |= BACKEND_CUDA_CUBLAS;
     else if (c->cfg.gemm && strcmp(c->cfg.gemm, "invariant")) {
         util_err(err, errlen, "gemm \"%s\" is not invariant or cublas", c->cfg.gemm);
         goto fail;
     }
+    char why[300] = "";
+    const char *why_level = NULL; /* said after loading, so that a bad model directory is one line */
     if (!strcmp(c->cfg.device, "auto")) { /* the GPU when there is one, else the CPU */
-        char why[256];
-        c->b = backend_cuda_create(0, cuda_flags, why, sizeof why);
+        int probe = backend_cuda_probe(0, why, sizeof why);
+        if (probe == BACKEND_CUDA_OK) c->b = backend_cuda_create(0, cuda_flags, why, sizeof why);
         c->cfg.device = c->b ? "cuda" : "cpu";
-        if (!c->b) snprintf(auto_note, sizeof auto_note, "running on the CPU (%s)", why);
+        /* no GPU is the normal case on a CPU machine; a GPU it cannot use is worth a warning */
+        if (!c->b) why_level = probe == BACKEND_CUDA_NONE ? "info" : "warning";
     }
     if (c->b) {
     } else if (!strcmp(c->cfg.device, "cuda")) {
-        c->b = backend_cuda_create(0, cuda_flags, err, errlen);
+        c->b = backend_cuda_create(0, cuda_flags, why, sizeof why);
+        if (!c->b) util_err(err, errlen, "--device cuda: %s; --device auto or cpu runs on the CPU", why);
     } else {
         c->b = backend_cpu_create();
+        if (!c->b) util_err(err, errlen, "out of memory");
     }
-    if (!c->b) {
-        if (strcmp(c->cfg.device, "cuda")) util_err(err, errlen, "out of memory");
-        goto fail;
-    }
+    if (!c->b) goto fail;
     /* head pattern -> streaming mask, checked against the model's shape */
     struct model_config mc;
     uint8_t *streaming = NULL;
@@ -314,12 +317,12 @@ int core_create(struct core **out, const struct engine_config *cfg_in, char *err
         double qd = (double)k->n_heads * k->head_dim, kd = (double)k->n_kv_heads * k->head_dim;
         double params = (double)k->vocab_size * k->dim * (k->tie_embeddings ? 1 : 2) + k->dim +
                         (double)k->n_layers * (k->dim * (qd + 2 * kd) + qd * k->dim + 3.0 * k->dim * k->hidden_dim + 2.0 * k->dim);
-        fprintf(stderr, "duoserve: loaded %s (%s, %d layers, %.2f%s parameters, %.2f GiB on %s) in %.1f s\n", dir,
-                model_arch_name(k->arch), k->n_layers, params >= 1e9 ? params / 1e9 : params / 1e6,
-                params >= 1e9 ? "B" : "M", params * c->b->ops->act_size / 1073741824.0, c->b->name,
-                util_now() - t_load);
+        elog("info", "loaded %s (%s, %d layers, %.2f%s parameters, %.2f GiB on %s) in %.1f s", dir,
+             model_arch_name(k->arch), k->n_layers, params >= 1e9 ? params / 1e9 : params / 1e6,
+             params >= 1e9 ? "B" : "M", params * c->b->ops->act_size / 1073741824.0, c->b->name,
+             util_now() - t_load);
     }
-    if (auto_note[0] && !c->cfg.quiet) fprintf(stderr, "duoserve: %s\n", auto_note);
+    if (why_level && !c->cfg.quiet) elog(why_level, "running on the CPU: %s", why);
     c->vocab = c->m->cfg.vocab_size;
     c->max_model_len = c->cfg.max_model_len > 0 && c->cfg.max_model_len < c->m->cfg.max_pos ? c->cfg.max_model_len
                                                                                               : c->m->cfg.max_pos;
@@ -333,7 +336,7 @@ int core_create(struct core **out, const struct engine_config *cfg_in, char *err
             goto fail;
         }
     } else {
-        if (!c->cfg.quiet) fprintf(stderr, "duoserve: %s has no tokenizer.json: token ids only (no text prompts or stop strings)\n", dir);
+        if (!c->cfg.quiet) elog("info", "%s has no tokenizer.json: token ids only (no text prompts or stop strings)", dir);
     }
     /* EOS ids: config.json's and the tokenizer's */
     for (int i = 0; i < c->m->cfg.n_eos && c->n_eos < 16; i++) c->eos[c->n_eos++] = c->m->cfg.eos_ids[i];
@@ -1002,3 +1005,11 @@ const struct kv_cache *core_kv(const struct core *c) { return &c->kv; }
 int core_max_model_len(const struct core *c) { return c->max_model_len; }
 const char *core_model_dir(const struct core *c) { return c->cfg.model_dir; }
 int core_max_queue(const struct core *c) { return c->cfg.max_queue; }
+int core_max_num_seqs(const struct core *c) { return c->cfg.max_num_seqs; }
+const char *core_device(const struct core *c) { return c->b->name; }
+
+void core_reset_stats(struct core *c) {
+    int capacity = c->stats.kv_capacity_tokens;
+    memset(&c->stats, 0, sizeof c->stats);
+    c->stats.kv_capacity_tokens = capacity;
+}

@@ -38,6 +38,9 @@ int core_step(struct core *c);
 bool core_has_work(const struct core *c);
 int core_num_waiting(const struct core *c);
 void core_stats(const struct core *c, struct engine_stats *st);
+/* Zeroes the counters core_stats reports (not the capacity): requests the engine made itself,
+ * such as its warm-up, are nobody's. */
+void core_reset_stats(struct core *c);
 
 const struct model *core_model(const struct core *c);
 const struct tokenizer *core_tokenizer(const struct core *c);
@@ -45,5 +48,7 @@ const struct kv_cache *core_kv(const struct core *c);
 int core_max_model_len(const struct core *c);
 const char *core_model_dir(const struct core *c);
 int core_max_queue(const struct core *c);
+int core_max_num_seqs(const struct core *c);
+const char *core_device(const struct core *c); // the backend's name: "cpu" or "cuda"
 
 #endif

@@ -4,8 +4,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
+#include "engine/elog.h"
 #include "engine/util.h"
 
 void model_kv_geometry(const struct model *m, int block_size, int sink, int recent, struct kv_geometry *g) {
@@ -44,7 +44,7 @@ struct loader {
     struct backend *b;
     char *used; // [n_tensors]
     const uint8_t *streaming; // [n_layers][n_kv_heads] or NULL
-    bool progress;            // a "loading layer i/L" line on a terminal
+    struct elog_progress progress; // "layers loaded: i/L"
     char *err;
     size_t errlen;
 };
@@ -260,7 +260,6 @@ static int load_weights(struct model *m, struct loader *ld) {
         for (int pass = 0; pass < 2; pass++)
             for (int h = 0; h < c->n_kv_heads; h++)
                 if ((ld->streaming && ld->streaming[l * c->n_kv_heads + h]) == pass) perm[np++] = h, nf += !pass;
-        if (ld->progress) fprintf(stderr, "\rduoserve: loading layer %d/%d", l + 1, c->n_layers);
         m->n_full[l] = nf;
         m->n_stream[l] = c->n_kv_heads - nf;
         struct head_perm rows = {nf < c->n_kv_heads ? perm : NULL, c->n_kv_heads, 0};
@@ -285,6 +284,7 @@ static int load_weights(struct model *m, struct loader *ld) {
         if (!rc) rc = stack_upload(ld, &qkv, &w->wqkv);
         if (!rc && c->qkv_bias) rc = stack_upload(ld, &qkvb, &w->bqkv);
         if (!rc) rc = stack_upload(ld, &gu, &w->w_gateup);
+        if (!rc) elog_progress_step(&ld->progress, l + 1);
 #undef LT
     }
     free(perm);
@@ -292,7 +292,6 @@ static int load_weights(struct model *m, struct loader *ld) {
     free(qkvb.data);
     free(gu.data);
     if (rc) return -1;
-    if (ld->progress) fprintf(stderr, "\n");
     for (int i = 0; i < ld->st->n_tensors; i++) {
         const char *name = ld->st->tensors[i].name;
         static const char buffer_suffix[] = "rotary_emb.inv_freq";
@@ -349,10 +348,12 @@ int model_load_duo(struct model **out, const char *dir, struct backend *b, int m
         m->layers = calloc((size_t)m->cfg.n_layers, sizeof *m->layers);
         m->n_full = calloc((size_t)m->cfg.n_layers, sizeof *m->n_full);
         m->n_stream = calloc((size_t)m->cfg.n_layers, sizeof *m->n_stream);
-        struct loader ld = {dir, st, b, calloc((size_t)st->n_tensors + 1, 1), streaming,
-                            isatty(STDERR_FILENO) && m->cfg.n_layers >= 8, err, errlen};
+        struct loader ld = {dir, st, b, calloc((size_t)st->n_tensors + 1, 1), streaming, {0}, err, errlen};
+        elog_progress_begin(&ld.progress, "layers loaded:", m->cfg.n_layers);
+        ld.progress.inplace &= m->cfg.n_layers >= 8; /* a small model loads faster than a redraw */
         if (!m->layers || !m->n_full || !m->n_stream || !ld.used) rc = util_err(err, errlen, "out of memory");
         if (!rc) rc = load_weights(m, &ld);
+        elog_progress_end(&ld.progress);
         free(ld.used);
     }
     if (!rc && alloc_acts(m) != 0)

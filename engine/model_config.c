@@ -6,6 +6,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "engine/util.h"
 
@@ -238,7 +240,27 @@ out:
     return rc;
 }
 
+int model_config_check_dir(const char *dir, char *err, size_t errlen) {
+    struct stat st;
+    if (stat(dir, &st) != 0)
+        return errno == ENOENT ? util_err(err, errlen, "model directory not found: %s", dir)
+                               : util_err(err, errlen, "model directory %s: %s", dir, strerror(errno));
+    if (!S_ISDIR(st.st_mode))
+        return util_err(err, errlen, "%s is not a directory (-m takes a Hugging Face model directory)", dir);
+    char *path = util_path_join(dir, "config.json");
+    if (!path) return util_err(err, errlen, "out of memory");
+    int rc = 0;
+    if (access(path, R_OK) != 0)
+        rc = errno == ENOENT ? util_err(err, errlen,
+                                        "%s not found: %s is not a Hugging Face model directory (it needs "
+                                        "config.json, model.safetensors and tokenizer.json)", path, dir)
+                             : util_err(err, errlen, "%s: %s", path, strerror(errno));
+    free(path);
+    return rc;
+}
+
 int model_config_load(struct model_config *cfg, const char *dir, char *err, size_t errlen) {
+    if (model_config_check_dir(dir, err, errlen) != 0) return -1;
     char *path = util_path_join(dir, "config.json");
     char *text = NULL;
     size_t len = 0;

@@ -44,7 +44,11 @@ struct model_config {
 /* Parses config.json text. On failure returns -1 with a one-line reason in err. */
 int model_config_parse(struct model_config *cfg, const char *json, size_t len, char *err, size_t errlen);
 
-/* Reads DIR/config.json; errors name the file. */
+/* Whether dir looks like a Hugging Face model directory: it exists, is a directory and holds a
+ * readable config.json. Cheap (no parsing); on failure -1 with a one-line reason in err. */
+int model_config_check_dir(const char *dir, char *err, size_t errlen);
+
+/* Reads DIR/config.json (after model_config_check_dir); errors name the file. */
 int model_config_load(struct model_config *cfg, const char *dir, char *err, size_t errlen);
 
 const char *model_arch_name(enum model_arch arch);

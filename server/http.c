@@ -877,6 +877,17 @@ static void make_fingerprint(const struct http_config *cfg, char *buf, size_t n)
     snprintf(buf, n, "duoserve-%s-%08llx", DUO_VERSION, (unsigned long long)(h >> 32));
 }
 
+/* libmicrohttpd's own messages (a malformed request, a header too big, a failed accept) as
+ * the daemon's log lines, so that under --log-format json every line on stderr is JSON. */
+static void mhd_log(void *cls, const char *fmt, va_list ap) __attribute__((format(printf, 2, 0)));
+static void mhd_log(void *cls, const char *fmt, va_list ap) {
+    char msg[1024];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    size_t n = strlen(msg);
+    while (n > 0 && (msg[n - 1] == '\n' || msg[n - 1] == '\r')) msg[--n] = 0;
+    log_msg("warning", "libmicrohttpd: %s", msg);
+}
+
 /* The listening socket, made here so that it has SO_REUSEADDR (a restart may bind while old
  * connections linger in TIME_WAIT) and never SO_REUSEPORT: a second server on a port in use
  * must fail, not share the port with the first. */
@@ -939,6 +950,7 @@ int http_start(struct http_server **out, const struct http_config *cfg, char *er
                      MHD_USE_ERROR_LOG | (v6 ? MHD_USE_IPv6 : 0);
     s->daemon = MHD_start_daemon(
         flags, (uint16_t)s->port, NULL, NULL, on_request, s,
+        MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, // MHD_USE_ERROR_LOG's lines
         MHD_OPTION_LISTEN_SOCKET, fd, // libmicrohttpd closes it when it stops
         MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
         MHD_OPTION_CONNECTION_LIMIT, (unsigned)cfg->max_connections,

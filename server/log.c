@@ -13,6 +13,10 @@ void log_set_json(bool json) {
     log_json = json;
 }
 
+bool log_is_json(void) {
+    return log_json;
+}
+
 static void timestamp(char *buf, size_t n) {
     struct timespec ts;
     struct tm tm;
@@ -45,6 +49,10 @@ void log_msg(const char *level, const char *fmt, ...) {
     cJSON_AddStringToObject(o, "level", level);
     cJSON_AddStringToObject(o, "msg", msg);
     emit(o);
+}
+
+void log_sink(const char *level, const char *msg) {
+    log_msg(level, "%s", msg);
 }
 
 void log_request(const struct log_request *r) {

@@ -7,8 +7,11 @@
 #include <stdbool.h>
 
 void log_set_json(bool json);
+bool log_is_json(void);
 
 void log_msg(const char *level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* log_msg(level, "%s", msg): the engine's lines come this way (elog_set_sink). */
+void log_sink(const char *level, const char *msg);
 
 struct log_request {
     const char *id;          // request id or NULL

@@ -1,11 +1,14 @@
 /* duoserve: command-line entry point. Subcommands:
  *   serve       the OpenAI-compatible daemon
  *   generate    runs one request to completion and prints the result
+ *   tokenize, detokenize, chat-template   the text tools (cli_text.c)
+ *   help [COMMAND], --version / -V
  * Exit status: 0 ok, 1 runtime error (bad model directory, ...), 2 usage error. */
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <limits.h>
-#include <math.h>
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,8 +16,53 @@
 #include "engine/engine_core.h"
 #include "engine/tokenizer.h"
 #include "server/cli_text.h"
+#include "server/opt.h"
 #include "server/serve.h"
 #include "server/version.h"
+
+/* The build, for --version only: the Makefile passes the hash to main.o alone, so that a new
+ * commit rebuilds one object. */
+#ifndef DUO_GIT_HASH
+#define DUO_GIT_HASH "unknown"
+#endif
+#ifdef DUO_CUDA
+#define DUO_BUILD_CUDA "CUDA: yes, kernels for sm_90a (H100, H200)"
+#else
+#define DUO_BUILD_CUDA "CUDA: no, CPU only"
+#endif
+
+struct gen_cli {
+    struct engine_config ec;
+    struct engine_sampling sp;
+    int32_t *prompt_ids;
+    int n_prompt;
+    const char *prompt_text;
+    char *stops[16];
+    bool json;
+};
+
+#define G(field) offsetof(struct gen_cli, field)
+static const struct opt gen_opts[] = {
+    {"model", "-m", OPT_STR, G(ec.model_dir), 0, 0, "DIR", "Hugging Face model directory (default: the built-in demo model)"},
+    {"prompt", NULL, OPT_STR, G(prompt_text), 0, 0, "TEXT", "prompt text (BOS added as the tokenizer config says)"},
+    {"prompt-ids", NULL, OPT_OTHER, 0, 0, 0, "1,2,3", "prompt token ids, used verbatim (no BOS added)"},
+    {"max-tokens", "-n", OPT_INT, G(sp.max_tokens), 1, 1 << 24, "N", "tokens to generate (default 16)"},
+    {"temperature", NULL, OPT_FLOAT, G(sp.temperature), 0, 2, "T", "0 = greedy (default 0)"},
+    {"top-p", NULL, OPT_FLOAT, G(sp.top_p), 1e-9, 1, "P", "nucleus sampling (default 1)"},
+    {"top-k", NULL, OPT_INT, G(sp.top_k), -1, 1 << 30, "K", "sample among the K most likely tokens (default 0: all)"},
+    {"min-p", NULL, OPT_FLOAT, G(sp.min_p), 0, 1, "P", "drop tokens less likely than P times the most likely (default 0)"},
+    {"presence-penalty", NULL, OPT_FLOAT, G(sp.presence_penalty), -2, 2, "X", "(default 0)"},
+    {"frequency-penalty", NULL, OPT_FLOAT, G(sp.frequency_penalty), -2, 2, "X", "(default 0)"},
+    {"repetition-penalty", NULL, OPT_FLOAT, G(sp.repetition_penalty), 1e-6, 100, "X", "(default 1: off)"},
+    {"min-tokens", NULL, OPT_INT, G(sp.min_tokens), 0, 1 << 24, "N", "no EOS or stop before this many tokens (default 0)"},
+    {"stop", NULL, OPT_OTHER, 0, 0, 0, "STR", "stop string (repeatable, at most 16)"},
+    {"seed", NULL, OPT_OTHER, 0, 0, 0, "S", "sampling seed, 0 to 2^64-1 (default 0)"},
+    {"top-logprobs", NULL, OPT_INT, G(sp.logprobs), 0, 20, "K", "report the K most likely tokens per position"},
+    {"ignore-eos", NULL, OPT_FLAG, G(sp.ignore_eos), 0, 0, NULL, "do not stop at the end-of-sequence token"},
+    {"json", NULL, OPT_FLAG, G(json), 0, 0, NULL, "print one JSON object"},
+};
+#undef G
+#define N_GEN_OPTS (sizeof gen_opts / sizeof gen_opts[0])
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -23,46 +71,18 @@ static void usage(FILE *f) {
             "usage: duoserve <command> [options]\n"
             "\n"
             "commands:\n"
-            "  serve      start the HTTP server (OpenAI API)\n"
-            "  generate   run one prompt to completion and print the result\n"
+            "  serve                  start the HTTP server (OpenAI API); its options: duoserve help serve\n"
+            "  generate               run one prompt to completion and print the result\n"
             "  tokenize -m DIR        text on stdin -> token ids (no special tokens added)\n"
             "  detokenize -m DIR      token ids on stdin -> text (special tokens kept)\n"
             "  chat-template -m DIR   {\"messages\":[...],\"add_generation_prompt\":bool} on stdin -> prompt\n"
+            "  help [COMMAND]         this text, or a command's options\n"
+            "  --version, -V          version and build\n"
             "\n"
-            "generate options:\n"
-            "  -m, --model DIR         Hugging Face model directory (default: built-in demo model)\n"
-            "  --prompt TEXT           prompt text (BOS added as the tokenizer config says)\n"
-            "  --prompt-ids 1,2,3      prompt token ids, used verbatim (no BOS added)\n"
-            "  -n, --max-tokens N      tokens to generate (default 16)\n"
-            "  --temperature T         0 = greedy (default 0)\n"
-            "  --top-p P, --top-k K, --min-p P, --presence-penalty X, --frequency-penalty X,\n"
-            "  --repetition-penalty X, --min-tokens N, --stop STR (repeatable)\n"
-            "  --seed S                sampling seed (default 0)\n"
-            "  --top-logprobs K        report the K most likely tokens per position (0..20)\n"
-            "  --ignore-eos            do not stop at the end-of-sequence token\n"
-            "  --json                  print one JSON object\n"
-            "\n"
-            "engine options (generate and serve):\n"
-            "  --device auto|cpu|cuda  backend (default auto: the GPU when there is one)\n"
-            "  --gemm invariant|cublas CUDA GEMMs: batch-invariant kernels (default) or cuBLAS\n"
-            "  --max-num-batched-tokens N   token budget of one step (prefill chunk size)\n"
-            "  --max-num-seqs N        concurrent sequences\n"
-            "  --max-model-len N       prompt + output limit (default: the model's)\n"
-            "  --block-size N          KV block size in tokens (default 16)\n"
-            "  --kv-cache-memory MIB   CPU: memory for both KV pools (default 256)\n"
-            "  --duo-pattern TSV       DuoAttention full_attention_heads.tsv\n"
-            "  --duo-sparsity S        fraction of heads made streaming (0..1)\n"
-            "  --sink-tokens N, --recent-tokens N   streaming heads keep these (64, 256)\n");
-}
-
-/* Parses a whole decimal integer in [lo, hi]. */
-static int parse_int(const char *s, long lo, long hi, long *out) {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi) return -1;
-    *out = v;
-    return 0;
+            "generate options (duoserve generate -m DIR (--prompt TEXT | --prompt-ids 1,2,3) [options]):\n");
+    opt_usage(f, gen_opts, N_GEN_OPTS);
+    fprintf(f, "\nengine options (serve and generate):\n");
+    opt_usage(f, opt_engine, opt_engine_n);
 }
 
 static int parse_ids(const char *s, int32_t **ids, int *n) {
@@ -94,16 +114,6 @@ static int parse_ids(const char *s, int32_t **ids, int *n) {
     return 0;
 }
 
-struct gen_cli {
-    struct engine_config ec;
-    struct engine_sampling sp;
-    int32_t *prompt_ids;
-    int n_prompt;
-    const char *prompt_text;
-    char *stops[16];
-    int json;
-};
-
 static int usage_error(const char *fmt, const char *arg) {
     fprintf(stderr, "duoserve: ");
     fprintf(stderr, fmt, arg);
@@ -111,96 +121,45 @@ static int usage_error(const char *fmt, const char *arg) {
     return 2;
 }
 
-static int parse_float(const char *s, double lo, double hi, float *out) {
-    char *end;
-    double v = strtod(s, &end);
-    if (end == s || *end || !isfinite(v) || v < lo || v > hi) return -1;
-    *out = (float)v;
-    return 0;
-}
-
+/* Returns 0, 1 after --help (printed), or 2 with a usage error. */
 static int parse_generate(int argc, char **argv, struct gen_cli *o) {
     o->sp = (struct engine_sampling){.n = 1, .max_tokens = 16, .top_p = 1.0f, .repetition_penalty = 1.0f,
                                      .skip_special_tokens = true, .logprobs = -1};
-    o->ec = (struct engine_config){.device = "auto", .max_num_seqs = 8};
+    o->ec = (struct engine_config){.device = "auto", .max_num_seqs = 8, .duo_sparsity = 0.5f};
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        long x;
-#define NEED_VALUE() if (!v) return usage_error("%s needs a value", a); i++
-#define INT_OPT(name, lo, hi, dst) else if (!strcmp(a, name)) { NEED_VALUE(); \
-            if (parse_int(v, lo, hi, &x)) return usage_error(name ": \"%s\" is out of range", v); else dst = (int)x; }
-#define FLOAT_OPT(name, lo, hi, dst) else if (!strcmp(a, name)) { NEED_VALUE(); \
-            if (parse_float(v, lo, hi, &dst)) return usage_error(name ": \"%s\" is out of range", v); }
-        if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
-            NEED_VALUE();
-            o->ec.model_dir = v;
-        } else if (!strcmp(a, "--prompt-ids")) {
-            NEED_VALUE();
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            return 1;
+        }
+        void *base = o;
+        const struct opt *op = !strncmp(a, "--", 2) ? opt_find(gen_opts, N_GEN_OPTS, a + 2) : NULL;
+        if (!op) op = opt_find_alias(gen_opts, N_GEN_OPTS, a);
+        if (!op && (op = !strncmp(a, "--", 2) ? opt_find(opt_engine, opt_engine_n, a + 2) : NULL)) base = &o->ec;
+        if (!op && (op = opt_find_alias(opt_engine, opt_engine_n, a))) base = &o->ec;
+        if (!op) return usage_error("generate: unknown option \"%s\"", a);
+        const char *v = NULL;
+        if (op->type != OPT_FLAG) {
+            if (i + 1 >= argc) return usage_error("%s needs a value", a);
+            v = argv[++i];
+        }
+        char err[512];
+        if (!strcmp(op->name, "prompt-ids")) {
             free(o->prompt_ids);
             o->prompt_ids = NULL;
             if (parse_ids(v, &o->prompt_ids, &o->n_prompt)) return usage_error("--prompt-ids: \"%s\" is not a list of token ids", v);
-        } else if (!strcmp(a, "--prompt")) {
-            NEED_VALUE();
-            o->prompt_text = v;
-        } else if (!strcmp(a, "-n") || !strcmp(a, "--max-tokens")) {
-            NEED_VALUE();
-            if (parse_int(v, 1, 1 << 24, &x)) return usage_error("-n: \"%s\" is not a positive integer", v);
-            o->sp.max_tokens = (int)x;
-        }
-        FLOAT_OPT("--temperature", 0, 2, o->sp.temperature)
-        FLOAT_OPT("--top-p", 1e-9, 1, o->sp.top_p)
-        FLOAT_OPT("--min-p", 0, 1, o->sp.min_p)
-        FLOAT_OPT("--presence-penalty", -2, 2, o->sp.presence_penalty)
-        FLOAT_OPT("--frequency-penalty", -2, 2, o->sp.frequency_penalty)
-        FLOAT_OPT("--repetition-penalty", 1e-6, 100, o->sp.repetition_penalty)
-        FLOAT_OPT("--duo-sparsity", 0, 1, o->ec.duo_sparsity)
-        INT_OPT("--top-k", -1, 1 << 30, o->sp.top_k)
-        INT_OPT("--min-tokens", 0, 1 << 24, o->sp.min_tokens)
-        INT_OPT("--top-logprobs", 0, 20, o->sp.logprobs)
-        INT_OPT("--sink-tokens", 1, 1 << 20, o->ec.sink_tokens)
-        INT_OPT("--recent-tokens", 1, 1 << 24, o->ec.recent_tokens)
-        INT_OPT("--max-num-batched-tokens", 1, 1 << 24, o->ec.max_num_batched_tokens)
-        INT_OPT("--prefill-chunk", 1, 1 << 24, o->ec.max_num_batched_tokens)
-        INT_OPT("--max-num-seqs", 1, 1 << 16, o->ec.max_num_seqs)
-        INT_OPT("--block-size", 1, 4096, o->ec.block_size)
-        INT_OPT("--max-model-len", 1, 1 << 30, o->ec.max_model_len)
-        else if (!strcmp(a, "--kv-cache-memory")) {
-            NEED_VALUE();
-            if (parse_int(v, 1, 1L << 30, &x)) return usage_error("--kv-cache-memory: \"%s\" is not a size in MiB", v);
-            o->ec.kv_cache_memory = (size_t)x << 20;
-        } else if (!strcmp(a, "--seed")) {
-            NEED_VALUE();
+        } else if (!strcmp(op->name, "seed")) {
             char *end;
             errno = 0;
             unsigned long long s = strtoull(v, &end, 10);
-            if (errno || end == v || *end || v[0] == '-') return usage_error("--seed: \"%s\" is not a non-negative integer", v);
+            if (errno || end == v || *end || v[0] == '-') return usage_error("--seed: \"%s\" is not an integer in [0, 18446744073709551615]", v);
             o->sp.seed = s;
-        } else if (!strcmp(a, "--stop")) {
-            NEED_VALUE();
+        } else if (!strcmp(op->name, "stop")) {
             if (o->sp.n_stop >= 16) return usage_error("%s", "at most 16 --stop strings");
             o->stops[o->sp.n_stop++] = (char *)v;
-        } else if (!strcmp(a, "--duo-pattern")) {
-            NEED_VALUE();
-            o->ec.duo_pattern = v;
-        } else if (!strcmp(a, "--device")) {
-            NEED_VALUE();
-            if (strcmp(v, "cpu") && strcmp(v, "cuda") && strcmp(v, "auto")) return usage_error("--device: \"%s\" is not auto, cpu or cuda", v);
-            o->ec.device = v;
-        } else if (!strcmp(a, "--gemm")) {
-            NEED_VALUE();
-            if (strcmp(v, "invariant") && strcmp(v, "cublas")) return usage_error("--gemm: \"%s\" is not invariant or cublas", v);
-            o->ec.gemm = v;
-        } else if (!strcmp(a, "--ignore-eos")) {
-            o->sp.ignore_eos = true;
-        } else if (!strcmp(a, "--json")) {
-            o->json = 1;
-        } else {
-            return usage_error("generate: unknown option \"%s\"", a);
+        } else if (opt_set(base, op, v, err, sizeof err)) {
+            return usage_error("%s", err);
         }
-#undef NEED_VALUE
-#undef INT_OPT
-#undef FLOAT_OPT
     }
     o->sp.stop = o->stops;
     o->sp.has_seed = true; /* --seed defaults to 0: generate is reproducible */
@@ -290,7 +249,10 @@ static int cmd_generate(int argc, char **argv) {
     struct core *c = NULL;
     char err[1024];
     int rc = parse_generate(argc, argv, &o);
-    if (rc) goto out;
+    if (rc) {
+        rc = rc == 1 ? 0 : rc; /* --help */
+        goto out;
+    }
     if (!o.prompt_text && !o.prompt_ids) {
         rc = usage_error("%s", "generate needs --prompt TEXT or --prompt-ids 1,2,3");
         goto out;
@@ -348,20 +310,37 @@ out:
     return rc;
 }
 
-int main(int argc, char **argv) {
-    if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
-        usage(argc < 2 ? stderr : stdout);
-        return argc < 2 ? 2 : 0;
-    }
-    if (!strcmp(argv[1], "--version")) {
-        printf("duoserve %s\n", DUO_VERSION);
+/* `duoserve help [COMMAND]`: the command's options (serve: the same text as serve --help). */
+static int cmd_help(int argc, char **argv) {
+    if (argc == 0 || !strcmp(argv[0], "generate") || !strcmp(argv[0], "tokenize") || !strcmp(argv[0], "detokenize") ||
+        !strcmp(argv[0], "chat-template")) {
+        usage(stdout);
         return 0;
     }
-    if (!strcmp(argv[1], "generate")) return cmd_generate(argc - 2, argv + 2);
-    if (!strcmp(argv[1], "serve")) return serve_main(argc - 2, argv + 2);
-    if (!strcmp(argv[1], "tokenize")) return cli_tokenize(argc - 2, argv + 2);
-    if (!strcmp(argv[1], "detokenize")) return cli_detokenize(argc - 2, argv + 2);
-    if (!strcmp(argv[1], "chat-template")) return cli_chat_template(argc - 2, argv + 2);
-    fprintf(stderr, "duoserve: unknown command \"%s\" (see duoserve --help)\n", argv[1]);
+    if (!strcmp(argv[0], "serve")) {
+        serve_usage(stdout);
+        return 0;
+    }
+    fprintf(stderr, "duoserve: help: unknown command \"%s\" (see duoserve --help)\n", argv[0]);
+    return 2;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) return cmd_help(argc - 2, argv + 2);
+    if (!strcmp(cmd, "--version") || !strcmp(cmd, "-V") || !strcmp(cmd, "version")) {
+        printf("duoserve %s (git %s; %s)\n", DUO_VERSION, DUO_GIT_HASH, DUO_BUILD_CUDA);
+        return 0;
+    }
+    if (!strcmp(cmd, "generate")) return cmd_generate(argc - 2, argv + 2);
+    if (!strcmp(cmd, "serve")) return serve_main(argc - 2, argv + 2);
+    if (!strcmp(cmd, "tokenize")) return cli_tokenize(argc - 2, argv + 2);
+    if (!strcmp(cmd, "detokenize")) return cli_detokenize(argc - 2, argv + 2);
+    if (!strcmp(cmd, "chat-template")) return cli_chat_template(argc - 2, argv + 2);
+    fprintf(stderr, "duoserve: unknown command \"%s\" (see duoserve --help)\n", cmd);
     return 2;
 }

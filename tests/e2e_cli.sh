@@ -65,5 +65,89 @@ check "truncated safetensors: one line naming the file" "$(wc -l <"$tmp/e2")/$(g
 DUOSERVE_CACHE="$tmp/c1" "$BIN" generate --prompt-ids 999999 >/dev/null 2>"$tmp/e3"; rc=$?
 check "token id outside the vocabulary: exit 1 with a message" "$rc/$(grep -c 'outside the vocabulary' "$tmp/e3")" "1/1"
 
+# a model directory that is not there, or not a model: one clear line, exit 1
+"$BIN" generate -m "$tmp/no-such-dir" --prompt-ids 1 >/dev/null 2>"$tmp/e4"; rc=$?
+check "missing model directory: exit 1, one line 'model directory not found'" \
+  "$rc/$(wc -l <"$tmp/e4")/$(grep -c "model directory not found: $tmp/no-such-dir" "$tmp/e4")" "1/1/1"
+
+# --version / -V / version: name, version and build, exit 0
+for v in --version -V version; do
+  out=$("$BIN" $v 2>&1); rc=$?
+  check "$v: exit 0, 'duoserve X.Y.Z (git HASH; CUDA: yes|no...)'" \
+    "$rc/$(echo "$out" | grep -cE '^duoserve [0-9]+\.[0-9]+\.[0-9]+ \(git [^;]+; CUDA: (yes|no)')" "0/1"
+done
+cuda_build=$("$BIN" --version | grep -q 'CUDA: yes' && echo yes || echo no)
+
+# help: `help serve` is `serve --help`; `generate --help` is `--help`; the engine options are one text
+"$BIN" help serve >"$tmp/h1" 2>&1; rc1=$?; "$BIN" serve --help >"$tmp/h2" 2>&1; rc2=$?
+check "help serve = serve --help, exit 0" "$rc1/$rc2/$(cmp -s "$tmp/h1" "$tmp/h2" && echo same)" "0/0/same"
+"$BIN" --help >"$tmp/h3" 2>&1; "$BIN" generate --help >"$tmp/h4" 2>&1; rc=$?
+check "generate --help = --help, exit 0" "$rc/$(cmp -s "$tmp/h3" "$tmp/h4" && echo same)" "0/same"
+sed -n '/^engine options/,$p' "$tmp/h2" >"$tmp/eng_serve"; sed -n '/^engine options/,$p' "$tmp/h3" >"$tmp/eng_top"
+check "duoserve --help and serve --help list the same engine options (kv-cache-memory in BYTES)" \
+  "$(cmp -s "$tmp/eng_serve" "$tmp/eng_top" && echo same)/$(grep -c -- '--kv-cache-memory BYTES' "$tmp/eng_serve")" "same/1"
+"$BIN" help nonsense >/dev/null 2>&1; check "help of an unknown command: exit 2" "$?" 2
+
+# every flag that takes a number: a bad value is a usage error naming the flag, ranges of
+# integers as integers (no 1.67772e+07)
+"$BIN" serve --max-model-len abc 2>"$tmp/e5"; rc=$?
+check "serve --max-model-len abc: exit 2, range [1, 16777216]" "$rc/$(grep -c '"abc" is not an integer in \[1, 16777216\]' "$tmp/e5")" "2/1"
+nbad=0; nflags=0
+for cmd in serve generate; do
+  help=$([ $cmd = serve ] && cat "$tmp/h2" || cat "$tmp/h3")
+  for flag in $(echo "$help" | grep -oE -- '--[a-z-]+ (N|S|F|T|P|K|X|BYTES)( |$)' | awk '{print $1}' | sort -u); do
+    nflags=$((nflags+1))
+    "$BIN" $cmd $flag abc --prompt-ids 1 >/dev/null 2>"$tmp/e6"; rc=$?
+    if [ $rc -ne 2 ] || ! grep -q -- "$flag" "$tmp/e6" || grep -qE '[0-9]e[+-]?[0-9]' "$tmp/e6"; then
+      nbad=$((nbad+1)); echo "    $cmd $flag abc: rc $rc: $(head -c 300 "$tmp/e6")"
+    fi
+    int_err=$(grep -o 'is not an integer in \[[^]]*\]' "$tmp/e6")
+    if [ -n "$int_err" ] && ! echo "$int_err" | grep -qE '\[-?[0-9]+, -?[0-9]+\]$'; then
+      nbad=$((nbad+1)); echo "    $cmd $flag: $int_err"
+    fi
+  done
+done
+check "all $nflags numeric flags: exit 2 naming the flag, integer ranges as integers" "$nbad" 0
+"$BIN" generate --kv-cache-memory 256 --prompt-ids 1 2>"$tmp/e7"; rc=$?
+check "--kv-cache-memory 256 (bytes, too small): exit 2 with the range in binary units" \
+  "$rc/$(grep -c 'is not a size in \[1MiB, 1TiB\]' "$tmp/e7")" "2/1"
+DUOSERVE_CACHE="$tmp/c1" "$BIN" generate --kv-cache-memory 64MiB --prompt-ids 1 -n 2 >/dev/null 2>&1
+check "generate --kv-cache-memory 64MiB (the unit serve takes): exit 0" "$?" 0
+
+# CORS flags in the same table: --allow-credentials is bare or =true|false and never takes the
+# next argument; the allowed-* lists are checked before listening; --config takes booleans and lists
+"$BIN" serve --allow-credentials=maybe 2>"$tmp/c_e1"; rc=$?
+check "serve --allow-credentials=maybe: exit 2 naming the flag" "$rc/$(grep -c -- '--allow-credentials: "maybe" is not true or false' "$tmp/c_e1")" "2/1"
+"$BIN" serve --allow-credentials --port abc 2>"$tmp/c_e2"; rc=$?
+check "serve --allow-credentials --port abc: the bare flag leaves --port its value" "$rc/$(grep -c -- '--port: "abc"' "$tmp/c_e2")" "2/1"
+"$BIN" serve --allow-credentials=false --allowed-headers '["X-A"]' --help >/dev/null 2>&1
+check "serve --allow-credentials=false --allowed-headers LIST --help: exit 0" "$?" 0
+"$BIN" serve --log-format json --allowed-origins x 2>"$tmp/c_e3"; rc=$?
+check "serve --allowed-origins x, --log-format json: exit 2, one JSON line naming the flag" \
+  "$rc/$(wc -l <"$tmp/c_e3")/$(python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).read())["msg"].startswith("--allowed-origins:"))' "$tmp/c_e3" 2>&1)" "2/1/True"
+echo '{"allow-credentials": true, "allowed-origins": ["https://a.example"], "allowed_methods": ["GET"]}' >"$tmp/cors1.json"
+"$BIN" serve --config "$tmp/cors1.json" --help >/dev/null 2>&1
+check "--config: a boolean for allow-credentials and lists for allowed-*: accepted" "$?" 0
+echo '{"allowed-origins": [5]}' >"$tmp/cors2.json"
+"$BIN" serve --config "$tmp/cors2.json" 2>"$tmp/c_e4"; rc=$?
+check "--config allowed-origins [5]: exit 2, not a list of strings" "$rc/$(grep -c -- '--allowed-origins: "\[5\]" is not a JSON list of strings' "$tmp/c_e4")" "2/1"
+echo '{"allow-credentials": "maybe"}' >"$tmp/cors3.json"
+"$BIN" serve --config "$tmp/cors3.json" 2>"$tmp/c_e5"; rc=$?
+check "--config allow-credentials \"maybe\": exit 2" "$rc/$(grep -c 'is not true or false' "$tmp/c_e5")" "2/1"
+echo '{"allowed-origins": true}' >"$tmp/cors4.json"
+"$BIN" serve --config "$tmp/cors4.json" 2>"$tmp/c_e6"; rc=$?
+check "--config allowed-origins true: exit 2, names the key" "$rc/$(grep -c '"allowed-origins" must be' "$tmp/c_e6")" "2/1"
+
+# --device cuda without a usable GPU says why in plain words; with CUDA=0 that the build has none
+DUOSERVE_CACHE="$tmp/c1" "$BIN" generate --device cuda --prompt-ids 1 -n 1 >/dev/null 2>"$tmp/e8"; rc=$?
+if [ "$cuda_build" = no ]; then
+  check "--device cuda, CPU-only build: exit 1, 'built without CUDA'" "$rc/$(grep -c 'device cuda: this duoserve was built without CUDA' "$tmp/e8")" "1/1"
+elif [ $rc -eq 0 ]; then
+  echo "  info --device cuda: a usable GPU is here"
+else
+  check "--device cuda, no usable GPU: exit 1 with a plain reason, not 'driver version is insufficient'" \
+    "$rc/$(grep -cE 'device cuda: (no NVIDIA GPU|the NVIDIA driver|GPU 0 .* compute capability)' "$tmp/e8")/$(grep -c insufficient "$tmp/e8")" "1/1/0"
+fi
+
 echo "e2e_cli: $pass passed, $fail failed, $skip skipped"
 [ "$fail" -eq 0 ]

@@ -241,7 +241,8 @@ def test_request_id(srv):
 # ---- system_fingerprint ----
 
 def test_fingerprint(srv, binary):
-    version = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=10).stdout.split()[-1]
+    # "duoserve 0.1.0 (git HASH; CUDA: ...)"
+    version = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=10).stdout.split()[1]
     ok = {"prompt": [1], "max_tokens": 3, "temperature": 0}
     fps = []
     for _ in range(2):
@@ -259,7 +260,8 @@ def test_fingerprint(srv, binary):
 # ---- /version and /ping ----
 
 def test_version_ping(binary, model):
-    version = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=10).stdout.split()[-1]
+    # "duoserve 0.1.0 (git HASH; CUDA: ...)"
+    version = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=10).stdout.split()[1]
     srv = Server(binary, model, "--api-key", "sk-vp")
     try:
         st, data, _ = srv.get("/version")

@@ -62,7 +62,15 @@ static void patch_config(const char *dir, const char *key, cJSON *value) {
 }
 
 static void test_missing_directory_names_config_json(void **state) {
-    expect_load_error("/nonexistent/model-dir", "/nonexistent/model-dir/config.json", "No such file");
+    expect_load_error("/nonexistent/model-dir", "model directory not found: /nonexistent/model-dir", NULL);
+    char *d = test_mkdtemp(), p[512];
+    snprintf(p, sizeof p, "%s/config.json not found", d);
+    expect_load_error(d, p, "is not a Hugging Face model directory");
+    snprintf(p, sizeof p, "%s/config.json", d);
+    test_write_text(p, "{}");
+    expect_load_error(p, "is not a directory", NULL);
+    test_rm_rf(d);
+    free(d);
 }
 
 static void test_config_not_json_is_rejected(void **state) {
