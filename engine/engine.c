@@ -463,6 +463,7 @@ const struct tokenizer *engine_tokenizer(const struct engine *e) { return core_t
 const struct chat_template *engine_chat_template(const struct engine *e) { return e->tmpl; }
 int engine_vocab_size(const struct engine *e) { return core_model(e->core)->cfg.vocab_size; }
 int engine_max_model_len(const struct engine *e) { return core_max_model_len(e->core); }
+int engine_max_num_seqs(const struct engine *e) { return core_max_num_seqs(e->core); }
 const char *engine_model_dir(const struct engine *e) { return core_model_dir(e->core); }
 
 const char *engine_strerror(int status) {

@@ -19,7 +19,7 @@ struct engine_config {
     const char *model_dir;      // NULL = built-in demo model
     const char *device;         // "cpu" or "cuda"
     const char *gemm;           // CUDA GEMMs: "invariant" (default; batch-invariant) or "cublas"
-    int max_num_seqs;           // concurrent running sequences (choices), default 64
+    int max_num_seqs;           // concurrent running sequences (choices); 0: 64 on the CPU, by the KV plan on a GPU
     int max_num_batched_tokens; // token budget per step (the prefill chunk), default 2048
     int max_model_len;          // prompt + output limit, default the model's max_position_embeddings
     int max_queue;              // waiting requests before submit says ENGINE_ERR_QUEUE_FULL, default 1024
@@ -201,6 +201,7 @@ const struct tokenizer *engine_tokenizer(const struct engine *e);
 const struct chat_template *engine_chat_template(const struct engine *e); // NULL when the model has none
 int engine_vocab_size(const struct engine *e);
 int engine_max_model_len(const struct engine *e);
+int engine_max_num_seqs(const struct engine *e);
 const char *engine_model_dir(const struct engine *e);
 
 const char *engine_strerror(int status);

@@ -349,7 +349,7 @@ static void limits_of(struct http_server *s, struct engine *e, struct openai_lim
     lim->model_name = s->cfg.model_name;
     lim->vocab_size = engine_vocab_size(e);
     lim->max_model_len = engine_max_model_len(e);
-    lim->max_n = s->cfg.max_n;
+    lim->max_n = s->cfg.max_n > 0 ? s->cfg.max_n : engine_max_num_seqs(e);
 }
 
 static enum MHD_Result handle_tokenize(struct http_req *r) {

@@ -33,7 +33,7 @@ struct http_config {
     int conn_timeout_s;        // idle connection timeout (not applied while a request waits on the engine)
     double request_timeout_s;  // a request running longer is cancelled (0 = never)
     double keepalive_s;        // SSE comment after this long without output
-    int max_n;                 // largest n
+    int max_n;                 // largest n (0: the engine's max_num_seqs)
     const char *allowed_origins; // CORS: JSON lists ("*": any; NULL: ["*"], as vLLM)
     const char *allowed_methods;
     const char *allowed_headers;

@@ -20,7 +20,7 @@ const struct opt opt_engine[] = {
      "CUDA GEMMs: batch-invariant kernels (default) or cuBLAS (faster prefill and big batches; outputs may then "
      "depend on batching)"},
     {"max-model-len", NULL, OPT_INT, E(max_model_len), 1, 1 << 24, "N", "prompt + output limit (default: the model's)"},
-    {"max-num-seqs", NULL, OPT_INT, E(max_num_seqs), 1, 65536, "N", "sequences running at once (default 64; generate 8)"},
+    {"max-num-seqs", NULL, OPT_INT, E(max_num_seqs), 1, 65536, "N", "sequences running at once (default: 64 on the CPU; on a GPU as many as the KV cache holds at 1024 tokens each, 64 to 512; generate 8)"},
     {"max-num-batched-tokens", "--prefill-chunk", OPT_INT, E(max_num_batched_tokens), 1, 1 << 24, "N",
      "tokens per engine step, the prefill chunk (default 2048; also --prefill-chunk)"},
     {"block-size", NULL, OPT_INT, E(block_size), 1, 1024, "N", "KV block size in tokens (default 16)"},

@@ -301,7 +301,7 @@ int serve_main(int argc, char **argv) {
     struct serve_options o = {
         .host = "127.0.0.1", .port = 8000, .timeout = 600, .shutdown_timeout = 30, .max_request_bytes = 8u << 20,
         .max_connections = 1024, .http_threads = 4, .http_timeout = 60, .sse_keepalive = 15, .log_format = "text",
-        .ec = {.device = "auto", .gemm = "invariant", .max_num_seqs = 64, .max_queue = 1024, .block_size = 16,
+        .ec = {.device = "auto", .gemm = "invariant", .max_num_seqs = 0, .max_queue = 1024, .block_size = 16,
                .gpu_memory_utilization = 0.9f, .duo_sparsity = 0.5f, .sink_tokens = 64, .recent_tokens = 256},
     };
     early_log_format(argc, argv);
@@ -369,8 +369,9 @@ int serve_main(int argc, char **argv) {
     }
     struct engine *e = ld.engine;
     http_set_engine(srv, e);
-    log_msg("info", "ready in %.1fs: model \"%s\", max_model_len %d, vocabulary %d%s", mono() - t0, name,
-            engine_max_model_len(e), engine_vocab_size(e), o.api_key && o.api_key[0] ? ", API key required" : "");
+    log_msg("info", "ready in %.1fs: model \"%s\", max_model_len %d, max_num_seqs %d, vocabulary %d%s", mono() - t0,
+            name, engine_max_model_len(e), engine_max_num_seqs(e), engine_vocab_size(e),
+            o.api_key && o.api_key[0] ? ", API key required" : "");
 
     int sig;
     while (!(sig = wait_signal(&sigs, 200))) http_tick(srv);
