@@ -148,10 +148,11 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
                 for (int kt = sg.c_lo * KTC; kt < kt_end; kt++) {
                     mbar_wait(empty0 + 8 * s, ph ^ 1);
                     const uint32_t full = full0 + 8 * s;
-                    const int nx = (min(BK, K - kt * BK) + 63) / 64; // token boxes before K
-                    mbar_expect_tx(full, nx * BN * 128 + C::W_BYTES);
+                    // every box of the stage, also one wholly past K: the copies fill zeros past the
+                    // matrix, and every k block of a stage goes through the wgmma group
+                    mbar_expect_tx(full, C::X_BYTES + C::W_BYTES);
                     tma_weights(wsm(s), &wmap, kt * KS, sg.wt * (WG_BM / 16), full);
-                    for (int h = 0; h < nx; h++) tma_tokens(xs(s) + h * BN * 128, &xmap, kt * BK + h * 64, sg.tt * BN, full);
+                    for (int h = 0; h < BK / 64; h++) tma_tokens(xs(s) + h * BN * 128, &xmap, kt * BK + h * 64, sg.tt * BN, full);
                     if (++s == ST) s = 0, ph ^= 1;
                 }
             }

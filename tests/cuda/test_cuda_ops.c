@@ -214,6 +214,35 @@ static void gpu_fill_nan(void *p, size_t n) {
     free(h);
 }
 
+/* A tile GEMM whose last stage reaches past K (here K = 264: a stage of 128 k holds 8 of it)
+ * right after one that left +Inf tokens in every SM's shared-memory stages: the stage's k past
+ * K must be zeros (Inf x 0 would be NaN), not what an earlier call left there. */
+static void test_matmul_stale_stages(void) {
+    const int M = 1024, N = 2560, K1 = 4096, K2 = 264;
+    enum backend_status st;
+    float *xi = malloc(sizeof(float) * M * K1), *w1 = rand_bf16((size_t)N * K1, 0.01f);
+    for (size_t i = 0; i < (size_t)M * K1; i++) xi[i] = INFINITY;
+    void *xg = gpu->ops->alloc(gpu, (size_t)M * K1 * 2, &st), *og = gpu->ops->alloc(gpu, (size_t)M * N * 2, &st), *wc, *wg;
+    gpu->ops->upload_act(gpu, xg, xi, (size_t)M * K1);
+    weight2(&wc, &wg, w1, N, K1);
+    gpu->ops->matmul(gpu, og, xg, wg, NULL, M, N, K1);
+    gpu->ops->sync(gpu);
+    free2(wc, wg);
+    float *x = rand_bf16((size_t)M * K2, 1.0f), *w = rand_bf16((size_t)N * K2, 1.0f / sqrtf((float)K2)), *z = calloc((size_t)M * N, 4);
+    void *xc, *x2, *oc, *o2;
+    up2(&xc, &x2, x, (size_t)M * K2);
+    up2(&oc, &o2, z, (size_t)M * N);
+    weight2(&wc, &wg, w, N, K2);
+    cpu->ops->matmul(cpu, oc, xc, wc, NULL, M, N, K2);
+    gpu->ops->matmul(gpu, o2, x2, wg, NULL, M, N, K2);
+    char what[96];
+    snprintf(what, sizeof what, "matmul %d x %d x %d after +Inf tokens (%s)", M, N, K2, cuda_gemm_kind(M, N, K2));
+    compare(what, oc, o2, (size_t)M * N, 2e-2f, 1e-2f);
+    free2(xc, x2), free2(oc, o2), free2(wc, wg);
+    gpu->ops->free(gpu, xg), gpu->ops->free(gpu, og);
+    free(xi), free(w1), free(x), free(w), free(z);
+}
+
 /* The fused SwiGLU GEMM (matmul_swiglu, weights interleaved by 8 rows) against the CPU op, and bit
  * for bit against the GPU's unfused path (matmul over the same weights stacked gate then up,
  * then silu_mul) on every kernel: the weight stream with 1, 2 and 4 token tiles (split), 64-row
@@ -874,6 +903,7 @@ int main(void) {
     if (only && !strcmp(only, "matmul")) {
         printf("GEMM cases only (%s)\n", cuda_gemm_kind(64, 4096, 4096));
         test_matmul();
+        test_matmul_stale_stages();
         test_matmul_invariance();
         test_matmul_swiglu();
         test_norm_matmul();
@@ -886,6 +916,7 @@ int main(void) {
     test_elementwise();
     test_embed_rows_logits();
     test_matmul();
+    test_matmul_stale_stages();
     test_matmul_invariance();
     test_matmul_swiglu();
     test_norm_matmul();
