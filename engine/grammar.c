@@ -544,8 +544,8 @@ int grammar_state_clone(struct grammar_state **out, const struct grammar_state *
         grammar_state_free(t);
         return GRAMMAR_ERR_NOMEM;
     }
-    memcpy(t->r.f, s->r.f, s->r.nf * sizeof *t->r.f);
-    memcpy(t->r.c, s->r.c, s->r.nc * sizeof *t->r.c);
+    if (s->r.nf) memcpy(t->r.f, s->r.f, s->r.nf * sizeof *t->r.f);
+    if (s->r.nc) memcpy(t->r.c, s->r.c, s->r.nc * sizeof *t->r.c);
     t->r.nf = s->r.nf;
     t->r.nc = s->r.nc;
     t->flags = s->flags;
@@ -607,7 +607,7 @@ static int advance(struct grammar_state *s, const uint8_t *p, size_t n, bool com
         r->nc = nc0;
         return rc;
     }
-    memmove(r->c, r->c + b, (size_t)(e - b) * sizeof *r->c);
+    if (e > b) memmove(r->c, r->c + b, (size_t)(e - b) * sizeof *r->c);
     r->nc = e - b;
     s->flags = flags;
     if (r->nf > 2 * s->gc_live + 4096) compact(s);

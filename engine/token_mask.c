@@ -385,7 +385,7 @@ static int node_entry(struct token_mask *m, int32_t n) {
         uint32_t x = e->reject ? v->eligible[w] & ~m->tmp[w] : m->tmp[w];
         for (; x; x &= x - 1) e->ids[e->n_ids++] = (int32_t)(w * 32 + (size_t)__builtin_ctz(x));
     }
-    memcpy(e->unc, m->unc, sizeof *e->unc * m->n_unc);
+    if (m->n_unc) memcpy(e->unc, m->unc, sizeof *e->unc * m->n_unc);
     e->n_unc = m->n_unc;
     e->max_depth = r->max_depth;
     e->ready = 1;
@@ -529,8 +529,8 @@ int token_mask_fill(struct token_mask *m, const struct grammar_state *s, bool at
     struct gr_run *r = &m->run;
     r->nf = r->nc = 0;
     if (gr_run_reserve(r, sr->nf, sr->nc)) return GRAMMAR_ERR_NOMEM;
-    memcpy(r->f, sr->f, sizeof *r->f * sr->nf);
-    memcpy(r->c, sr->c, sizeof *r->c * sr->nc);
+    if (sr->nf) memcpy(r->f, sr->f, sizeof *r->f * sr->nf);
+    if (sr->nc) memcpy(r->c, sr->c, sizeof *r->c * sr->nc);
     r->nf = sr->nf;
     r->nc = sr->nc;
     memset(bits, 0, sizeof *bits * v->words);
