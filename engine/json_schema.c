@@ -554,7 +554,9 @@ static void body(struct js *j, const cJSON *s, int32_t r, int types) {
             types = T_ARRAY;
         else if (cJSON_GetObjectItemCaseSensitive(s, "minLength") || cJSON_GetObjectItemCaseSensitive(s, "maxLength"))
             types = T_STRING;
-        else if (cJSON_GetObjectItemCaseSensitive(s, "minimum") || cJSON_GetObjectItemCaseSensitive(s, "maximum"))
+        else if (cJSON_GetObjectItemCaseSensitive(s, "minimum") || cJSON_GetObjectItemCaseSensitive(s, "maximum") ||
+                 cJSON_GetObjectItemCaseSensitive(s, "exclusiveMinimum") ||
+                 cJSON_GetObjectItemCaseSensitive(s, "exclusiveMaximum"))
             types = T_NUMBER;
         else
             return gb_call(&j->b, start, value_rule(j), end);

@@ -92,7 +92,9 @@ static int ref_types(const cJSON *s) {
         if (ref_get(s, "properties") || ref_get(s, "required") || ref_get(s, "additionalProperties")) bits = RT_OBJECT;
         else if (ref_get(s, "items") || ref_get(s, "minItems") || ref_get(s, "maxItems")) bits = RT_ARRAY;
         else if (ref_get(s, "minLength") || ref_get(s, "maxLength")) bits = RT_STRING;
-        else if (ref_get(s, "minimum") || ref_get(s, "maximum")) bits = RT_NUMBER;
+        else if (ref_get(s, "minimum") || ref_get(s, "maximum") || ref_get(s, "exclusiveMinimum") ||
+                 ref_get(s, "exclusiveMaximum"))
+            bits = RT_NUMBER;
     }
     if ((bits & RT_NUMBER) && (bits & RT_INTEGER)) bits &= ~RT_INTEGER;
     return bits;

@@ -113,6 +113,7 @@ static void test_compile_errors(void **state) {
         {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"array\",\"uniqueItems\":true}}}",
          GRAMMAR_ERR_UNSUPPORTED, "'uniqueItems' (at #/properties/a)"},
         {"{\"type\":\"number\",\"exclusiveMinimum\":0}", GRAMMAR_ERR_UNSUPPORTED, "exclusiveMinimum"},
+        {"{\"exclusiveMaximum\":0}", GRAMMAR_ERR_UNSUPPORTED, "exclusiveMinimum/exclusiveMaximum"},
         {"{\"type\":\"array\",\"items\":[{\"type\":\"string\"}]}", GRAMMAR_ERR_UNSUPPORTED, "tuples"},
         {"{\"allOf\":[{\"type\":\"string\"},{\"maxLength\":3}]}", GRAMMAR_ERR_UNSUPPORTED, "'allOf'"},
         {"{\"$ref\":\"#/$defs/a\",\"type\":\"string\",\"$defs\":{\"a\":{}}}", GRAMMAR_ERR_UNSUPPORTED, "'type'"},
@@ -526,13 +527,14 @@ static void masks_for(int k) {
     static const struct token_mask_options tiny = {.node_cache_bytes = 4096, .state_cache_bytes = 1};
     struct grammar_options none = {.whitespace = GRAMMAR_WS_NONE}, shallow = {.max_stack = 14};
     int n = 0;
-    n += walk_and_check(f, corpus[0], NULL, NULL, 25, 1);
-    n += walk_and_check(f, corpus[1], NULL, NULL, 15, 2);
-    n += walk_and_check(f, corpus[2], &none, &tiny, 15, 3); /* caches start over all the time */
-    n += walk_and_check(f, corpus[9], NULL, NULL, 10, 4);
-    n += walk_and_check(f, corpus[10], NULL, NULL, 10, 5);
-    n += walk_and_check(f, NULL, &shallow, NULL, 15, 6); /* stacks near max_stack: direct walks */
-    n += walk_and_check(f, corpus[3], NULL, NULL, 10, 7);
+    n += walk_and_check(f, corpus[0], NULL, NULL, 50, 1);
+    n += walk_and_check(f, corpus[1], NULL, NULL, 30, 2);
+    n += walk_and_check(f, corpus[2], &none, &tiny, 25, 3); /* caches start over all the time */
+    n += walk_and_check(f, corpus[9], NULL, NULL, 20, 4);
+    n += walk_and_check(f, corpus[10], NULL, NULL, 20, 5);
+    n += walk_and_check(f, NULL, &shallow, NULL, 25, 6); /* stacks near max_stack: direct walks */
+    n += walk_and_check(f, corpus[3], NULL, NULL, 15, 7);
+    n += walk_and_check(f, corpus[13], NULL, NULL, 15, 8);
     n += text_and_check(f, NULL, &shallow, "{\"a\": [[[ [[[[ [[ [[{\"b\":[{}]}]]]]]]]]]]]}");
     print_message("%s: %d states, every mask equal to brute force\n", f->name, n);
 }
