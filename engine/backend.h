@@ -76,6 +76,8 @@ struct sample_row {
     const int32_t *mask_ids; // [n_mask] in the vocabulary
     int32_t n_seen;
     const struct sample_seen *seen; // [n_seen] distinct ids in the vocabulary
+    const uint32_t *allow;          // [(vocab + 31) / 32] structured output: only ids whose bit is set
+                                    // (bit id % 32 of word id / 32) may be drawn; NULL: every id
 };
 
 enum backend_status { BACKEND_OK = 0, BACKEND_ERR_OOM = -1, BACKEND_ERR_DEVICE = -2, BACKEND_ERR_ARG = -3 };

@@ -104,7 +104,8 @@ void sampler_row(struct sample_row *p, struct sampler_seq *s, const struct engin
                              .min_p = sp->min_p, .repetition_penalty = sp->repetition_penalty,
                              .presence_penalty = sp->presence_penalty, .frequency_penalty = sp->frequency_penalty,
                              .n_bias = sp->n_logit_bias, .bias_ids = sp->logit_bias_ids,
-                             .bias_vals = sp->logit_bias_vals, .n_seen = s->n_seen, .seen = s->seen};
+                             .bias_vals = sp->logit_bias_vals, .n_seen = s->n_seen, .seen = s->seen,
+                             .allow = s->allow};
     if (n_generated < sp->min_tokens) { /* vLLM: EOS and stop ids cannot end the output yet */
         p->n_mask = n_mask;
         p->mask_ids = mask;
@@ -155,6 +156,9 @@ static void sort_desc_positive(float *a, int n, float *tmp) {
 }
 
 int sampler_run(const struct sample_row *p, float *l, int V, float *scratch) {
+    if (p->allow)
+        for (int i = 0; i < V; i++)
+            if (!(p->allow[i / 32] >> (i % 32) & 1)) l[i] = -INFINITY;
     for (int i = 0; i < p->n_bias; i++) l[p->bias_ids[i]] += p->bias_vals[i];
     for (int i = 0; i < p->n_mask; i++) l[p->mask_ids[i]] = -INFINITY;
     float rp = p->repetition_penalty;

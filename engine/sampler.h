@@ -31,6 +31,8 @@ struct sampler_seq {
     struct sample_seen *seen; // [n_seen] ids of the prompt (repetition penalty) and the output, one entry each
     int n_seen, seen_cap;
     int32_t *slot;            // [vocab] 1 + index in seen, 0 = not seen; NULL when no penalty is used
+    const uint32_t *allow;    // structured output: the token mask of the next draw (engine/token_mask.h),
+                              // borrowed, set by the caller before each draw; NULL: unconstrained
 };
 
 /* Seeds the RNG (seed and choice index, so n > 1 choices differ but reproduce) and allocates
@@ -41,9 +43,9 @@ void sampler_seq_free(struct sampler_seq *s);
 /* Records a generated token (penalty state). */
 void sampler_seq_accept(struct sampler_seq *s, int32_t id);
 
-/* The parameters of s's next draw (row 0; p borrows sp's, s's and mask's arrays). n_generated is
- * the number of tokens generated so far; mask/n_mask are the ids min_tokens masks (EOS and stop
- * ids). Takes u from s->rng unless the draw is greedy, as the pipeline always has. */
+/* The parameters of s's next draw (row 0; p borrows sp's, s's and mask's arrays, and s->allow).
+ * n_generated is the number of tokens generated so far; mask/n_mask are the ids min_tokens masks
+ * (EOS and stop ids). Takes u from s->rng unless the draw is greedy, as the pipeline always has. */
 void sampler_row(struct sample_row *p, struct sampler_seq *s, const struct engine_sampling *sp, int n_generated,
                  const int32_t *mask, int n_mask);
 
@@ -51,7 +53,9 @@ void sampler_row(struct sample_row *p, struct sampler_seq *s, const struct engin
 #define SAMPLER_SCRATCH_ROWS 3
 
 /* The draw p on one row of logits (modified in place); scratch[SAMPLER_SCRATCH_ROWS * vocab] is
- * working space. Returns the id. */
+ * working space. Returns the id. With p->allow, ids outside it get -inf before anything else (as
+ * vLLM applies the grammar bitmask before its sampler); when it allows none, the argmax of the
+ * row comes back, so callers check a mask is not empty first. */
 int sampler_run(const struct sample_row *p, float *logits, int vocab, float *scratch);
 
 /* sampler_row, then sampler_run on logits (modified in place; scratch[SAMPLER_SCRATCH_ROWS * vocab]). */

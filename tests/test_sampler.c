@@ -385,8 +385,60 @@ static void test_cpu_backend_sample_op(void **state) {
     backend_destroy(b);
 }
 
+
+/* Structured output: ids outside the allow bitset are never drawn, whatever their logit, bias or
+ * temperature; the seq's mask reaches the row through sampler_row; NULL changes nothing. */
+static void test_allow_mask(void **state) {
+    enum { V = 40 }; /* two words */
+    float l[V];
+    for (int i = 0; i < V; i++) l[i] = (float)((i * 7) % 11) * 0.5f;
+    l[3] = 20.0f; /* the best by far, and not allowed */
+    uint32_t allow[2] = {(1u << 1) | (1u << 5) | (1u << 9), 1u << (33 - 32)};
+    struct sample_row p = plain(0.0f, 0);
+    p.allow = allow;
+    float out[V];
+    int g = run(&p, l, V, out);
+    assert_true(g == 1 || g == 5 || g == 9 || g == 33);
+    for (int i = 0; i < V; i++) {
+        bool on = (i == 1 || i == 5 || i == 9 || i == 33);
+        if (!on) assert_true(isinf(out[i]) && out[i] < 0);
+        else assert_true(out[i] == l[i]);
+    }
+    /* greedy picks the best allowed: l[1] = 3.5, l[5] = 1.0, l[9] = 4.0, l[33] = 0 */
+    assert_int_equal(g, 9);
+    /* a bias cannot bring a disallowed id back */
+    int32_t bid = 3;
+    float bval = 100.0f;
+    p.n_bias = 1, p.bias_ids = &bid, p.bias_vals = &bval;
+    assert_int_equal(run(&p, l, V, NULL), 9);
+    /* sampled draws stay inside the mask and reach every allowed id */
+    struct sample_row q = plain(5.0f, 0);
+    q.allow = allow;
+    int kept[V];
+    sweep(q, l, V, kept);
+    int want[4] = {1, 5, 9, 33};
+    assert_kept(kept, V, want, 4);
+    /* through the per-choice state */
+    struct engine_sampling sp = {.n = 1, .max_tokens = 8, .temperature = 0.0f, .top_p = 1.0f,
+                                 .repetition_penalty = 1.0f, .logprobs = -1};
+    struct sampler_seq s;
+    float scratch[SAMPLER_SCRATCH_ROWS * V], w[V];
+    assert_int_equal(sampler_seq_init(&s, &sp, 7, 0, V, NULL, 0), 0);
+    assert_null(s.allow);
+    memcpy(w, l, sizeof w);
+    assert_int_equal(sampler_pick(&s, &sp, w, V, 0, NULL, 0, scratch), 3); /* unconstrained: the argmax */
+    s.allow = allow;
+    memcpy(w, l, sizeof w);
+    assert_int_equal(sampler_pick(&s, &sp, w, V, 0, NULL, 0, scratch), 9);
+    struct sample_row r;
+    sampler_row(&r, &s, &sp, 0, NULL, 0);
+    assert_ptr_equal(r.allow, allow);
+    sampler_seq_free(&s);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_allow_mask),
         cmocka_unit_test(test_fixed_u_picks_expected_id),
         cmocka_unit_test(test_top_k_keeps_exactly_k),
         cmocka_unit_test(test_top_p_cut),
