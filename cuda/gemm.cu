@@ -1,11 +1,11 @@
 // Batch-invariant bf16 GEMM: y[t][n] = sum_k x[t][k] * w[n][k] (+ bias[n]), f32 accumulation,
 // bf16 or f32 output. Shapes take different kernels by batch size (a weight stream of one warp
-// per 16 weight rows at decode batch sizes, 64 x 64 and 128 x 128 tensor-core tiles above), but
+// per 16 weight rows at decode batch sizes, M <= 32; above, gemm_wg.cu's wgmma tiles), but
 // each output element is always summed the same way: K is cut into chunks of GEMM_KC; within a
-// chunk one f32 accumulator is fed by mma.m16n8k16 over k = 0, 16, 32, ... in order (weights
-// the A operand, tokens B); the chunk sums are added in order into a zero-started total; then
-// the bias. Whether the chunks are summed in registers or by separate blocks (split-K, with the
-// last block of a tile adding the partials in chunk order) is only a matter of speed. So a
+// chunk one f32 accumulator is fed by mma.m16n8k16 (or wgmma m64nNk16: the same rounding) over
+// k = 0, 16, 32, ... in order (weights the A operand, tokens B); the chunk sums are added in
+// order into a zero-started total; then the bias. Whether the chunks are summed in registers or
+// by separate blocks (split-K, with the partials added in chunk order) is only a matter of speed. So a
 // token's output does not depend on how many other tokens share the step (cuBLAS picks split-K
 // and tile shapes by M, which changes the rounding), which is what keeps greedy outputs
 // identical alone, batched and chunked.
@@ -28,9 +28,7 @@
 static float *g_ws;      // partial sums [chunk][M][N]
 static int *g_counters;  // per tile: chunks done (back to 0 after each tile)
 static int g_sms = 132;
-static int g_mid_cfg, g_big_cfg; // tile choices (GEMM_MID1 / GEMM_BIG1 by default; 0: GEMM_MID / GEMM_BIG)
 static int g_stream_m = 32; // the largest M of the weight stream (8, 16 or 32; GEMM_STREAM_M by default)
-static unsigned g_split_tiles;   // 64-row tile grids below this many tiles split K (default: half the SMs)
 static unsigned g_nosplit_strips; // weight streams of at least this many strips do not split K (default 1024)
 static bool g_stream_groups = true; // weight streams split K in groups of chunks (DUOSERVE_STREAM_GROUPS=0: one a block)
 // Weight streams launch programmatically (their first two weight buffers load while the kernel
@@ -43,28 +41,9 @@ static bool g_stream_pdl = true;
 // holds SM slots, and a full-wave grid waits for those (H200, runs 24-25: gate|up alone 58.5
 // against 62.8 us; the b1 step 4.51-4.53 ms with it, 4.57 with every stream, 4.61-4.65 with none).
 static bool g_stream_k = true;
-// M above the weight stream: the wgmma tiles (gemm_wg.cu); DUOSERVE_GEMM_WG=0: the mma.sync tiles (A/B)
-static bool g_wg = true;
 static unsigned g_stream_k_units = 8192;
 
-__device__ __forceinline__ void cp_async16(void *smem, const void *gmem, bool pred) {
-    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    int n = pred ? 16 : 0; // 0 bytes read: the 16 bytes are zero-filled
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(n));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
-__device__ __forceinline__ void ldmatrix_x4(uint32_t *r, const void *p) {
-    unsigned s = (unsigned)__cvta_generic_to_shared(p);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(s));
-}
-__device__ __forceinline__ void ldmatrix_x2(uint32_t *r, const void *p) {
-    unsigned s = (unsigned)__cvta_generic_to_shared(p);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "r"(s));
-}
 __device__ __forceinline__ void mma_bf16(float *c, const uint32_t *a, const uint32_t *b) {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
                  "{%0,%1,%2,%3};\n"
@@ -118,183 +97,6 @@ __device__ __forceinline__ void partials_in_order_row16(const float *ws, int chu
 }
 
 
-
-// The tile kernels (M > GEMM_STREAM_M). A block covers BM = WMW * WMT * 16 weight rows and
-// BN = WNW * WNT * 8 tokens; its warps form a WMW x WNW grid, each owning WMT m16 tiles x WNT
-// n8 tiles. K advances BK per pipeline stage: packed weight blocks and padded token rows are
-// copied into shared memory (cp.async), A fragments are read 16 bytes a lane, B by ldmatrix.
-template <int WMW, int WMT, int WNW, int WNT, int BK, int STAGES> struct gemm_cfg {
-    static constexpr int BM = WMW * WMT * 16, BN = WNW * WNT * 8, THREADS = 32 * WMW * WNW;
-    static constexpr int LD = BK + 8; // padded token rows (halves): ldmatrix rows hit distinct banks
-    // split-K only for tiles whose threads hold few outputs (the reduction's registers); launch()
-    // splits no other
-    static constexpr bool SPLITS = WMT * WNT <= 8;
-    static constexpr size_t SMEM = (size_t)STAGES * (BM * BK + BN * LD) * 2;
-};
-
-template <int WMW, int WMT, int WNW, int WNT, int BK, int STAGES, typename OUT, bool SW>
-__global__ void __launch_bounds__(32 * WMW * WNW)
-    gemm_kernel(OUT *__restrict__ y, const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ w,
-                const __nv_bfloat16 *__restrict__ bias, int M, int N, int K, float *__restrict__ ws,
-                int *__restrict__ counters) {
-    using C = gemm_cfg<WMW, WMT, WNW, WNT, BK, STAGES>;
-    extern __shared__ __align__(16) unsigned char smem_raw[];
-    __nv_bfloat16 *sw = reinterpret_cast<__nv_bfloat16 *>(smem_raw);
-    __nv_bfloat16 *sx = sw + (size_t)STAGES * C::BM * BK;
-    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-    const int wm = warp % WMW, wn = warp / WMW;
-    const int t0 = blockIdx.x * C::BN, n0 = blockIdx.y * C::BM; // token tiles vary fastest: they share w
-    const int NB = (N + 15) / 16, KB = (K + 15) / 16;
-    const bool split = gridDim.z > 1; // this block sums chunk blockIdx.z only
-    const int kbeg = split ? blockIdx.z * GEMM_KC : 0, kend = split ? min(K, kbeg + GEMM_KC) : K;
-    const int nk = (kend - kbeg + BK - 1) / BK;
-    const int g = lane / 4, q = lane % 4; // mma fragment coordinates
-
-    // k tile kt of the block's weight rows: BM / 16 runs of BK / 16 contiguous 512-byte blocks
-    auto load_w = [&](int stage, int kt) {
-        constexpr int SLOTS = C::BM / 16 * (BK / 16) * 32; // 16-byte slots
-        __nv_bfloat16 *dst = sw + (size_t)stage * C::BM * BK;
-        const int kb0 = (kbeg + kt * BK) / 16;
-        for (int i = tid; i < SLOTS; i += C::THREADS) {
-            int rb = n0 / 16 + i / (BK / 16 * 32), kb = kb0 + i / 32 % (BK / 16);
-            bool ok = rb < NB && kb < KB;
-            cp_async16(dst + (size_t)i * 8, ok ? w + (((size_t)rb * KB + kb) * 32 + i % 32) * 8 : w, ok);
-        }
-    };
-    // k tile kt of the block's token rows (rows >= M and k >= K zero)
-    auto load_x = [&](int stage, int kt) {
-        constexpr int CPR = BK / 8; // 16-byte chunks per row
-        __nv_bfloat16 *dst = sx + (size_t)stage * C::BN * C::LD;
-        const int k0 = kbeg + kt * BK;
-        for (int i = tid; i < C::BN * CPR; i += C::THREADS) {
-            int r = i / CPR, c = (i % CPR) * 8, k = k0 + c;
-            bool ok = t0 + r < M && k < K;
-            cp_async16(dst + r * C::LD + c, ok ? x + (size_t)(t0 + r) * K + k : x, ok);
-        }
-    };
-
-    float acc[WMT][WNT][4], total[WMT][WNT][4];
-#pragma unroll
-    for (int i = 0; i < WMT; i++)
-#pragma unroll
-        for (int j = 0; j < WNT; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) acc[i][j][e] = total[i][j][e] = 0.0f;
-
-    // the first weight tiles stream in while the kernel before this one finishes (PDL); x and
-    // every write wait for it
-    for (int s = 0; s < STAGES - 1; s++)
-        if (s < nk) load_w(s, s);
-    pdl_wait();
-    for (int s = 0; s < STAGES - 1; s++) {
-        if (s < nk) load_x(s, s);
-        cp_async_commit();
-    }
-    for (int kt = 0; kt < nk; kt++) {
-        cp_async_wait<STAGES - 2>();
-        __syncthreads(); // stage kt landed for every thread; stage kt-1 is free to refill
-        if (kt + STAGES - 1 < nk) {
-            load_w((kt + STAGES - 1) % STAGES, kt + STAGES - 1);
-            load_x((kt + STAGES - 1) % STAGES, kt + STAGES - 1);
-        }
-        cp_async_commit();
-        const __nv_bfloat16 *cw = sw + (size_t)(kt % STAGES) * C::BM * BK;
-        const __nv_bfloat16 *cx = sx + (size_t)(kt % STAGES) * C::BN * C::LD;
-#pragma unroll
-        for (int kk = 0; kk < BK; kk += 16) {
-            uint32_t a[WMT][4], b[WNT][2];
-#pragma unroll
-            for (int i = 0; i < WMT; i++) {
-                uint4 v = *reinterpret_cast<const uint4 *>(cw + (((wm * WMT + i) * (BK / 16) + kk / 16) * 32 + lane) * 8);
-                a[i][0] = v.x, a[i][1] = v.y, a[i][2] = v.z, a[i][3] = v.w;
-            }
-            if constexpr (WNT % 2 == 0) {
-#pragma unroll
-                for (int j = 0; j < WNT; j += 2) { // two n8 tiles per ldmatrix
-                    uint32_t r[4];
-                    ldmatrix_x4(r, cx + (size_t)((wn * WNT + j + lane / 16) * 8 + lane % 8) * C::LD + kk +
-                                       ((lane / 8) % 2) * 8);
-                    b[j][0] = r[0], b[j][1] = r[1], b[j + 1][0] = r[2], b[j + 1][1] = r[3];
-                }
-            } else {
-#pragma unroll
-                for (int j = 0; j < WNT; j++)
-                    ldmatrix_x2(b[j], cx + (size_t)((wn * WNT + j) * 8 + lane % 8) * C::LD + kk + ((lane / 8) % 2) * 8);
-            }
-#pragma unroll
-            for (int i = 0; i < WMT; i++)
-#pragma unroll
-                for (int j = 0; j < WNT; j++) mma_bf16(acc[i][j], a[i], b[j]);
-        }
-        int kn = kbeg + (kt + 1) * BK; // end of this k tile: a chunk ends here?
-        if (kn % GEMM_KC == 0 || kn >= kend)
-#pragma unroll
-            for (int i = 0; i < WMT; i++)
-#pragma unroll
-                for (int j = 0; j < WNT; j++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) total[i][j][e] += acc[i][j][e], acc[i][j][e] = 0.0f;
-    }
-    cp_async_wait<0>();
-    pdl_trigger(); // the next kernel may launch (and stream its weights) while the tiles drain
-
-    // f(n, t, total) for each output this thread holds: total[i][j] covers rows (weight n) g and
-    // g + 8 of m tile i, columns (token t) 2q and 2q + 1 of n tile j
-    auto each_out = [&](auto &&f) {
-#pragma unroll
-        for (int i = 0; i < WMT; i++)
-#pragma unroll
-            for (int h = 0; h < 2; h++)
-#pragma unroll
-                for (int j = 0; j < WNT; j++)
-#pragma unroll
-                    for (int e = 0; e < 2; e++) {
-                        int n = n0 + (wm * WMT + i) * 16 + g + 8 * h, t = t0 + (wn * WNT + j) * 8 + 2 * q + e;
-                        if (n < N && t < M) f(n, t, total[i][j][2 * h + e]);
-                    }
-    };
-    if constexpr (C::SPLITS) if (split) {
-        // partials out; the tile's last block adds them in chunk order (the same sum as above)
-        float *part = ws + (size_t)blockIdx.z * M * N;
-        each_out([&](int n, int t, float &v) { part[(size_t)t * N + n] = v; });
-        fence_acq_rel();
-        __syncthreads();
-        __shared__ int last;
-        int tile = blockIdx.y * gridDim.x + blockIdx.x;
-        if (tid == 0) last = atomicAdd(&counters[tile], 1) == (int)gridDim.z - 1;
-        __syncthreads();
-        if (!last) return;
-        fence_acq_rel();
-        { // every partial of this thread's outputs, in chunk order
-            constexpr int NO = WMT * WNT * 4;
-            float v[NO];
-            partials_in_order<NO, 1>(ws, (int)gridDim.z, M, N, [&](int o, int &n, int &t) {
-                n = n0 + (wm * WMT + o / (WNT * 4)) * 16 + g + 8 * ((o % 4) >> 1);
-                t = t0 + (wn * WNT + o / 4 % WNT) * 8 + 2 * q + (o & 1);
-            }, v);
-#pragma unroll
-            for (int i = 0; i < WMT; i++)
-#pragma unroll
-                for (int j = 0; j < WNT; j++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) total[i][j][e] = v[(i * WNT + j) * 4 + e];
-        }
-        if (tid == 0) counters[tile] = 0;
-    }
-    if constexpr (SW) { // total[i][j][e] is row g of m tile i, total[i][j][2 + e] row g + 8
-#pragma unroll
-        for (int i = 0; i < WMT; i++)
-#pragma unroll
-            for (int j = 0; j < WNT; j++)
-#pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    int n = n0 + (wm * WMT + i) * 16 + g, t = t0 + (wn * WNT + j) * 8 + 2 * q + e;
-                    if (n < N && t < M) store_swiglu(y, N, n, t, total[i][j][e], total[i][j][2 + e]);
-                }
-    } else {
-        each_out([&](int n, int t, float &v) { store_out(y + (size_t)t * N + n, out_value(v, bias, n)); });
-    }
-}
 
 // NORM weight streams (M = 1): the input row is x + y through RMSNorm (rms_row, the norm
 // kernels' own code, so the bits are theirs), made by each block in shared memory; block 0
@@ -541,33 +343,10 @@ __global__ void gemm_plain_kernel(OUT *y, const __nv_bfloat16 *x, const __nv_bfl
 
 // Tile shapes by batch size above the weight stream. Each sums in the same order (see the top).
 #define GEMM_STREAM_M 32           // M <= 32: the weight stream (n8 token tiles: 1, 2 or 4)
-#define GEMM_MID 4, 1, 1, 8, 64, 6 // M <= 64 (and larger M whose 128-row tiles are too few): 64 x 64, 4 warps
-#define GEMM_BIG 2, 4, 4, 4, 32, 4 // 128 rows x 128 tokens, 8 warps
-// A/B alternatives (DUOSERVE_GEMM_MID=1, DUOSERVE_GEMM_BIG=1): the same sums, other tiles
-#define GEMM_MID1 8, 1, 1, 8, 64, 4   // 128 rows x 64 tokens, 8 warps (x read once per 128 rows)
-#define GEMM_MID2 8, 1, 1, 8, 128, 3  // the same with 128-wide k steps
-#define GEMM_MID3 16, 1, 1, 8, 64, 3  // 256 rows x 64 tokens, 16 warps
-#define GEMM_BIG1 2, 4, 4, 4, 64, 3   // 128 x 128 with 64-wide k steps (half the barriers)
-#define GEMM_BIG2 2, 4, 4, 4, 64, 4   // the same, 4 stages (one block an SM)
 
 // Whether the chunks' partials fit the workspace (else every block sums all chunks itself).
 static bool split_fits(unsigned chunks, int M, int N, unsigned tiles) {
     return chunks > 1 && tiles <= GEMM_COUNTERS && (size_t)chunks * M * N <= GEMM_WS_FLOATS;
-}
-
-template <int WMW, int WMT, int WNW, int WNT, int BK, int STAGES, typename OUT, bool SW>
-static int launch(OUT *y, const void *x, const void *w, const void *bias, int M, int N, int K, cudaStream_t s) {
-    using C = gemm_cfg<WMW, WMT, WNW, WNT, BK, STAGES>;
-    auto kern = gemm_kernel<WMW, WMT, WNW, WNT, BK, STAGES, OUT, SW>;
-    dim3 grid((M + C::BN - 1) / C::BN, (N + C::BM - 1) / C::BM, 1);
-    // too few tiles to fill the GPU: one block per K chunk. The partials are real traffic (at
-    // M = 64 half the weights' bytes, more above), so only nearly idle grids of M <= 64 split.
-    // (Only the split changes with the grid, never the order of a sum.)
-    unsigned chunks = (unsigned)((K + GEMM_KC - 1) / GEMM_KC), tiles = grid.x * grid.y;
-    if (C::SPLITS && M <= 64 && tiles < g_split_tiles && split_fits(chunks, M, N, tiles)) grid.z = chunks;
-    CUDA_CHECK(cuda_launch(kern, grid, dim3(C::THREADS), C::SMEM, s, y, (const __nv_bfloat16 *)x,
-                           (const __nv_bfloat16 *)w, (const __nv_bfloat16 *)bias, M, N, K, g_ws, g_counters));
-    return 0;
 }
 
 // Blocks of weight-stream kernel KERN an SM holds (asked once; at least 1)
@@ -621,25 +400,15 @@ static int launch_stream(OUT *y, const void *x, const void *w, const void *bias,
     return 0;
 }
 
-template <int WMW, int WMT, int WNW, int WNT, int BK, int STAGES, typename OUT, bool SW> static int allow_smem() {
-    using C = gemm_cfg<WMW, WMT, WNW, WNT, BK, STAGES>;
-    CUDA_CHECK(cudaFuncSetAttribute(gemm_kernel<WMW, WMT, WNW, WNT, BK, STAGES, OUT, SW>,
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)C::SMEM));
-    return 0;
-}
-
 // The kernel a shape takes: the plain kernel (row-major weights), the weight stream with 1, 2
-// or 4 token tiles, or the mid or big tiles (128 x 128 only when there are enough of them to
-// fill the GPU).
-enum gemm_path { GEMM_PLAIN, GEMM_STREAM1, GEMM_STREAM2, GEMM_STREAM4, GEMM_WG, GEMM_TILES_MID, GEMM_TILES_BIG };
+// or 4 token tiles, or the wgmma tiles.
+enum gemm_path { GEMM_PLAIN, GEMM_STREAM1, GEMM_STREAM2, GEMM_STREAM4, GEMM_WG };
 static enum gemm_path gemm_path_of(int M, int N, int K) {
     if (K % 8) return GEMM_PLAIN;
     if (M <= 8) return GEMM_STREAM1;
     if (M <= 16 && g_stream_m >= 16) return GEMM_STREAM2;
     if (M <= 32 && g_stream_m >= 32) return GEMM_STREAM4;
-    if (g_wg) return GEMM_WG;
-    if (M <= 64 || (unsigned)((M + 127) / 128) * (unsigned)((N + 127) / 128) < (unsigned)g_sms) return GEMM_TILES_MID;
-    return GEMM_TILES_BIG;
+    return GEMM_WG;
 }
 
 // SW: the fused SwiGLU epilogue (y is [M][N / 2], N % 16 == 0, no bias; packed weights only)
@@ -661,24 +430,9 @@ static int gemm(OUT *y, const void *x, const void *w, const void *bias, int M, i
     if (path == GEMM_STREAM1) return launch_stream<1, OUT, SW>(y, x, w, bias, M, N, K, s);
     if (path == GEMM_STREAM2) return launch_stream<2, OUT, SW>(y, x, w, bias, M, N, K, s);
     if (path == GEMM_STREAM4) return launch_stream<4, OUT, SW>(y, x, w, bias, M, N, K, s);
-    if (path == GEMM_WG) {
-        const struct gemm_wg_env env = {g_ws, g_counters, g_sms};
-        if constexpr (sizeof(OUT) == 4) return gemm_wg_f32((float *)y, x, w, bias, M, N, K, &env, s);
-        else return gemm_wg_bf16((__nv_bfloat16 *)y, x, w, bias, M, N, K, SW, &env, s);
-    }
-    if (path == GEMM_TILES_MID) {
-        switch (g_mid_cfg) {
-        case 1: return launch<GEMM_MID1, OUT, SW>(y, x, w, bias, M, N, K, s);
-        case 2: return launch<GEMM_MID2, OUT, SW>(y, x, w, bias, M, N, K, s);
-        case 3: return launch<GEMM_MID3, OUT, SW>(y, x, w, bias, M, N, K, s);
-        default: return launch<GEMM_MID, OUT, SW>(y, x, w, bias, M, N, K, s);
-        }
-    }
-    switch (g_big_cfg) {
-    case 1: return launch<GEMM_BIG1, OUT, SW>(y, x, w, bias, M, N, K, s);
-    case 2: return launch<GEMM_BIG2, OUT, SW>(y, x, w, bias, M, N, K, s);
-    default: return launch<GEMM_BIG, OUT, SW>(y, x, w, bias, M, N, K, s);
-    }
+    const struct gemm_wg_env env = {g_ws, g_sms};
+    if constexpr (sizeof(OUT) == 4) return gemm_wg_f32((float *)y, x, w, bias, M, N, K, &env, s);
+    else return gemm_wg_bf16((__nv_bfloat16 *)y, x, w, bias, M, N, K, SW, &env, s);
 }
 
 // Row tokens[t] of a packed table (dim % 8 == 0), a block a token. Elements k, k + 1 (k even) are
@@ -706,41 +460,25 @@ __global__ void embed_packed_kernel(__nv_bfloat16 *__restrict__ out, const __nv_
 
 extern "C" {
 
-/* Once per process, before any launch (graph capture included): the opt-in shared memory. */
+/* Once per process, before any launch (graph capture included): the split workspace and the
+ * wgmma tiles' opt-in shared memory. */
 int cuda_gemm_init(void) {
     int dev = 0;
     CUDA_CHECK(cudaGetDevice(&dev));
     CUDA_CHECK(cudaDeviceGetAttribute(&g_sms, cudaDevAttrMultiProcessorCount, dev));
-    const char *ns = getenv("DUOSERVE_STREAM_NOSPLIT_STRIPS"), *mc = getenv("DUOSERVE_GEMM_MID"),
-               *bc = getenv("DUOSERVE_GEMM_BIG"), *st = getenv("DUOSERVE_GEMM_SPLIT_TILES"),
-               *sm = getenv("DUOSERVE_GEMM_STREAM_M");
+    const char *ns = getenv("DUOSERVE_STREAM_NOSPLIT_STRIPS"), *sm = getenv("DUOSERVE_GEMM_STREAM_M");
     g_stream_m = sm ? atoi(sm) : GEMM_STREAM_M;
     g_stream_groups = cuda_env_on("DUOSERVE_STREAM_GROUPS");
     g_stream_pdl = cuda_env_on("DUOSERVE_PDL_GEMM");
     g_stream_k = cuda_env_on("DUOSERVE_STREAM_K");
-    g_wg = cuda_env_on("DUOSERVE_GEMM_WG");
     if (const char *ku = getenv("DUOSERVE_STREAM_K_MIN_UNITS")) g_stream_k_units = (unsigned)max(0, atoi(ku));
     g_nosplit_strips = ns ? (unsigned)atoi(ns) : 1024;
-    g_mid_cfg = mc ? atoi(mc) : 1;
-    g_big_cfg = bc ? atoi(bc) : 1;
-    g_split_tiles = st ? (unsigned)atoi(st) : (unsigned)g_sms / 2;
     if (!g_ws) CUDA_CHECK(cudaMalloc(&g_ws, (size_t)GEMM_WS_FLOATS * sizeof(float)));
     if (!g_counters) {
         CUDA_CHECK(cudaMalloc(&g_counters, GEMM_COUNTERS * sizeof(int)));
         CUDA_CHECK(cudaMemset(g_counters, 0, GEMM_COUNTERS * sizeof(int)));
     }
-    int rc = allow_smem<GEMM_MID, __nv_bfloat16, false>() | allow_smem<GEMM_BIG, __nv_bfloat16, false>() |
-             allow_smem<GEMM_MID, float, false>() | allow_smem<GEMM_BIG, float, false>() |
-             allow_smem<GEMM_MID, __nv_bfloat16, true>() | allow_smem<GEMM_BIG, __nv_bfloat16, true>() |
-             allow_smem<GEMM_MID1, __nv_bfloat16, false>() | allow_smem<GEMM_BIG1, __nv_bfloat16, false>() |
-             allow_smem<GEMM_MID1, float, false>() | allow_smem<GEMM_BIG1, float, false>() |
-             allow_smem<GEMM_MID1, __nv_bfloat16, true>() | allow_smem<GEMM_BIG1, __nv_bfloat16, true>();
-#define GEMM_ALLOW3(CFG) \
-    (allow_smem<CFG, __nv_bfloat16, false>() | allow_smem<CFG, float, false>() | allow_smem<CFG, __nv_bfloat16, true>())
-    rc |= GEMM_ALLOW3(GEMM_MID2) | GEMM_ALLOW3(GEMM_MID3) | GEMM_ALLOW3(GEMM_BIG2);
-#undef GEMM_ALLOW3
-    if (gemm_wg_init()) rc = 1;
-    return rc ? -2 : 0;
+    return gemm_wg_init() ? -2 : 0;
 }
 
 /* Bytes of an N x K weight in the layout the GEMMs read: packed (K % 8 == 0) or row-major. */
@@ -801,13 +539,9 @@ int cuda_gemm_norm(void *y_out, void *x_out, const void *x, const void *y, const
 
 /* Which kernel a shape takes (for the op test's labels). */
 const char *cuda_gemm_kind(int M, int N, int K) {
-    static const char *const mid[] = {"64x64 tiles", "128x64 tiles", "128x64 tiles, k 128", "256x64 tiles"};
-    static const char *const big[] = {"128x128 tiles", "128x128 tiles, k 64", "128x128 tiles, k 64, 4 stages"};
     switch (gemm_path_of(M, N, K)) {
     case GEMM_PLAIN: return "plain kernel";
     case GEMM_WG: return M <= 64 ? "wgmma 128x64 tiles" : "wgmma 128x128 tiles";
-    case GEMM_TILES_MID: return mid[g_mid_cfg >= 0 && g_mid_cfg < 4 ? g_mid_cfg : 0];
-    case GEMM_TILES_BIG: return big[g_big_cfg >= 0 && g_big_cfg < 3 ? g_big_cfg : 0];
     default: return "weight stream";
     }
 }

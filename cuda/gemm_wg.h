@@ -7,10 +7,9 @@
 #include <cuda_runtime.h>
 #include <stdbool.h>
 
-/* gemm.cu's split-K workspace and tile counters, and the SM count */
+/* gemm.cu's split-K workspace and the SM count */
 struct gemm_wg_env {
     float *ws;
-    int *counters;
     int sms;
 };
 
