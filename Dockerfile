@@ -3,17 +3,20 @@
 #   docker run --gpus all -p 8000:8000 -v /path/to/models:/models:ro duoserve -m /models/Llama-3.1-8B-Instruct
 # Flags after the image name go to `duoserve serve`; /etc/duoserve/duoserve.json (DUOSERVE_CONFIG)
 # makes it listen on 0.0.0.0:8000 unless a flag says otherwise.
+# Build arguments: CUDA_VERSION and UBUNTU pick the nvidia/cuda images; CUDA_ARCH the GPU
+# architecture of the kernels (90a: H100, H200, GH200; they use Hopper-only instructions).
 ARG CUDA_VERSION=13.0.0
 ARG UBUNTU=ubuntu24.04
 
-# ---- build: the same steps as CI and the README (install-deps, make, make test) ----
+# ---- build: the README's steps (scripts/install-deps.sh, make); the tests run in CI, not here ----
 FROM nvidia/cuda:${CUDA_VERSION}-devel-${UBUNTU} AS build
+ARG CUDA_ARCH=90a
 ENV DEBIAN_FRONTEND=noninteractive
 WORKDIR /src
 COPY scripts/install-deps.sh scripts/install-deps.sh
 RUN ./scripts/install-deps.sh && rm -rf /var/lib/apt/lists/*
 COPY . .
-RUN make -j"$(nproc)" && ./build/duoserve --version
+RUN make -j"$(nproc)" CUDA=1 CUDA_ARCH="${CUDA_ARCH}" build/duoserve && ./build/duoserve --version
 
 # ---- runtime: CUDA runtime (cudart, cuBLAS) plus the shared libraries duoserve links ----
 FROM nvidia/cuda:${CUDA_VERSION}-runtime-${UBUNTU}

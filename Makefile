@@ -22,8 +22,10 @@ ifeq ($(CUDA),)
   CUDA := $(if $(NVCC),1,0)
 endif
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
-# Hopper (H200): sm_90a enables wgmma/TMA for later kernels.
-NVCCFLAGS ?= -O3 -g -lineinfo -std=c++17 -gencode arch=compute_90a,code=sm_90a \
+# Hopper (H100/H200): the kernels use sm_90a's wgmma and TMA, so 90a is the one architecture
+# they build for (CUDA_ARCH is the Dockerfile's build argument).
+CUDA_ARCH ?= 90a
+NVCCFLAGS ?= -O3 -g -lineinfo -std=c++17 -gencode arch=compute_$(CUDA_ARCH),code=sm_$(CUDA_ARCH) \
              -Xcompiler -Wall,-Wextra,-Wno-unused-parameter -I.
 
 ENGINE_SRC := $(sort $(wildcard engine/*.c))
