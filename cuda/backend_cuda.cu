@@ -160,14 +160,6 @@ static void drop_graphs(struct cuda_ctx *c) {
             if (!CTX(b)->err) CTX(b)->err = BACKEND_ERR_DEVICE;                                          \
         }                                                                                                 \
     } while (0)
-#define CK_CTX(c, stmt)                                                                                   \
-    do {                                                                                                  \
-        cudaError_t e_ = (stmt);                                                                          \
-        if (e_ != cudaSuccess) {                                                                          \
-            elog("error", "CUDA error %s in %s at %s:%d", cudaGetErrorString(e_), #stmt, __FILE__, __LINE__);  \
-            if (!(c)->err) (c)->err = BACKEND_ERR_DEVICE;                                                \
-        }                                                                                                 \
-    } while (0)
 #define CKI(b, rc)                                                                                        \
     do {                                                                                                  \
         if ((rc) != 0 && !CTX(b)->err) CTX(b)->err = BACKEND_ERR_DEVICE;                                  \
@@ -607,10 +599,11 @@ static int ensure_logits(struct backend *b, size_t need, int vocab) {
 }
 
 /* The logits just written to d_logits go to host_logits (when set) at sync(). */
-static void logits_out(struct cuda_ctx *c, float *host_logits, int n, size_t need) {
+static void logits_out(struct backend *b, float *host_logits, int n, size_t need) {
+    struct cuda_ctx *c = CTX(b);
     c->n_logit_rows = n;
     if (!host_logits) return;
-    CK_CTX(c, cudaMemcpyAsync(c->h_logits, c->d_logits, need * sizeof(float), cudaMemcpyDeviceToHost, c->stream));
+    CK(b, cudaMemcpyAsync(c->h_logits, c->d_logits, need * sizeof(float), cudaMemcpyDeviceToHost, c->stream));
     c->pending_dst = host_logits;
     c->pending_n = need;
 }
@@ -622,7 +615,7 @@ static int cu_logits(struct backend *b, float *host_logits, const void *x, const
     if (c->cublas) gemm(b, c->d_logits, CUDA_R_32F, x, w, n, vocab, dim);
     else CKI(b, cuda_gemm_f32out(c->d_logits, x, w, n, vocab, dim, c->stream));
     tm_mark(c, "logits");
-    logits_out(c, host_logits, n, need);
+    logits_out(b, host_logits, n, need);
     return c->err;
 }
 
@@ -648,7 +641,7 @@ static int cu_logits_assemble(struct backend *b, float *host_logits, const float
                                 (size_t)cols * sizeof(float), (size_t)n, cudaMemcpyDeviceToDevice, c->stream));
     }
     tm_mark(c, "logits (gathered)");
-    logits_out(c, host_logits, n, need);
+    logits_out(b, host_logits, n, need);
     return c->err;
 }
 
