@@ -44,7 +44,7 @@ ifeq ($(CUDA),1)
   ifneq ($(CUDA_BACKEND),)
     DUO_CFLAGS += -DDUO_CUDA=1
     LIB_OBJ += $(CUDA_OBJ)
-    LDLIBS  += -L$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart -lstdc++
+    LDLIBS  += -L$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart -lstdc++ -ldl
     CUDA_TEST := $(BUILD)/duoserve-test-cuda $(BUILD)/duoserve-test-cuda-sampling
   endif
 endif

@@ -130,6 +130,15 @@ struct cuda_ctx {
 
 #define CTX(b) ((struct cuda_ctx *)(b)->ctx)
 
+/* Makes the backend's GPU current on the calling thread. Tensor parallelism calls a rank's
+ * backend from the engine thread (allocation, KV copies, freeing) as well as from the rank's own
+ * thread; the entry points that may be the first call on a thread set it (begin_step for a
+ * step's ops, which follow on the same thread). */
+static void use_device(const struct cuda_ctx *c) {
+    int cur = -1;
+    if (cudaGetDevice(&cur) != cudaSuccess || cur != c->device) cudaSetDevice(c->device);
+}
+
 static void drop_graphs(struct cuda_ctx *c) {
     for (int k = 0; k < 2; k++)
         for (int sp = 0; sp < SPLIT_MODES; sp++)
@@ -233,6 +242,7 @@ static void tm_report(struct cuda_ctx *c) {
 }
 
 static void *cu_alloc(struct backend *b, size_t bytes, enum backend_status *st) {
+    use_device(CTX(b));
     void *p = NULL;
     cudaError_t e = cudaMalloc(&p, bytes ? bytes : 16);
     if (e != cudaSuccess) {
@@ -246,10 +256,13 @@ static void *cu_alloc(struct backend *b, size_t bytes, enum backend_status *st) 
 }
 
 static void cu_free(struct backend *b, void *p) {
-    if (p) cudaFree(p);
+    if (!p) return;
+    use_device(CTX(b));
+    cudaFree(p);
 }
 
 static void cu_copy(struct backend *b, void *dst, const void *src, size_t bytes) {
+    use_device(CTX(b));
     CK(b, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, CTX(b)->stream));
 }
 
@@ -281,6 +294,7 @@ static bool packed_weight(const struct cuda_ctx *c, int n_in) { return !c->cubla
  * on the device. */
 static int cu_weight_upload(struct backend *b, const struct st_tensor *t, void **out) {
     struct cuda_ctx *c = CTX(b);
+    use_device(c);
     const size_t chunk = (size_t)32 << 20; // elements: 64 MiB a buffer
     if (!c->stage) {
         c->stage_pinned = cudaMallocHost((void **)&c->stage, 2 * chunk * 2) == cudaSuccess;
@@ -332,11 +346,13 @@ static int cu_weight_upload(struct backend *b, const struct st_tensor *t, void *
 }
 
 static int cu_upload_f32(struct backend *b, void *dst, const float *src, size_t n) {
+    use_device(CTX(b));
     return cudaMemcpy(dst, src, n * sizeof(float), cudaMemcpyHostToDevice) == cudaSuccess ? BACKEND_OK
                                                                                           : BACKEND_ERR_DEVICE;
 }
 
 static int cu_upload_act(struct backend *b, void *dst, const float *src, size_t n) {
+    use_device(CTX(b));
     float *t = tmp_f32(b, n);
     if (!t) return BACKEND_ERR_OOM;
     if (cudaMemcpyAsync(t, src, n * sizeof(float), cudaMemcpyHostToDevice, CTX(b)->stream) != cudaSuccess)
@@ -346,6 +362,7 @@ static int cu_upload_act(struct backend *b, void *dst, const float *src, size_t 
 }
 
 static int cu_download_act(struct backend *b, float *dst, const void *src, size_t n) {
+    use_device(CTX(b));
     float *t = tmp_f32(b, n);
     if (!t) return BACKEND_ERR_OOM;
     if (cuda_bf16_to_f32(t, src, n, CTX(b)->stream)) return BACKEND_ERR_DEVICE;
@@ -355,6 +372,7 @@ static int cu_download_act(struct backend *b, float *dst, const void *src, size_
 }
 
 static void cu_mem_info(struct backend *b, size_t *free_bytes, size_t *total_bytes) {
+    use_device(CTX(b));
     if (cudaMemGetInfo(free_bytes, total_bytes) != cudaSuccess) *free_bytes = *total_bytes = 0;
 }
 
@@ -363,6 +381,7 @@ static void cu_mem_info(struct backend *b, size_t *free_bytes, size_t *total_byt
  * kernel arguments stay the same from step to step and captured graphs stay valid. */
 static int cu_begin_step(struct backend *b, const struct fwd_batch *bt) {
     struct cuda_ctx *c = CTX(b);
+    use_device(c);
     struct meta_caps &g_caps = c->caps;
     size_t T = (size_t)bt->n_tokens, S = (size_t)bt->n_seqs, NB = bt->block_indptr ? (size_t)bt->block_indptr[S] : 0;
     if (!c->d_meta || T > g_caps.T || S + 1 > g_caps.S || NB > g_caps.B || (size_t)bt->n_logits > g_caps.S) {
@@ -549,43 +568,100 @@ static void cu_get_rows(struct backend *b, void *out, const void *x, int dim) {
     tm_mark(c, "get_rows");
 }
 
+/* The logits buffers (device, pinned host, argmax ids) hold at least need floats of rows of
+ * vocab; when they move, the graphs that use them go. */
+static int ensure_logits(struct backend *b, size_t need, int vocab) {
+    struct cuda_ctx *c = CTX(b);
+    if (need <= c->logits_cap && need <= c->h_logits_cap) return BACKEND_OK;
+    size_t cap = need > (size_t)256 * vocab ? need : (size_t)256 * vocab;
+    cudaStreamSynchronize(c->stream);
+    cudaFree(c->d_logits);
+    cudaFreeHost(c->h_logits);
+    c->d_logits = NULL;
+    c->h_logits = NULL;
+    c->logits_cap = c->h_logits_cap = 0;
+    cudaFree(c->d_ids);
+    cudaFreeHost(c->h_ids);
+    c->d_ids = c->h_ids = NULL;
+    size_t rows = cap / vocab;
+    if (cudaMalloc(&c->d_logits, cap * sizeof(float)) != cudaSuccess ||
+        cudaMallocHost(&c->h_logits, cap * sizeof(float)) != cudaSuccess ||
+        cudaMalloc(&c->d_ids, rows * sizeof(int32_t) + cuda_argmax_ws_bytes((int)rows)) != cudaSuccess ||
+        cudaMallocHost(&c->h_ids, rows * sizeof(int32_t)) != cudaSuccess)
+        return c->err = BACKEND_ERR_OOM;
+    c->d_amax_ws = c->d_ids + rows;
+    c->ids_rows = (int)rows;
+    CK(b, cudaMemsetAsync(c->d_amax_ws, 0, cuda_argmax_ws_bytes((int)rows), c->stream));
+    c->logits_cap = c->h_logits_cap = cap;
+    drop_graphs(c);
+    if (c->tm) c->tm->dirty = true;
+    return BACKEND_OK;
+}
+
+/* The logits just written to d_logits go to host_logits (when set) at sync(). */
+static void logits_out(struct backend *b, float *host_logits, int n, size_t need) {
+    struct cuda_ctx *c = CTX(b);
+    c->n_logit_rows = n;
+    if (!host_logits) return;
+    CK(b, cudaMemcpyAsync(c->h_logits, c->d_logits, need * sizeof(float), cudaMemcpyDeviceToHost, c->stream));
+    c->pending_dst = host_logits;
+    c->pending_n = need;
+}
+
 static int cu_logits(struct backend *b, float *host_logits, const void *x, const void *w, int n, int vocab, int dim) {
     struct cuda_ctx *c = CTX(b);
     size_t need = (size_t)n * vocab;
-    if (need > c->logits_cap || need > c->h_logits_cap) { /* buffers move: graphs that use them go */
-        size_t cap = need > (size_t)256 * vocab ? need : (size_t)256 * vocab;
-        cudaStreamSynchronize(c->stream);
-        cudaFree(c->d_logits);
-        cudaFreeHost(c->h_logits);
-        c->d_logits = NULL;
-        c->h_logits = NULL;
-        c->logits_cap = c->h_logits_cap = 0;
-        cudaFree(c->d_ids);
-        cudaFreeHost(c->h_ids);
-        c->d_ids = c->h_ids = NULL;
-        size_t rows = cap / vocab;
-        if (cudaMalloc(&c->d_logits, cap * sizeof(float)) != cudaSuccess ||
-            cudaMallocHost(&c->h_logits, cap * sizeof(float)) != cudaSuccess ||
-            cudaMalloc(&c->d_ids, rows * sizeof(int32_t) + cuda_argmax_ws_bytes((int)rows)) != cudaSuccess ||
-            cudaMallocHost(&c->h_ids, rows * sizeof(int32_t)) != cudaSuccess)
-            return c->err = BACKEND_ERR_OOM;
-        c->d_amax_ws = c->d_ids + rows;
-        c->ids_rows = (int)rows;
-        CK(b, cudaMemsetAsync(c->d_amax_ws, 0, cuda_argmax_ws_bytes((int)rows), c->stream));
-        c->logits_cap = c->h_logits_cap = cap;
-        drop_graphs(c);
-        if (c->tm) c->tm->dirty = true;
-    }
+    if (ensure_logits(b, need, vocab) != BACKEND_OK) return c->err;
     if (c->cublas) gemm(b, c->d_logits, CUDA_R_32F, x, w, n, vocab, dim);
     else CKI(b, cuda_gemm_f32out(c->d_logits, x, w, n, vocab, dim, c->stream));
-    c->n_logit_rows = n;
     tm_mark(c, "logits");
-    if (host_logits) {
-        CK(b, cudaMemcpyAsync(c->h_logits, c->d_logits, need * sizeof(float), cudaMemcpyDeviceToHost, c->stream));
-        c->pending_dst = host_logits;
-        c->pending_n = need;
+    logits_out(b, host_logits, n, need);
+    return c->err;
+}
+
+/* Tensor parallelism: a rank's vocabulary part, the same GEMM as cu_logits, into out. */
+static int cu_logits_to(struct backend *b, float *out, const void *x, const void *w, int n, int vocab, int dim) {
+    struct cuda_ctx *c = CTX(b);
+    if (c->cublas) gemm(b, out, CUDA_R_32F, x, w, n, vocab, dim);
+    else CKI(b, cuda_gemm_f32out(out, x, w, n, vocab, dim, c->stream));
+    tm_mark(c, "logits (part)");
+    return c->err;
+}
+
+/* Tensor parallelism, rank 0: the gathered parts into d_logits, one strided copy a part. */
+static int cu_logits_assemble(struct backend *b, float *host_logits, const float *parts, int n, int vocab,
+                              int part_cols) {
+    struct cuda_ctx *c = CTX(b);
+    size_t need = (size_t)n * vocab;
+    if (ensure_logits(b, need, vocab) != BACKEND_OK) return c->err;
+    for (int p = 0; p * part_cols < vocab; p++) {
+        int cols = vocab - p * part_cols < part_cols ? vocab - p * part_cols : part_cols;
+        CK(b, cudaMemcpy2DAsync(c->d_logits + (size_t)p * part_cols, (size_t)vocab * sizeof(float),
+                                parts + (size_t)p * n * part_cols, (size_t)cols * sizeof(float),
+                                (size_t)cols * sizeof(float), (size_t)n, cudaMemcpyDeviceToDevice, c->stream));
+    }
+    tm_mark(c, "logits (gathered)");
+    logits_out(b, host_logits, n, need);
+    return c->err;
+}
+
+/* Never blocks: a rank polls it while a peer may have failed (engine/model.c wait_rank). */
+static int cu_query(struct backend *b) {
+    struct cuda_ctx *c = CTX(b);
+    cudaError_t e = cudaStreamQuery(c->stream);
+    if (e == cudaErrorNotReady) return BACKEND_BUSY;
+    if (e != cudaSuccess) {
+        elog("error", "CUDA error %s on device %d", cudaGetErrorString(e), c->device);
+        if (!c->err) c->err = BACKEND_ERR_DEVICE;
     }
     return c->err;
+}
+
+static void cu_graph_reset(struct backend *b) {
+    struct cuda_ctx *c = CTX(b);
+    use_device(c);
+    cudaStreamSynchronize(c->stream);
+    drop_graphs(c);
 }
 
 static void cu_argmax(struct backend *b, int32_t *host_ids, int n, int vocab) {
@@ -600,6 +676,7 @@ static void cu_argmax(struct backend *b, int32_t *host_ids, int n, int vocab) {
 /* Draws from d_logits as the last logits() call (or graph replay) left them; synchronous. */
 static int cu_sample(struct backend *b, int32_t *host_ids, const struct sample_row *rows, int n, int vocab) {
     struct cuda_ctx *c = CTX(b);
+    use_device(c);
     if (!c->d_logits || vocab < 1) return BACKEND_ERR_ARG;
     return cuda_sample(&c->sampler, host_ids, rows, n, c->d_logits, (int)(c->logits_cap / (size_t)vocab), vocab,
                        c->stream);
@@ -625,7 +702,8 @@ static int cu_graph_begin(struct backend *b, int key, float *host_logits, size_t
     struct cuda_ctx *c = CTX(b);
     int ids_only = key < 0, T = key < 0 ? -key : key;
     if (c->graphs_off || T < 1 || T > CUDA_MAX_GRAPHS) return BACKEND_GRAPH_OFF;
-    if (!c->h_logits || n_floats > c->h_logits_cap) return BACKEND_GRAPH_OFF; /* first run sizes the buffers */
+    /* the first run sizes the logits buffers (a tensor-parallel rank other than 0 has none) */
+    if (n_floats && (!c->h_logits || n_floats > c->h_logits_cap)) return BACKEND_GRAPH_OFF;
     cudaGraphExec_t *slot = &c->graphs[ids_only][c->split_decode][T];
     if (*slot) {
         if (cudaGraphLaunch(*slot, c->stream) != cudaSuccess) {
@@ -695,6 +773,7 @@ static int cu_graph_end(struct backend *b, int key) {
 
 static void cu_destroy(struct backend *b) {
     struct cuda_ctx *c = CTX(b);
+    use_device(c);
     cudaStreamSynchronize(c->stream);
     drop_graphs(c);
     if (c->tm) {
@@ -752,6 +831,10 @@ static struct backend_ops make_ops(void) {
     o.destroy = cu_destroy;
     o.graph_begin = cu_graph_begin;
     o.graph_end = cu_graph_end;
+    o.graph_reset = cu_graph_reset;
+    o.logits_to = cu_logits_to;
+    o.logits_assemble = cu_logits_assemble;
+    o.query = cu_query;
     return o;
 }
 
@@ -796,6 +879,19 @@ extern "C" int backend_cuda_probe(int device, char *err, size_t errlen) {
     }
     return BACKEND_CUDA_OK;
 }
+
+extern "C" int backend_cuda_device_count(void) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return n;
+}
+
+/* For cuda/comm_nccl.cu: the GPU and the stream of a CUDA backend. */
+extern "C" int backend_cuda_device(struct backend *b) { return CTX(b)->device; }
+extern "C" cudaStream_t backend_cuda_stream(struct backend *b) { return CTX(b)->stream; }
 
 extern "C" struct backend *backend_cuda_create(int device, int flags, char *err, size_t errlen) {
     if (backend_cuda_probe(device, err, errlen) != BACKEND_CUDA_OK) return NULL;

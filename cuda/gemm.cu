@@ -25,8 +25,19 @@
 #include "cuda/rmsnorm.cuh"
 
 
-static float *g_ws;      // partial sums [chunk][M][N]
-static int *g_counters;  // per tile: chunks done (back to 0 after each tile)
+// Per GPU (tensor parallelism runs one GEMM stream on each): the partial sums [chunk][M][N] and
+// the per-tile counters of chunks done (back to 0 after each tile). A launch uses the current
+// device's (its rank's thread has that device current).
+#define GEMM_MAX_DEVICES 64
+static float *g_ws_of[GEMM_MAX_DEVICES];
+static int *g_counters_of[GEMM_MAX_DEVICES];
+static int gemm_device(void) {
+    int d = 0;
+    if (cudaGetDevice(&d) != cudaSuccess || d < 0 || d >= GEMM_MAX_DEVICES) cudaGetLastError(), d = 0;
+    return d;
+}
+static float *gemm_ws(void) { return g_ws_of[gemm_device()]; }
+static int *gemm_counters(void) { return g_counters_of[gemm_device()]; }
 static int g_sms = 132;
 static int g_stream_m = 32; // the largest M of the weight stream (8, 16 or 32; GEMM_STREAM_M by default)
 static unsigned g_nosplit_strips; // weight streams of at least this many strips do not split K (default 1024)
@@ -390,12 +401,12 @@ static int launch_stream(OUT *y, const void *x, const void *w, const void *bias,
         if ((units + W - 1) / W <= chunks) {
             CUDA_CHECK(cuda_launch_pdl(cuda_pdl_on() || g_stream_pdl, kern_sk, dim3(blocks_sk), dim3(32 * GEMM_STREAM_WARPS),
                                        0, s, y, (const __nv_bfloat16 *)x, (const __nv_bfloat16 *)w,
-                                       (const __nv_bfloat16 *)bias, M, N, K, g_ws, g_counters, 1, nrm));
+                                       (const __nv_bfloat16 *)bias, M, N, K, gemm_ws(), gemm_counters(), 1, nrm));
             return 0;
         }
     }
     CUDA_CHECK(cuda_launch_pdl(cuda_pdl_on() || g_stream_pdl, kern, grid, dim3(32 * GEMM_STREAM_WARPS), 0, s, y, (const __nv_bfloat16 *)x,
-                           (const __nv_bfloat16 *)w, (const __nv_bfloat16 *)bias, M, N, K, g_ws, g_counters, (int)cpg,
+                           (const __nv_bfloat16 *)w, (const __nv_bfloat16 *)bias, M, N, K, gemm_ws(), gemm_counters(), (int)cpg,
                            nrm));
     return 0;
 }
@@ -430,7 +441,7 @@ static int gemm(OUT *y, const void *x, const void *w, const void *bias, int M, i
     if (path == GEMM_STREAM1) return launch_stream<1, OUT, SW>(y, x, w, bias, M, N, K, s);
     if (path == GEMM_STREAM2) return launch_stream<2, OUT, SW>(y, x, w, bias, M, N, K, s);
     if (path == GEMM_STREAM4) return launch_stream<4, OUT, SW>(y, x, w, bias, M, N, K, s);
-    const struct gemm_wg_env env = {g_ws, g_sms};
+    const struct gemm_wg_env env = {gemm_ws(), g_sms};
     if constexpr (sizeof(OUT) == 4) return gemm_wg_f32((float *)y, x, w, bias, M, N, K, &env, s);
     else return gemm_wg_bf16((__nv_bfloat16 *)y, x, w, bias, M, N, K, SW, &env, s);
 }
@@ -460,8 +471,8 @@ __global__ void embed_packed_kernel(__nv_bfloat16 *__restrict__ out, const __nv_
 
 extern "C" {
 
-/* Once per process, before any launch (graph capture included): the split workspace and the
- * wgmma tiles' opt-in shared memory. */
+/* Once per device, with the device current, before any launch there (graph capture included):
+ * the split workspace and the wgmma tiles' opt-in shared memory. */
 int cuda_gemm_init(void) {
     int dev = 0;
     CUDA_CHECK(cudaGetDevice(&dev));
@@ -473,10 +484,11 @@ int cuda_gemm_init(void) {
     g_stream_k = cuda_env_on("DUOSERVE_STREAM_K");
     if (const char *ku = getenv("DUOSERVE_STREAM_K_MIN_UNITS")) g_stream_k_units = (unsigned)max(0, atoi(ku));
     g_nosplit_strips = ns ? (unsigned)atoi(ns) : 1024;
-    if (!g_ws) CUDA_CHECK(cudaMalloc(&g_ws, (size_t)GEMM_WS_FLOATS * sizeof(float)));
-    if (!g_counters) {
-        CUDA_CHECK(cudaMalloc(&g_counters, GEMM_COUNTERS * sizeof(int)));
-        CUDA_CHECK(cudaMemset(g_counters, 0, GEMM_COUNTERS * sizeof(int)));
+    if (dev < 0 || dev >= GEMM_MAX_DEVICES) return -1;
+    if (!g_ws_of[dev]) CUDA_CHECK(cudaMalloc(&g_ws_of[dev], (size_t)GEMM_WS_FLOATS * sizeof(float)));
+    if (!g_counters_of[dev]) {
+        CUDA_CHECK(cudaMalloc(&g_counters_of[dev], GEMM_COUNTERS * sizeof(int)));
+        CUDA_CHECK(cudaMemset(g_counters_of[dev], 0, GEMM_COUNTERS * sizeof(int)));
     }
     return gemm_wg_init() ? -2 : 0;
 }

@@ -80,7 +80,13 @@ struct sample_row {
                                     // (bit id % 32 of word id / 32) may be drawn; NULL: every id
 };
 
-enum backend_status { BACKEND_OK = 0, BACKEND_ERR_OOM = -1, BACKEND_ERR_DEVICE = -2, BACKEND_ERR_ARG = -3 };
+enum backend_status {
+    BACKEND_OK = 0,
+    BACKEND_BUSY = 1, // query(): queued work still running
+    BACKEND_ERR_OOM = -1,
+    BACKEND_ERR_DEVICE = -2,
+    BACKEND_ERR_ARG = -3,
+};
 enum backend_graph { BACKEND_GRAPH_OFF = 0, BACKEND_GRAPH_REPLAYED = 1, BACKEND_GRAPH_CAPTURING = 2 };
 
 struct backend;
@@ -163,6 +169,24 @@ struct backend_ops {
      * the capture failed: the ops did not run and must be issued again. */
     int (*graph_begin)(struct backend *b, int key, float *host_logits, size_t n_logit_floats, int32_t *host_ids);
     int (*graph_end)(struct backend *b, int key);
+    /* optional: drops every captured graph (a buffer they use is about to move) */
+    void (*graph_reset)(struct backend *b);
+
+    /* Tensor parallelism (engine/model_tp.c); a backend without them runs one rank only.
+     * logits_to: out[n][vocab] (f32, backend memory) = x[n][dim] @ w[vocab][dim]^T, the arithmetic
+     * of logits(), nothing copied to the host.
+     * logits_assemble: the logits of n rows from column blocks: block p (p = 0, 1, ...) starts at
+     * parts + p * n * part_cols and holds columns [p * part_cols, p * part_cols + c_p) of the n
+     * rows, row after row, c_p = min(part_cols, vocab - p * part_cols). They become the logits of
+     * the last logits() call (argmax and sample read them); copied to host_logits[n][vocab] when
+     * it is not NULL (delivered by sync(), as logits() does).
+     * query: BACKEND_OK when the queued work has finished, BACKEND_BUSY while it runs, or a
+     * backend_status error; never blocks (a rank polls it, so that a peer's failure cannot leave
+     * it waiting in a collective that will never complete). */
+    int (*logits_to)(struct backend *b, float *out, const void *x, const void *w, int n, int vocab, int dim);
+    int (*logits_assemble)(struct backend *b, float *host_logits, const float *parts, int n, int vocab,
+                           int part_cols);
+    int (*query)(struct backend *b);
     void (*destroy)(struct backend *b);
 };
 
@@ -188,6 +212,8 @@ int backend_cuda_probe(int device, char *err, size_t errlen);
  * rounding then depends on the batch size); default: duoserve's batch-invariant kernels. */
 #define BACKEND_CUDA_CUBLAS 1
 struct backend *backend_cuda_create(int device, int flags, char *err, size_t errlen);
+/* CUDA devices visible to this process (CUDA_VISIBLE_DEVICES applies); 0 without CUDA. */
+int backend_cuda_device_count(void);
 void backend_destroy(struct backend *b);
 
 #endif

@@ -332,6 +332,35 @@ static int cpu_logits(struct backend *b, float *host_logits, const void *x, cons
     return BACKEND_OK;
 }
 
+static int cpu_logits_to(struct backend *b, float *out, const void *x, const void *w, int n, int vocab, int dim) {
+    cpu_matmul(b, out, x, w, NULL, n, vocab, dim);
+    return BACKEND_OK;
+}
+
+static int cpu_logits_assemble(struct backend *b, float *host_logits, const float *parts, int n, int vocab,
+                               int part_cols) {
+    struct cpu_ctx *c = b->ctx;
+    float *dst = host_logits;
+    if (!dst) {
+        size_t need = (size_t)n * vocab;
+        if (need > c->own_cap) {
+            free(c->own_logits);
+            c->own_logits = malloc(need * sizeof(float));
+            c->own_cap = c->own_logits ? need : 0;
+            if (!c->own_logits) return BACKEND_ERR_OOM;
+        }
+        dst = c->own_logits;
+    }
+    for (int p = 0; p * part_cols < vocab; p++) {
+        int cols = vocab - p * part_cols < part_cols ? vocab - p * part_cols : part_cols;
+        const float *src = parts + (size_t)p * n * part_cols;
+        for (int i = 0; i < n; i++)
+            memcpy(dst + (size_t)i * vocab + (size_t)p * part_cols, src + (size_t)i * cols, sizeof(float) * cols);
+    }
+    c->logits = dst;
+    return BACKEND_OK;
+}
+
 static void cpu_argmax(struct backend *b, int32_t *host_ids, int n, int vocab) {
     const float *l = ((struct cpu_ctx *)b->ctx)->logits;
     for (int i = 0; i < n; i++) {
@@ -397,6 +426,8 @@ static const struct backend_ops cpu_ops = {
     .argmax = cpu_argmax,
     .sample = cpu_sample,
     .sync = cpu_sync,
+    .logits_to = cpu_logits_to,
+    .logits_assemble = cpu_logits_assemble,
     .destroy = cpu_destroy,
 };
 
@@ -431,4 +462,6 @@ struct backend *backend_cuda_create(int device, int flags, char *err, size_t err
     backend_cuda_probe(device, err, errlen);
     return NULL;
 }
+
+int backend_cuda_device_count(void) { return 0; }
 #endif

@@ -43,6 +43,7 @@ struct engine {
     struct engine_handle *inbox; // submitted, not yet seen by the loop (mu)
     struct engine_handle *live;  // added to the core (engine thread only)
     bool draining, stopping;     // mu
+    bool failed;                 // mu: the core returned ENGINE_ERR_FATAL
     int n_active;                // submitted and not done (mu)
     int n_waiting_est;           // inbox + core waiting (mu), for the queue limit
     struct engine_stats stats;   // the core's counters after each step, the cache info, the histograms (mu)
@@ -238,10 +239,31 @@ static void update_stats(struct engine *e, int n_step) {
     pthread_mutex_unlock(&e->mu);
 }
 
+/* Engine thread: the model cannot run another step. Every request still alive ends with an
+ * error; submit refuses new ones from now on. */
+static void engine_fail(struct engine *e) {
+    pthread_mutex_lock(&e->mu);
+    e->failed = e->draining = true;
+    pthread_mutex_unlock(&e->mu);
+    elog("error", "the %s backend failed for good: every request ends with an error", core_device(e->core));
+    process_inbox(e); /* admits what was submitted, so that it is ended below */
+    for (struct engine_handle *h = e->live; h; h = h->next) {
+        pthread_mutex_lock(&e->mu);
+        struct core_request *cr = h->done ? NULL : h->cr;
+        pthread_mutex_unlock(&e->mu);
+        if (!cr) continue;
+        struct engine_event ev = {.type = ENGINE_EVENT_ERROR};
+        snprintf(ev.message, sizeof ev.message, "the %s backend failed; the server is stopping", core_device(e->core));
+        on_event(h, &ev);
+        core_abort(e->core, cr);
+    }
+}
+
 static void on_idle(uv_idle_t *idle) {
     struct engine *e = idle->data;
     process_inbox(e);
     int n_step = core_has_work(e->core) ? core_step(e->core) : 0;
+    if (n_step == ENGINE_ERR_FATAL) engine_fail(e);
     process_inbox(e); /* drop what just finished */
     update_stats(e, n_step);
     if (!core_has_work(e->core)) uv_idle_stop(&e->idle);
@@ -384,6 +406,7 @@ int engine_submit(struct engine *e, const struct engine_request *req, void (*not
     h->req.sp.stop = stop;
     pthread_mutex_lock(&e->mu);
     if (!ok) rc = ENGINE_ERR_OOM, util_err(err, errlen, "out of memory");
+    else if (e->failed) rc = ENGINE_ERR_DRAINING, util_err(err, errlen, "the engine failed; the server is stopping");
     else if (e->draining || e->stopping) rc = ENGINE_ERR_DRAINING, util_err(err, errlen, "the server is shutting down");
     else if (e->n_waiting_est >= (core_max_queue(e->core)))
         rc = ENGINE_ERR_QUEUE_FULL, util_err(err, errlen, "too many requests waiting (%d); retry later", e->n_waiting_est);
@@ -453,6 +476,13 @@ int engine_num_active(struct engine *e) {
     return n;
 }
 
+bool engine_failed(struct engine *e) {
+    pthread_mutex_lock(&e->mu);
+    bool f = e->failed;
+    pthread_mutex_unlock(&e->mu);
+    return f;
+}
+
 void engine_get_stats(struct engine *e, struct engine_stats *st) {
     pthread_mutex_lock(&e->mu);
     *st = e->stats;
@@ -474,6 +504,7 @@ const char *engine_strerror(int status) {
     case ENGINE_ERR_QUEUE_FULL: return "queue full";
     case ENGINE_ERR_DRAINING: return "shutting down";
     case ENGINE_ERR_OOM: return "out of memory";
+    case ENGINE_ERR_FATAL: return "the backend failed";
     }
     return "unknown error";
 }

@@ -30,6 +30,9 @@ struct engine_config {
     float duo_sparsity;         // fraction of heads made streaming, [0, 1]
     int sink_tokens, recent_tokens; // streaming heads keep these (default 64, 256)
     const char *chat_template_file; // overrides the model's template, or NULL
+    int tensor_parallel_size;   // ranks the model is split over (GPUs; threads on the CPU); 0 or 1: none
+    const char *load_format;    // "auto" or "safetensors" (NULL: auto): the checkpoint; "dummy": random
+                                // weights made from config.json alone
     bool quiet;                 // no start-up log lines (tests)
 };
 
@@ -111,6 +114,7 @@ enum engine_status {
     ENGINE_ERR_QUEUE_FULL = -3,   // try later (HTTP 429)
     ENGINE_ERR_DRAINING = -4,     // shutting down (HTTP 503)
     ENGINE_ERR_OOM = -5,
+    ENGINE_ERR_FATAL = -6,        // the backend failed for good (a tensor-parallel rank): no more steps
 };
 
 struct engine;
@@ -136,6 +140,9 @@ void engine_release(struct engine_handle *h);
 void engine_drain(struct engine *e);
 /* Requests running or waiting. */
 int engine_num_active(struct engine *e);
+/* True once the engine has failed for good (ENGINE_ERR_FATAL): every request was ended with an
+ * error, submit refuses new ones; the caller should stop (exit non-zero). */
+bool engine_failed(struct engine *e);
 
 /* A histogram: per-bucket counts (not cumulative) over ascending upper bounds, +Inf implied. */
 #define ENGINE_HIST_MAX_BOUNDS 32

@@ -170,13 +170,12 @@ static int plan_memory(struct core *c, char *err, size_t errlen) {
     c->b->ops->mem_info(c->b, &dev_free, &dev_total);
     if (dev_total && !c->cfg.kv_cache_memory) {
         /* GPU: the card's share minus what weights and activations already hold, less a
-         * reserve for logits and cuBLAS workspaces */
+         * reserve for logits and cuBLAS workspaces; with tensor parallelism the tightest GPU's */
         float util = c->cfg.gpu_memory_utilization > 0 ? c->cfg.gpu_memory_utilization : 0.9f;
-        double want = (double)util * (double)dev_total - (double)(dev_total - dev_free) - (double)(512u << 20);
-        if (want < (double)(64u << 20))
-            return util_err(err, errlen,
-                            "not enough GPU memory for the KV cache: %.1f GiB total, %.1f GiB free after the weights, "
-                            "--gpu-memory-utilization %.2f", dev_total / 1073741824.0, dev_free / 1073741824.0, util);
+        double want;
+        if (model_kv_budget(c->m, c->cfg.block_size, c->cfg.sink_tokens, c->cfg.recent_tokens, util, &want, err,
+                            errlen) != 0)
+            return -1;
         budget = (size_t)want;
     }
     if (c->cfg.max_num_seqs <= 0) { /* not given: 64 on the CPU; on a GPU as many as the pool holds at
@@ -199,7 +198,8 @@ static int plan_memory(struct core *c, char *err, size_t errlen) {
                                   : (size_t)c->cfg.max_num_seqs * (c->max_model_len / c->cfg.block_size + 1);
     if (n_blocks > (1u << 30)) n_blocks = 1u << 30;
     if (block_bytes && n_blocks < 1) return util_err(err, errlen, "KV budget of %zu bytes holds no block", budget);
-    if (kv_cache_init(&c->kv, c->b, &g, (int)n_blocks, n_slots) != KV_STATUS_OK)
+    if (model_kv_cache_init(c->m, &c->kv, c->cfg.block_size, c->cfg.sink_tokens, c->cfg.recent_tokens, (int)n_blocks,
+                            n_slots) != KV_STATUS_OK)
         return util_err(err, errlen, "out of memory for the KV pools (%zu bytes)", budget);
     c->has_full = block_bytes > 0;
     c->has_stream = slot_bytes > 0;
@@ -309,7 +309,16 @@ int core_create(struct core **out, const struct engine_config *cfg_in, char *err
     c->max_batch = c->cfg.max_num_batched_tokens;
     util_rng_seed(&c->seed_rng, (uint64_t)(util_now() * 1e9) ^ (uint64_t)getpid());
     double t_load = util_now();
-    rc = model_load_duo(&c->m, dir, c->b, c->max_batch, streaming, err, errlen);
+    bool dummy = c->cfg.load_format && !strcmp(c->cfg.load_format, "dummy");
+    if (c->cfg.load_format && !dummy && strcmp(c->cfg.load_format, "auto") && strcmp(c->cfg.load_format, "safetensors")) {
+        util_err(err, errlen, "load format \"%s\" is not auto, safetensors or dummy", c->cfg.load_format);
+        free(streaming);
+        goto fail;
+    }
+    struct model_load_opts lo = {.max_tokens = c->max_batch, .streaming = streaming,
+                                 .tensor_parallel_size = c->cfg.tensor_parallel_size, .cuda_flags = cuda_flags,
+                                 .dummy = dummy};
+    rc = model_load_with(&c->m, dir, c->b, &lo, err, errlen);
     free(streaming);
     if (rc) goto fail;
     if (!c->cfg.quiet) {
@@ -317,10 +326,14 @@ int core_create(struct core **out, const struct engine_config *cfg_in, char *err
         double qd = (double)k->n_heads * k->head_dim, kd = (double)k->n_kv_heads * k->head_dim;
         double params = (double)k->vocab_size * k->dim * (k->tie_embeddings ? 1 : 2) + k->dim +
                         (double)k->n_layers * (k->dim * (qd + 2 * kd) + qd * k->dim + 3.0 * k->dim * k->hidden_dim + 2.0 * k->dim);
-        elog("info", "loaded %s (%s, %d layers, %.2f%s parameters, %.2f GiB on %s) in %.1f s", dir,
+        char where[48];
+        int tp = model_tp_size(c->m);
+        if (tp > 1) snprintf(where, sizeof where, "%s, tensor parallel over %d", c->b->name, tp);
+        else snprintf(where, sizeof where, "%s", c->b->name);
+        elog("info", "loaded %s (%s, %d layers, %.2f%s parameters, %.2f GiB on %s%s) in %.1f s", dir,
              model_arch_name(k->arch), k->n_layers, params >= 1e9 ? params / 1e9 : params / 1e6,
-             params >= 1e9 ? "B" : "M", params * c->b->ops->act_size / 1073741824.0, c->b->name,
-             util_now() - t_load);
+             params >= 1e9 ? "B" : "M", params * c->b->ops->act_size / 1073741824.0, where,
+             dummy ? ", dummy weights" : "", util_now() - t_load);
     }
     if (why_level && !c->cfg.quiet) elog(why_level, "running on the CPU: %s", why);
     c->vocab = c->m->cfg.vocab_size;
@@ -939,7 +952,7 @@ int core_step(struct core *c) {
     c->stats.forward_seconds += t1 - t0;
     if (rc != 0) {
         fail_batch(c, n, "the forward pass");
-        return ENGINE_ERR_OOM;
+        return model_failed(c->m) ? ENGINE_ERR_FATAL : ENGINE_ERR_OOM;
     }
     /* each token, in batch order; a parent's forks draw from the same logits row. The draws of
      * the sample op go in one call, then every token is accepted in order. */

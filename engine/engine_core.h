@@ -33,7 +33,8 @@ void core_abort(struct core *c, struct core_request *r);
 
 /* Runs one scheduler step (one forward pass). Returns the number of tokens computed, 0 when
  * there was nothing to do, or a negative engine_status on a backend failure (every request in
- * the batch then gets an ERROR event). */
+ * the batch then gets an ERROR event): ENGINE_ERR_FATAL when the model cannot run another step
+ * (a tensor-parallel rank failed). */
 int core_step(struct core *c);
 bool core_has_work(const struct core *c);
 int core_num_waiting(const struct core *c);

@@ -41,9 +41,7 @@ int generate_run(struct model *m, const int32_t *prompt, int n_prompt, const str
 
     int n_blocks = (total + GEN_BLOCK_SIZE - 1) / GEN_BLOCK_SIZE;
     struct kv_cache kv;
-    struct kv_geometry geo;
-    model_kv_geometry(m, GEN_BLOCK_SIZE, 0, 1, &geo);
-    if (kv_cache_init(&kv, m->b, &geo, n_blocks, 1) != KV_STATUS_OK)
+    if (model_kv_cache_init(m, &kv, GEN_BLOCK_SIZE, 0, 1, n_blocks, 1) != KV_STATUS_OK)
         return util_err(err, errlen, "out of memory for the KV cache of %d tokens", total);
     int32_t *blocks = malloc(sizeof *blocks * (size_t)n_blocks);
     int32_t *toks = malloc(sizeof *toks * (size_t)total), *pos = malloc(sizeof *pos * (size_t)chunk);

@@ -1,6 +1,7 @@
 #include "engine/kv_cache.h"
 
 #include <assert.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -19,50 +20,71 @@ size_t kv_cache_slot_bytes(const struct kv_geometry *g, size_t es) {
 }
 
 int kv_cache_init(struct kv_cache *kv, struct backend *b, const struct kv_geometry *g, int n_blocks, int n_slots) {
-    memset(kv, 0, sizeof *kv);
+    return kv_cache_init_shards(kv, 1, &b, g, n_blocks, n_slots);
+}
+
+/* Rank shard's arrays for n_blocks blocks and n_slots slots. */
+static int shard_init(struct kv_shard *sh, struct backend *b, const struct kv_geometry *g, int n_blocks, int n_slots) {
     int L = g->n_layers;
-    kv->b = b;
-    kv->n_layers = L;
-    kv->head_dim = g->head_dim;
-    kv->block_size = g->block_size;
-    kv->sink = g->sink;
-    kv->recent = g->recent;
-    kv->n_blocks = n_blocks;
-    kv->n_slots = n_slots;
-    kv->n_full = malloc(sizeof(int) * L);
-    kv->n_stream = malloc(sizeof(int) * L);
-    kv->k_full = calloc(L, sizeof(void *));
-    kv->v_full = calloc(L, sizeof(void *));
-    kv->k_stream = calloc(L, sizeof(void *));
-    kv->v_stream = calloc(L, sizeof(void *));
-    kv->ref = calloc((size_t)n_blocks + 1, sizeof(int32_t));
-    kv->free_blocks = malloc(sizeof(int32_t) * ((size_t)n_blocks + 1));
-    kv->free_slots = malloc(sizeof(int32_t) * ((size_t)n_slots + 1));
-    kv->slot_used = calloc((size_t)n_slots + 1, 1);
-    if (!kv->n_full || !kv->n_stream || !kv->k_full || !kv->v_full || !kv->k_stream || !kv->v_stream || !kv->ref ||
-        !kv->free_blocks || !kv->free_slots || !kv->slot_used) {
-        kv_cache_free(kv);
-        return KV_STATUS_OOM;
-    }
-    memcpy(kv->n_full, g->n_full, sizeof(int) * L);
-    memcpy(kv->n_stream, g->n_stream, sizeof(int) * L);
+    sh->b = b;
+    sh->n_full = malloc(sizeof(int) * L);
+    sh->n_stream = malloc(sizeof(int) * L);
+    sh->k_full = calloc(L, sizeof(void *));
+    sh->v_full = calloc(L, sizeof(void *));
+    sh->k_stream = calloc(L, sizeof(void *));
+    sh->v_stream = calloc(L, sizeof(void *));
+    if (!sh->n_full || !sh->n_stream || !sh->k_full || !sh->v_full || !sh->k_stream || !sh->v_stream) return -1;
+    memcpy(sh->n_full, g->n_full, sizeof(int) * L);
+    memcpy(sh->n_stream, g->n_stream, sizeof(int) * L);
     size_t es = b->ops->act_size;
     for (int l = 0; l < L; l++) {
         size_t fb = (size_t)n_blocks * g->block_size * g->n_full[l] * g->head_dim * es;
         size_t sb = (size_t)n_slots * (g->sink + g->recent) * g->n_stream[l] * g->head_dim * es;
         enum backend_status s[4] = {0};
         if (fb) {
-            kv->k_full[l] = b->ops->alloc(b, fb, &s[0]);
-            kv->v_full[l] = b->ops->alloc(b, fb, &s[1]);
+            sh->k_full[l] = b->ops->alloc(b, fb, &s[0]);
+            sh->v_full[l] = b->ops->alloc(b, fb, &s[1]);
         }
         if (sb) {
-            kv->k_stream[l] = b->ops->alloc(b, sb, &s[2]);
-            kv->v_stream[l] = b->ops->alloc(b, sb, &s[3]);
+            sh->k_stream[l] = b->ops->alloc(b, sb, &s[2]);
+            sh->v_stream[l] = b->ops->alloc(b, sb, &s[3]);
         }
-        if (s[0] || s[1] || s[2] || s[3]) {
-            kv_cache_free(kv);
-            return KV_STATUS_OOM;
-        }
+        if (s[0] || s[1] || s[2] || s[3]) return -1;
+    }
+    return 0;
+}
+
+static void shard_free(struct kv_shard *sh, int n_layers) {
+    void **arrs[4] = {sh->k_full, sh->v_full, sh->k_stream, sh->v_stream};
+    for (int i = 0; i < 4; i++)
+        for (int l = 0; arrs[i] && l < n_layers; l++) sh->b->ops->free(sh->b, arrs[i][l]);
+    for (int i = 0; i < 4; i++) free(arrs[i]);
+    free(sh->n_full);
+    free(sh->n_stream);
+}
+
+int kv_cache_init_shards(struct kv_cache *kv, int n, struct backend *const *b, const struct kv_geometry *g,
+                         int n_blocks, int n_slots) {
+    memset(kv, 0, sizeof *kv);
+    kv->b = b[0];
+    kv->n_layers = g[0].n_layers;
+    kv->head_dim = g[0].head_dim;
+    kv->block_size = g[0].block_size;
+    kv->sink = g[0].sink;
+    kv->recent = g[0].recent;
+    kv->n_blocks = n_blocks;
+    kv->n_slots = n_slots;
+    kv->n_shards = n;
+    kv->shards = calloc((size_t)n, sizeof *kv->shards);
+    kv->ref = calloc((size_t)n_blocks + 1, sizeof(int32_t));
+    kv->free_blocks = malloc(sizeof(int32_t) * ((size_t)n_blocks + 1));
+    kv->free_slots = malloc(sizeof(int32_t) * ((size_t)n_slots + 1));
+    kv->slot_used = calloc((size_t)n_slots + 1, 1);
+    bool ok = kv->shards && kv->ref && kv->free_blocks && kv->free_slots && kv->slot_used;
+    for (int r = 0; ok && r < n; r++) ok = shard_init(&kv->shards[r], b[r], &g[r], n_blocks, n_slots) == 0;
+    if (!ok) {
+        kv_cache_free(kv);
+        return KV_STATUS_OOM;
     }
     /* lowest ids on top of the stacks, so allocation order is predictable */
     for (int i = 0; i < n_blocks; i++) kv->free_blocks[i] = n_blocks - 1 - i;
@@ -74,17 +96,9 @@ int kv_cache_init(struct kv_cache *kv, struct backend *b, const struct kv_geomet
 
 void kv_cache_free(struct kv_cache *kv) {
     if (!kv || !kv->b) return;
-    for (int l = 0; l < kv->n_layers; l++) {
-        void **arrs[4] = {kv->k_full, kv->v_full, kv->k_stream, kv->v_stream};
-        for (int i = 0; i < 4; i++)
-            if (arrs[i]) kv->b->ops->free(kv->b, arrs[i][l]);
-    }
-    free(kv->n_full);
-    free(kv->n_stream);
-    free(kv->k_full);
-    free(kv->v_full);
-    free(kv->k_stream);
-    free(kv->v_stream);
+    for (int r = 0; kv->shards && r < kv->n_shards; r++)
+        if (kv->shards[r].b) shard_free(&kv->shards[r], kv->n_layers);
+    free(kv->shards);
     free(kv->ref);
     free(kv->free_blocks);
     free(kv->free_slots);
@@ -117,12 +131,15 @@ void kv_cache_release(struct kv_cache *kv, const int32_t *ids, int n) {
 }
 
 void kv_cache_copy_block(struct kv_cache *kv, int32_t dst, int32_t src) {
-    size_t es = kv->b->ops->act_size;
-    for (int l = 0; l < kv->n_layers; l++) {
-        size_t row = (size_t)kv->block_size * kv->n_full[l] * kv->head_dim * es;
-        if (!row) continue;
-        kv->b->ops->copy(kv->b, (char *)kv->k_full[l] + dst * row, (const char *)kv->k_full[l] + src * row, row);
-        kv->b->ops->copy(kv->b, (char *)kv->v_full[l] + dst * row, (const char *)kv->v_full[l] + src * row, row);
+    for (int r = 0; r < kv->n_shards; r++) {
+        const struct kv_shard *sh = &kv->shards[r];
+        size_t es = sh->b->ops->act_size;
+        for (int l = 0; l < kv->n_layers; l++) {
+            size_t row = (size_t)kv->block_size * sh->n_full[l] * kv->head_dim * es;
+            if (!row) continue;
+            sh->b->ops->copy(sh->b, (char *)sh->k_full[l] + dst * row, (const char *)sh->k_full[l] + src * row, row);
+            sh->b->ops->copy(sh->b, (char *)sh->v_full[l] + dst * row, (const char *)sh->v_full[l] + src * row, row);
+        }
     }
 }
 
@@ -141,23 +158,30 @@ void kv_cache_release_slot(struct kv_cache *kv, int32_t slot) {
 }
 
 void kv_cache_copy_slot(struct kv_cache *kv, int32_t dst, int32_t src) {
-    size_t es = kv->b->ops->act_size;
-    for (int l = 0; l < kv->n_layers; l++) {
-        size_t row = (size_t)(kv->sink + kv->recent) * kv->n_stream[l] * kv->head_dim * es;
-        if (!row) continue;
-        kv->b->ops->copy(kv->b, (char *)kv->k_stream[l] + dst * row, (const char *)kv->k_stream[l] + src * row, row);
-        kv->b->ops->copy(kv->b, (char *)kv->v_stream[l] + dst * row, (const char *)kv->v_stream[l] + src * row, row);
+    for (int r = 0; r < kv->n_shards; r++) {
+        const struct kv_shard *sh = &kv->shards[r];
+        size_t es = sh->b->ops->act_size;
+        for (int l = 0; l < kv->n_layers; l++) {
+            size_t row = (size_t)(kv->sink + kv->recent) * sh->n_stream[l] * kv->head_dim * es;
+            if (!row) continue;
+            sh->b->ops->copy(sh->b, (char *)sh->k_stream[l] + dst * row, (const char *)sh->k_stream[l] + src * row,
+                             row);
+            sh->b->ops->copy(sh->b, (char *)sh->v_stream[l] + dst * row, (const char *)sh->v_stream[l] + src * row,
+                             row);
+        }
     }
 }
 
 int kv_cache_has_full(const struct kv_cache *kv) {
-    for (int l = 0; l < kv->n_layers; l++)
-        if (kv->n_full[l]) return 1;
+    for (int r = 0; r < kv->n_shards; r++)
+        for (int l = 0; l < kv->n_layers; l++)
+            if (kv->shards[r].n_full[l]) return 1;
     return 0;
 }
 
 int kv_cache_has_stream(const struct kv_cache *kv) {
-    for (int l = 0; l < kv->n_layers; l++)
-        if (kv->n_stream[l]) return 1;
+    for (int r = 0; r < kv->n_shards; r++)
+        for (int l = 0; l < kv->n_layers; l++)
+            if (kv->shards[r].n_stream[l]) return 1;
     return 0;
 }

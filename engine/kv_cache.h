@@ -7,7 +7,9 @@
  *   the last `recent` tokens of every streaming head of every layer
  *   ([n_slots][sink + recent][S_l][hd] per layer; the recent part is a ring indexed by position).
  * Bookkeeping lives on the host. Engine thread only. Running out is not an error:
- * KV_STATUS_NO_SPACE tells the scheduler to preempt. */
+ * KV_STATUS_NO_SPACE tells the scheduler to preempt.
+ * Tensor parallelism: each rank holds the arrays of its own KV heads (a shard, in its backend's
+ * memory); block ids and slots are the same on every rank, so one set of bookkeeping serves all. */
 #ifndef DUO_KV_CACHE_H
 #define DUO_KV_CACHE_H
 
@@ -25,13 +27,20 @@ struct kv_geometry {
     int sink, recent;    // streaming slot rows: sink + recent
 };
 
-struct kv_cache {
+/* One rank's arrays: its heads of every layer. */
+struct kv_shard {
     struct backend *b;
+    int *n_full, *n_stream;       // [n_layers] this rank's retrieval / streaming KV heads
+    void **k_full, **v_full;      // [n_layers] backend arrays (NULL when the rank has no retrieval head there)
+    void **k_stream, **v_stream;  // [n_layers] backend arrays (NULL when it has no streaming head there)
+};
+
+struct kv_cache {
+    struct backend *b; // shards[0].b
     int n_layers, head_dim, block_size, sink, recent;
-    int *n_full, *n_stream;       // [n_layers]
     int n_blocks, n_slots;
-    void **k_full, **v_full;      // [n_layers] backend arrays (NULL when R_l == 0)
-    void **k_stream, **v_stream;  // [n_layers] backend arrays (NULL when S_l == 0)
+    int n_shards;             // tensor-parallel ranks; 1 without tensor parallelism
+    struct kv_shard *shards;  // [n_shards]
     int32_t *ref;                 // [n_blocks] reference counts (0 = free)
     int32_t *free_blocks;         // stack
     int n_free_blocks;
@@ -45,6 +54,10 @@ size_t kv_cache_block_bytes(const struct kv_geometry *g, size_t elem_size);
 size_t kv_cache_slot_bytes(const struct kv_geometry *g, size_t elem_size);
 
 int kv_cache_init(struct kv_cache *kv, struct backend *b, const struct kv_geometry *g, int n_blocks, int n_slots);
+/* The same over n ranks: shard r holds the heads of g[r] in backend b[r] (the geometries differ
+ * only in their heads). */
+int kv_cache_init_shards(struct kv_cache *kv, int n, struct backend *const *b, const struct kv_geometry *g,
+                         int n_blocks, int n_slots);
 void kv_cache_free(struct kv_cache *kv);
 
 /* Pops n free blocks (ref = 1) into out; all or nothing. */
@@ -52,14 +65,14 @@ enum kv_status kv_cache_alloc(struct kv_cache *kv, int n, int32_t *out);
 /* Drops one reference of each block; a block whose count reaches 0 is free again. */
 void kv_cache_release(struct kv_cache *kv, const int32_t *ids, int n);
 void kv_cache_ref(struct kv_cache *kv, int32_t id);
-/* Copies block src's K/V of every layer into dst. */
+/* Copies block src's K/V of every layer (and rank) into dst. */
 void kv_cache_copy_block(struct kv_cache *kv, int32_t dst, int32_t src);
 
 enum kv_status kv_cache_alloc_slot(struct kv_cache *kv, int32_t *slot);
 void kv_cache_release_slot(struct kv_cache *kv, int32_t slot);
 void kv_cache_copy_slot(struct kv_cache *kv, int32_t dst, int32_t src);
 
-/* Whether any layer has retrieval heads / streaming heads. */
+/* Whether any layer (of any rank) has retrieval heads / streaming heads. */
 int kv_cache_has_full(const struct kv_cache *kv);
 int kv_cache_has_stream(const struct kv_cache *kv);
 

@@ -2,7 +2,10 @@
  * by the engine), decode ms/token at several batch sizes, prefill tokens/s at several lengths.
  *
  *   build/bench_gpu MODEL_DIR [cuda|cpu] [--decode 1,8,64,256] [--decode-ctx 128] [--prefill 2048,32768]
- *                   [--gemm cublas]
+ *                   [--gemm cublas] [--tp N] [--load-format dummy]
+ *
+ * --tp N splits the model over N GPUs (tensor parallelism); --load-format dummy makes random
+ * weights from MODEL_DIR/config.json alone (shapes whose checkpoints are not at hand).
  *
  * Decode: B requests with 128-token prompts (--decode-ctx) are prefilled, then the time of decode steps
  * (every running sequence emits one token per step) is measured over 64 steps. Prefill: one
@@ -59,13 +62,15 @@ int main(int argc, char **argv) {
     }
     const char *dev = argc > 2 && argv[2][0] != '-' ? argv[2] : "cuda";
     int dec[16] = {1, 8, 64, 256}, n_dec = 4, pre[16] = {2048, 32768}, n_pre = 2;
-    const char *gemm = NULL;
-    int dctx = 128;
+    const char *gemm = NULL, *load_format = NULL;
+    int dctx = 128, tp = 1;
     for (int i = 2; i < argc - 1; i++) {
         if (!strcmp(argv[i], "--decode-ctx")) dctx = atoi(argv[i + 1]);
         if (!strcmp(argv[i], "--decode")) n_dec = parse_list(argv[i + 1], dec, 16);
         if (!strcmp(argv[i], "--prefill")) n_pre = parse_list(argv[i + 1], pre, 16);
         if (!strcmp(argv[i], "--gemm")) gemm = argv[i + 1];
+        if (!strcmp(argv[i], "--tp")) tp = atoi(argv[i + 1]);
+        if (!strcmp(argv[i], "--load-format")) load_format = argv[i + 1];
     }
     int max_b = 1;
     for (int i = 0; i < n_dec; i++) max_b = dec[i] > max_b ? dec[i] : max_b;
@@ -74,7 +79,8 @@ int main(int argc, char **argv) {
         return 2;
     }
     struct engine_config cfg = {.model_dir = argv[1], .device = dev, .gemm = gemm, .max_num_seqs = max_b,
-                                .max_num_batched_tokens = 8192, .max_model_len = 65536};
+                                .max_num_batched_tokens = 8192, .max_model_len = 65536,
+                                .tensor_parallel_size = tp, .load_format = load_format};
     struct core *c;
     char err[512];
     double t0 = util_now();

@@ -2,7 +2,7 @@
 # device_run.sh: one GPU-machine run of the checks, benchmarks, A/B of the switches, kernel
 # traces and ShareGPT serving; the stages to run are the arguments (default: all of them).
 #
-#   [AB="name:VAR=v,..."] [TRACE_AB="name:VAR=v,..."] bash scripts/device_run.sh [attnbench] [optest] [gemm] [gemmab] [ncu] [checks] [bench] [gemmprof] [gemmbench] [stamps] [ab] [trace] [optime] [serving] [sharegpt]
+#   [AB="name:VAR=v,..."] [TRACE_AB="name:VAR=v,..."] bash scripts/device_run.sh [attnbench] [optest] [gemm] [gemmab] [ncu] [checks] [bench] [gemmprof] [gemmbench] [stamps] [ab] [trace] [optime] [serving] [sharegpt] [tp]
 #
 # Expects .device/ as scripts/device_pack.sh leaves it (run there first): bin.txz (the stripped
 # binaries of make CUDA=1 BUILD=build-gpu, libktrace.so and libcupti.so.13 in bin/),
@@ -161,6 +161,36 @@ if has sharegpt; then
       --percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,99 > $L/sharegpt_$gm.log 2>&1
     kill -TERM $pid; wait $pid
     grep -iE "throughput|ttft|tpot|success|fail|duration" $L/sharegpt_$gm.log | head -20
+  done
+fi
+# tensor parallelism: the usual checks through the NCCL path on one GPU (DUOSERVE_TP_GROUP=1: a
+# communicator of one and gathered logits, the same bits as without them), then for each rank
+# count of TP_SIZES (default "2 4 8", those the GPUs allow): stories260k's greedy ids and the HF
+# parity fixtures (bf16 tolerance), and bench_gpu on dummy weights of TP_MODEL's config.json
+# (default: Llama-3.1-70B's shapes, no checkpoint needed)
+if has tp; then
+  ngpu=$(nvidia-smi -L | wc -l)
+  echo "== tp: NCCL path with one GPU"
+  DUOSERVE_TP_GROUP=1 scripts/gpu_check.sh $B checks $L/tp1 2>&1 | grep -E "^(ok|FAIL)"
+  TM=${TP_MODEL:-/tmp/llama70b}
+  if [ ! -f $TM/config.json ]; then
+    mkdir -p $TM
+    cat > $TM/config.json <<'JSON'
+{"architectures": ["LlamaForCausalLM"], "hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80,
+ "num_attention_heads": 64, "num_key_value_heads": 8, "vocab_size": 128256, "max_position_embeddings": 131072,
+ "rms_norm_eps": 1e-05, "rope_theta": 500000.0, "bos_token_id": 128000, "eos_token_id": 128001,
+ "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                  "original_max_position_embeddings": 8192}, "tie_word_embeddings": false}
+JSON
+  fi
+  g1=$($B/duoserve generate -m $SHARED/models/stories260k --device cuda --prompt-ids 1 -n 199 --json 2>/dev/null | python3 -c "import json,sys; print(json.load(sys.stdin)['ids'])")
+  for n in ${TP_SIZES:-2 4 8}; do
+    [ "$n" -le "$ngpu" ] || { echo "== tp $n: skipped ($ngpu GPUs)"; continue; }
+    gn=$($B/duoserve generate -m $SHARED/models/stories260k --device cuda -tp $n --prompt-ids 1 -n 199 --json 2>$L/tp${n}_gen.log | python3 -c "import json,sys; print(json.load(sys.stdin)['ids'])")
+    echo "== tp $n: stories260k greedy ids $([ -n "$gn" ] && [ "$gn" = "$g1" ] && echo 'equal one GPU' || echo "DIFFER: $(tail -2 $L/tp${n}_gen.log)")"
+    python3 scripts/check_parity.py --bin $B/duoserve --device cuda --tol 0.05 --tp $n > $L/tp${n}_parity.log 2>&1; tail -1 $L/tp${n}_parity.log
+    timeout 500 $B/bench_gpu $TM cuda --tp $n --load-format dummy --decode 1,64,256 --prefill 2048 > $L/tp${n}_bench.log 2>&1
+    grep -E "KV cache|load:|decode|prefill" $L/tp${n}_bench.log | sed -E 's/ +/ /g' | cut -c1-240
   done
 fi
 echo "all done at $((SECONDS-t0)) s"

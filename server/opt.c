@@ -32,6 +32,12 @@ const struct opt opt_engine[] = {
     {"duo-pattern", NULL, OPT_STR, E(duo_pattern), 0, 0, "FILE",
      "DuoAttention full_attention_heads.tsv (default: all heads keep the full KV cache)"},
     {"duo-sparsity", NULL, OPT_FLOAT, E(duo_sparsity), 0, 1, "F", "with --duo-pattern: fraction of heads made streaming (default 0.5)"},
+    {"tensor-parallel-size", "-tp", OPT_INT, E(tensor_parallel_size), 1, 64, "N",
+     "split the model over N GPUs (Megatron tensor parallelism; with --device cpu, over N threads); N must divide the "
+     "model's attention heads, KV heads and intermediate size (default 1)"},
+    {"load-format", NULL, OPT_CHOICE, E(load_format), 0, 0, "auto|safetensors|dummy",
+     "weights: the model's safetensors (auto, safetensors), or dummy: random weights made from config.json alone, "
+     "the same on every load, for benchmarking shapes without their checkpoint (default auto)"},
     {"sink-tokens", NULL, OPT_INT, E(sink_tokens), 1, 1 << 20, "N", "streaming heads keep this many first tokens (default 64)"},
     {"recent-tokens", NULL, OPT_INT, E(recent_tokens), 1, 1 << 20, "N", "... and this many last tokens (default 256)"},
 };

@@ -18,6 +18,7 @@
 #include "engine/elog.h"
 #include "engine/engine.h"
 #include "engine/model_config.h"
+#include "engine/tp.h"
 #include "server/http.h"
 #include "server/log.h"
 #include "server/opt.h"
@@ -280,13 +281,32 @@ static int check_inputs(const struct serve_options *o, const struct http_config 
         log_msg("error", "--device cuda: %s; --device auto or cpu runs on the CPU", err);
         return 1;
     }
+    /* tensor parallelism: the model's shapes and the GPUs it needs */
+    int tp = o->ec.tensor_parallel_size;
+    struct model_config mc;
+    if (tp > 1 && o->model && (model_config_load(&mc, o->model, err, sizeof err) || tp_check(&mc, tp, err, sizeof err))) {
+        log_msg("error", "%s", err);
+        return 1;
+    }
+    bool gpu = !strcmp(o->ec.device, "cuda") ||
+               (!strcmp(o->ec.device, "auto") && tp > 1 && backend_cuda_probe(0, err, sizeof err) == BACKEND_CUDA_OK);
+    if (tp > 1 && gpu && backend_cuda_device_count() < tp) {
+        log_msg("error", "--tensor-parallel-size %d needs %d GPUs, and %d %s visible (CUDA_VISIBLE_DEVICES selects them)",
+                tp, tp, backend_cuda_device_count(), backend_cuda_device_count() == 1 ? "is" : "are");
+        return 1;
+    }
     return 0;
 }
 
 /* The HTTP server's settings; backend (n bytes, outliving the server) receives the engine
  * settings that change outputs, for system_fingerprint. */
 static struct http_config http_config_of(const struct serve_options *o, const char *name, char *backend, size_t n) {
-    snprintf(backend, n, "device=%s gemm=%s", o->ec.device, o->ec.gemm);
+    int tp = o->ec.tensor_parallel_size;
+    bool dummy = o->ec.load_format && !strcmp(o->ec.load_format, "dummy");
+    /* settings that change outputs; the defaults add nothing, so fingerprints stay as they were */
+    char tps[32] = "";
+    if (tp > 1) snprintf(tps, sizeof tps, " tp=%d", tp);
+    snprintf(backend, n, "device=%s gemm=%s%s%s", o->ec.device, o->ec.gemm, tps, dummy ? " load_format=dummy" : "");
     return (struct http_config){
         .host = o->host, .port = o->port, .api_key = o->api_key, .model_name = name,
         .model_root = o->model ? o->model : name, .max_request_bytes = o->max_request_bytes,
@@ -302,7 +322,8 @@ int serve_main(int argc, char **argv) {
         .host = "127.0.0.1", .port = 8000, .timeout = 600, .shutdown_timeout = 30, .max_request_bytes = 8u << 20,
         .max_connections = 1024, .http_threads = 4, .http_timeout = 60, .sse_keepalive = 15, .log_format = "text",
         .ec = {.device = "auto", .gemm = "invariant", .max_num_seqs = 0, .max_queue = 1024, .block_size = 16,
-               .gpu_memory_utilization = 0.9f, .duo_sparsity = 0.5f, .sink_tokens = 64, .recent_tokens = 256},
+               .gpu_memory_utilization = 0.9f, .duo_sparsity = 0.5f, .sink_tokens = 64, .recent_tokens = 256,
+               .tensor_parallel_size = 1, .load_format = "auto"},
     };
     early_log_format(argc, argv);
     cJSON *config_doc = NULL;
@@ -374,12 +395,15 @@ int serve_main(int argc, char **argv) {
             o.api_key && o.api_key[0] ? ", API key required" : "");
 
     int sig;
-    while (!(sig = wait_signal(&sigs, 200))) http_tick(srv);
+    bool failed = false;
+    while (!(sig = wait_signal(&sigs, 200)) && !(failed = engine_failed(e))) http_tick(srv);
 
-    // Drain: no new requests, running ones finish within --shutdown-timeout.
+    // Drain: no new requests, running ones finish within --shutdown-timeout. After an engine
+    // failure they have all ended with an error already.
     http_set_state(srv, HTTP_STATE_DRAINING);
     engine_drain(e);
-    log_msg("info", "%s: draining %d request(s) (up to %.0fs)", strsignal(sig), http_num_active(srv), o.shutdown_timeout);
+    if (failed) log_msg("error", "the engine failed: stopping (%d request(s) still open)", http_num_active(srv));
+    else log_msg("info", "%s: draining %d request(s) (up to %.0fs)", strsignal(sig), http_num_active(srv), o.shutdown_timeout);
     double deadline = mono() + o.shutdown_timeout;
     bool forced = false;
     while (http_num_active(srv) > 0 && mono() < deadline) {
@@ -403,5 +427,5 @@ int serve_main(int argc, char **argv) {
     engine_destroy(e);
     cJSON_Delete(config_doc);
     log_msg("info", "stopped");
-    return 0;
+    return failed ? 1 : 0;
 }

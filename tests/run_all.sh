@@ -6,6 +6,12 @@ pass=0; fail=0; failed=()
 for t in "$@"; do
   echo "=== $t"
   if "$t"; then pass=$((pass+1)); else fail=$((fail+1)); failed+=("$t"); fi
+  # the engine's cases again with the model split over two tensor-parallel ranks (CPU threads)
+  case "$t" in
+    */test_engine)
+      echo "=== $t (DUO_TEST_TP=2)"
+      if DUO_TEST_TP=2 "$t"; then pass=$((pass+1)); else fail=$((fail+1)); failed+=("$t (DUO_TEST_TP=2)"); fi ;;
+  esac
 done
 for t in tests/e2e_*.sh tests/e2e_*.py; do
   [ -e "$t" ] || continue

@@ -71,11 +71,19 @@ static struct engine_sampling greedy(int max_tokens) {
                                     .ignore_eos = true, .skip_special_tokens = true, .logprobs = -1};
 }
 
+/* DUO_TEST_TP=N runs every case with the model split over N tensor-parallel ranks (threads on the
+ * CPU); the KV budgets are the whole model's, so the pools are the same as with one rank. */
+static int test_tp(void) {
+    const char *v = getenv("DUO_TEST_TP");
+    return v && atoi(v) > 1 ? atoi(v) : 1;
+}
+
 static struct core *make_core(const char *dir, int budget, size_t kv_bytes, const char *pattern, float sparsity,
                               int sink, int recent) {
     struct engine_config cfg = {.model_dir = dir, .max_num_batched_tokens = budget, .max_num_seqs = 32,
                                 .kv_cache_memory = kv_bytes, .block_size = 16, .duo_pattern = pattern,
-                                .duo_sparsity = sparsity, .sink_tokens = sink, .recent_tokens = recent, .quiet = true};
+                                .duo_sparsity = sparsity, .sink_tokens = sink, .recent_tokens = recent,
+                                .tensor_parallel_size = test_tp(), .quiet = true};
     struct core *c;
     char err[512] = "";
     int rc = core_create(&c, &cfg, err, sizeof err);
@@ -693,7 +701,8 @@ static void test_forks_keep_their_reserved_seats(void **state) {
     for (int with_pattern = 0; with_pattern < 2; with_pattern++) {
         struct engine_config cfg = {.model_dir = "tests/fixtures/hf/llama3", .max_num_batched_tokens = 16,
                                     .max_num_seqs = 4, .block_size = 16, .duo_pattern = with_pattern ? pat : NULL,
-                                    .duo_sparsity = 0.5f, .sink_tokens = 4, .recent_tokens = 8, .quiet = true};
+                                    .duo_sparsity = 0.5f, .sink_tokens = 4, .recent_tokens = 8,
+                                    .tensor_parallel_size = test_tp(), .quiet = true};
         struct core *c;
         char err[256];
         assert_int_equal(core_create(&c, &cfg, err, sizeof err), 0);
@@ -779,6 +788,7 @@ static void test_tiny_temperature_is_greedy(void **state) {
 }
 
 int main(void) {
+    if (test_tp() > 1) print_message("engine tests with tensor parallelism over %d ranks\n", test_tp());
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_greedy_invariant_alone_batched_chunked_preempted),
         cmocka_unit_test(test_greedy_invariant_with_duo_pattern),
