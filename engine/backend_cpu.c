@@ -396,6 +396,7 @@ static const struct backend_ops cpu_ops = {
     .logits = cpu_logits,
     .argmax = cpu_argmax,
     .sample = cpu_sample,
+    .sample_allow = true,
     .sync = cpu_sync,
     .destroy = cpu_destroy,
 };
