@@ -724,7 +724,9 @@ static int seq_fill_mask(struct core *c, struct core_seq *s) {
     struct core_request *r = s->req;
     bool at_start = tokenizer_stream_at_start(&s->detok);
     int rc = token_mask_fill(r->tm, s->gs, at_start, s->allow);
-    if (rc) return fail_request(c, r, "structured output: the token mask failed: %s", grammar_strerror(rc));
+    if (rc)
+        return fail_request(c, r, "structured output: the text cannot go on within the grammar's limits (%s: more "
+                                  "than 1024 alternatives alive at once, or nesting deeper than 512)", grammar_strerror(rc));
     size_t words = grammar_cache_mask_words(c->gcache);
     uint32_t any = 0;
     for (size_t i = 0; i < words; i++) any |= s->allow[i];

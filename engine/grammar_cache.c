@@ -168,14 +168,26 @@ static int ensure_vocab(struct grammar_cache *gc, char *err, size_t errlen) {
     return rc;
 }
 
+/* Compiles spec; a grammar whose very start is over the run-time limits (an anyOf of more
+ * alternatives than may be alive at once) is refused here, with the compile errors. */
 static int compile(const struct engine_grammar *sp, struct grammar **g, char *err, size_t errlen) {
     const char *schema = sp->kind == ENGINE_GRAMMAR_JSON_SCHEMA ? sp->schema : NULL;
     if (sp->kind == ENGINE_GRAMMAR_JSON_SCHEMA && !schema) {
         if (err && errlen) snprintf(err, errlen, "no schema");
         return GRAMMAR_ERR_INVALID;
     }
-    return grammar_compile_wrapped(g, schema, schema ? strlen(schema) : 0, sp->wrapped ? &sp->wrap : NULL, NULL, err,
-                                   errlen);
+    int rc = grammar_compile_wrapped(g, schema, schema ? strlen(schema) : 0, sp->wrapped ? &sp->wrap : NULL, NULL, err,
+                                     errlen);
+    struct grammar_state *s = NULL;
+    if (!rc && (rc = grammar_state_init(&s, *g)) != 0) {
+        if (rc == GRAMMAR_ERR_LIMIT && err && errlen)
+            snprintf(err, errlen, "the schema starts with more alternatives than may be alive at once (anyOf, enum "
+                                  "and type lists together; at most 1024)");
+        grammar_free(*g);
+        *g = NULL;
+    }
+    grammar_state_free(s);
+    return rc;
 }
 
 int grammar_cache_acquire(struct grammar_cache *gc, const struct engine_grammar *sp, struct grammar_cache_entry **out,

@@ -287,6 +287,12 @@ def test_formats(servers):
         check(f"structured_outputs json_object on {path}", st == 200 and isinstance(json.loads(outputs(path, r)[0][0]), dict), r)
         st, r = post(srv, path, {**base, "response_format": {"type": "text"}, "max_tokens": 30, "ignore_eos": True})
         check(f"response_format text on {path}: unconstrained", st == 200 and outputs(path, r)[0][1] == "length", r)
+    # stop strings apply to structured output too (as in vLLM): the text ends before the stop string
+    st, r = post(srv, "/v1/completions", {"model": "m", "prompt": "x", "max_tokens": 500, "seed": 2, "stop": ["["],
+                                          "guided_json": {"type": "array", "items": {"type": "integer"}}})
+    c0 = r["choices"][0] if st == 200 else {}
+    check("stop strings apply to structured output", st == 200 and c0["finish_reason"] == "stop"
+          and c0["stop_reason"] == "[" and c0["text"].strip() == "", r)
     # min_tokens and ignore_eos do not push a complete text further
     st, r = post(srv, "/v1/completions", {"model": "m", "prompt": "x", "max_tokens": 400, "min_tokens": 300,
                                           "ignore_eos": True, "seed": 1, "guided_json": {"type": "boolean"}})
@@ -307,6 +313,7 @@ def test_bad_schemas(servers):
         ({"response_format": {"type": "json_schema", "json_schema": {"name": "big", "schema": {
             "type": "string", "maxLength": 1000000}}}}, "response_format", "larger than"),
         ({"response_format": {"type": "xml"}}, "response_format", "xml"),
+        ({"guided_json": {"anyOf": [{"const": f"abcdefgh{i}"} for i in range(1100)]}}, "guided_json", "alternatives"),
     ]
     for extra, param, needle in cases:
         st, data, _ = srv.post("/v1/completions", {"model": "m", "prompt": "x", "max_tokens": 5, **extra}, timeout=60)
@@ -316,6 +323,19 @@ def test_bad_schemas(servers):
               st == 400 and error_shape_ok(data) and body["error"]["param"] == param and needle.lower() in msg.lower(),
               (st, data[:300]))
     check("bad schemas: server still healthy", srv.get("/health")[0] == 200)
+    # over the run-time limits only once generating (1100 alternatives alive after "["): that request
+    # fails with a clear error, one alongside it is served
+    many = {"type": "array", "items": {"anyOf": [{"const": f"abcdefgh{i}"} for i in range(1100)]}}
+    jobs = [{"model": "m", "prompt": "x", "max_tokens": 50, "guided_json": many, "seed": 1},
+            {"model": "m", "prompt": "x", "max_tokens": 500, "guided_json": {"type": "boolean"}, "seed": 1}]
+    with concurrent.futures.ThreadPoolExecutor(2) as ex:
+        (st1, r1), (st2, r2) = ex.map(lambda b: post(srv, "/v1/completions", b), jobs, timeout=120)
+    check("a grammar over its run-time limits fails that request only, with a clear error",
+          st1 == 500 and "grammar's limits" in r1["error"]["message"] and st2 == 200
+          and json.loads(r2["choices"][0]["text"]) in (True, False), (st1, r1, st2, r2))
+    st, events, done, _ = stream(srv, {**jobs[0], "stream": True})
+    check("... streamed: an error event, then [DONE]", st == 200 and done and "error" in events[-1], events[-2:])
+    check("... and the server stays healthy", srv.get("/health")[0] == 200)
 
 
 TOOLS = [
