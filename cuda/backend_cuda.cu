@@ -827,6 +827,7 @@ static struct backend_ops make_ops(void) {
     o.logits = cu_logits;
     o.argmax = cu_argmax;
     o.sample = cu_sample;
+    o.sample_allow = true; // cuda/sampling.cu applies sample_row.allow
     o.sync = cu_sync;
     o.destroy = cu_destroy;
     o.graph_begin = cu_graph_begin;

@@ -1,8 +1,9 @@
 // Sampling on the device: the backend's sample op (engine/backend.h struct sample_row), the same
 // pipeline as engine/sampler.c's sampler_run, on the f32 logits the last logits() call left in
 // device memory. One block per draw:
-//   1. when the draw has a bias, mask or penalty list, the row is copied to the draw's work row and
-//      the lists are applied there (in the CPU's order, with the same f32 operations);
+//   1. when the draw has an allow bitset (structured output), a bias, mask or penalty list, the row
+//      is copied to the draw's work row (ids outside allow as -inf) and the lists are applied there
+//      (in the CPU's order, with the same f32 operations);
 //   2. greedy draws take the first index of the maximum;
 //   3. else x = logit / temperature; top-k finds the k-th largest x exactly with a radix search over
 //      order-preserving 32-bit keys (11 + 11 + 10 bits, shared-memory histograms), after a cheap
@@ -39,6 +40,7 @@ struct samp_param {
     int32_t row, top_k, n_bias, n_mask, n_seen, pad;
     float temperature, top_p, min_p, rep, pres, freq, u;
     int64_t bias_ids, bias_vals, mask_ids, seen;
+    int64_t allow; // (V + 31) / 32 words of the allow bitset, or -1: every id
 };
 
 struct samp_smem {
@@ -210,11 +212,16 @@ __global__ void __launch_bounds__(SAMP_THREADS)
     float *w = work + (size_t)blockIdx.x * V;
     const int tid = threadIdx.x;
 
-    // 1. bias, mask, penalties on a copy of the row (forks may draw from the same row)
-    bool mods = p.n_bias > 0 || p.n_mask > 0 || p.n_seen > 0;
+    // 1. allow, bias, mask, penalties on a copy of the row (forks may draw from the same row)
+    bool mods = p.n_bias > 0 || p.n_mask > 0 || p.n_seen > 0 || p.allow >= 0;
     const float *in = mods ? w : src;
     if (mods) {
-        for (int i = tid; i < V; i += SAMP_THREADS) w[i] = src[i];
+        if (p.allow >= 0) {
+            const uint32_t *allow = (const uint32_t *)(pool + p.allow);
+            for (int i = tid; i < V; i += SAMP_THREADS) w[i] = (allow[i >> 5] >> (i & 31)) & 1u ? src[i] : -INFINITY;
+        } else {
+            for (int i = tid; i < V; i += SAMP_THREADS) w[i] = src[i];
+        }
         __syncthreads();
         const int32_t *bid = pool + p.bias_ids;
         const float *bval = (const float *)(pool + p.bias_vals);
@@ -468,11 +475,11 @@ int cuda_sample(struct cuda_sampler **state, int32_t *host_ids, const struct sam
                 const float *logits, int n_rows, int vocab, cudaStream_t s) {
     if (n < 0 || vocab < 1 || !logits) return BACKEND_ERR_ARG;
     if (n == 0) return BACKEND_OK;
-    size_t n_pool = 0; // int32s
+    size_t n_pool = 0, words = ((size_t)vocab + 31) / 32; // int32s; words of an allow bitset
     for (int i = 0; i < n; i++) {
         const struct sample_row *r = &rows[i];
         if (r->row < 0 || r->row >= n_rows || r->n_bias < 0 || r->n_mask < 0 || r->n_seen < 0) return BACKEND_ERR_ARG;
-        n_pool += 2 * (size_t)r->n_bias + (size_t)r->n_mask + 3 * (size_t)r->n_seen;
+        n_pool += 2 * (size_t)r->n_bias + (size_t)r->n_mask + 3 * (size_t)r->n_seen + (r->allow ? words : 0);
     }
     if (!*state && !(*state = (struct cuda_sampler *)calloc(1, sizeof **state))) return BACKEND_ERR_OOM;
     struct cuda_sampler *sp = *state;
@@ -513,6 +520,9 @@ int cuda_sample(struct cuda_sampler **state, int32_t *host_ids, const struct sam
             pool[off++] = r->seen[j].count;
             pool[off++] = r->seen[j].in_prompt;
         }
+        q->allow = r->allow ? off : -1;
+        if (r->allow) memcpy(pool + off, r->allow, sizeof(uint32_t) * words);
+        off += r->allow ? (int64_t)words : 0;
     }
     CUDA_CHECK(cudaMemcpyAsync(sp->d_stage, sp->h_stage, head + n_pool * sizeof(int32_t), cudaMemcpyHostToDevice, s));
     if (cuda_sample_rows(sp->d_ids, logits, sp->d_work, (const samp_param *)sp->d_stage,

@@ -160,6 +160,9 @@ struct backend_ops {
      * call left in backend memory, which stay unchanged; called after sync(), it waits for its
      * own work and returns a backend_status with the ids on the host */
     int (*sample)(struct backend *b, int32_t *host_ids, const struct sample_row *rows, int n, int vocab);
+    /* the sample op honours sample_row.allow; when not, the engine samples constrained rows on the
+     * host (their logits copied back) */
+    bool sample_allow;
     /* waits for queued work (and delivers the logits); returns a backend_status */
     int (*sync)(struct backend *b);
     /* Optional (NULL on the CPU): a decode-shaped step (every sequence one token) replays a

@@ -425,6 +425,7 @@ static const struct backend_ops cpu_ops = {
     .logits = cpu_logits,
     .argmax = cpu_argmax,
     .sample = cpu_sample,
+    .sample_allow = true,
     .sync = cpu_sync,
     .logits_to = cpu_logits_to,
     .logits_assemble = cpu_logits_assemble,

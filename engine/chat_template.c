@@ -15,6 +15,7 @@ struct chat_template {
     struct jinja_template *main;     // "default", or the only template
     struct jinja_template *tool_use; // the "tool_use" named template, for requests with tools
     char *bos, *eos;                 // tokenizer_config.json's special tokens, or NULL
+    enum chat_template_tools tools;  // the tool-call syntax its text shows
 };
 
 const char *chat_template_strerror(int status) {
@@ -78,9 +79,29 @@ void chat_template_free(struct chat_template *ct) {
 const char *chat_template_bos_token(const struct chat_template *ct) { return ct ? ct->bos : NULL; }
 const char *chat_template_eos_token(const struct chat_template *ct) { return ct ? ct->eos : NULL; }
 
-/* Parses src into *t; syntax errors are reported with where the template came from. */
-static int parse(const char *src, size_t len, const char *origin, struct jinja_template **t,
-                 char *err, size_t errlen) {
+enum chat_template_tools chat_template_tool_syntax(const struct chat_template *ct) {
+    return ct ? ct->tools : CHAT_TEMPLATE_TOOLS_UNKNOWN;
+}
+
+/* The tool-call syntax a template's text shows (the first found, in this order). */
+static enum chat_template_tools tools_of(const char *src, size_t len) {
+    static const struct {
+        const char *needle;
+        enum chat_template_tools t;
+    } signs[] = {{"<tool_call>", CHAT_TEMPLATE_TOOLS_HERMES},
+                 {"[TOOL_CALLS]", CHAT_TEMPLATE_TOOLS_MISTRAL},
+                 {"<|python_tag|>", CHAT_TEMPLATE_TOOLS_LLAMA3},
+                 {"ipython", CHAT_TEMPLATE_TOOLS_LLAMA3}};
+    for (size_t i = 0; i < sizeof signs / sizeof *signs; i++)
+        if (memmem(src, len, signs[i].needle, strlen(signs[i].needle))) return signs[i].t;
+    return CHAT_TEMPLATE_TOOLS_UNKNOWN;
+}
+
+/* Parses src into *t; syntax errors are reported with where the template came from. Notes the
+ * tool-call syntax in ct. */
+static int parse(struct chat_template *ct, const char *src, size_t len, const char *origin,
+                 struct jinja_template **t, char *err, size_t errlen) {
+    if (!ct->tools) ct->tools = tools_of(src, len);
     char jerr[512];
     int rc = jinja_parse(src, len, NULL, t, jerr, sizeof jerr);
     if (rc != JINJA_OK)
@@ -101,7 +122,7 @@ int chat_template_from_string(const char *src, size_t len, const char *bos_token
         chat_template_free(ct);
         return fail(CHAT_TEMPLATE_ERR_NOMEM, err, errlen, "out of memory");
     }
-    int rc = parse(src, len, "(string)", &ct->main, err, errlen);
+    int rc = parse(ct, src, len, "(string)", &ct->main, err, errlen);
     if (rc != CHAT_TEMPLATE_OK) {
         chat_template_free(ct);
         return rc;
@@ -120,7 +141,7 @@ static int load_from_config(struct chat_template *ct, const cJSON *cfg, const ch
                     "%s); give one with --chat-template FILE",
                     cfg_path);
     if (cJSON_IsString(tpl))
-        return parse(tpl->valuestring, strlen(tpl->valuestring), cfg_path, &ct->main, err, errlen);
+        return parse(ct, tpl->valuestring, strlen(tpl->valuestring), cfg_path, &ct->main, err, errlen);
     if (!cJSON_IsArray(tpl))
         return fail(CHAT_TEMPLATE_ERR_CONFIG, err, errlen,
                     "%s: chat_template must be a string or a list of {name, template}", cfg_path);
@@ -135,7 +156,7 @@ static int load_from_config(struct chat_template *ct, const cJSON *cfg, const ch
                                        : !strcmp(name->valuestring, "tool_use") ? &ct->tool_use
                                                                                 : NULL;
         if (!slot || *slot) continue;
-        int rc = parse(text->valuestring, strlen(text->valuestring), cfg_path, slot, err, errlen);
+        int rc = parse(ct, text->valuestring, strlen(text->valuestring), cfg_path, slot, err, errlen);
         if (rc != CHAT_TEMPLATE_OK) return rc;
     }
     if (!ct->main)
@@ -189,9 +210,9 @@ int chat_template_load(const char *model_dir, const char *template_file, struct 
                       template_file, strerror(errno));
             goto done;
         }
-        rc = parse(text, len, template_file, &ct->main, err, errlen);
+        rc = parse(ct, text, len, template_file, &ct->main, err, errlen);
     } else if (util_read_file(jinja_path, &text, &len) == 0) {
-        rc = parse(text, len, jinja_path, &ct->main, err, errlen);
+        rc = parse(ct, text, len, jinja_path, &ct->main, err, errlen);
     } else if (errno != ENOENT) {
         rc = fail(CHAT_TEMPLATE_ERR_IO, err, errlen, "%s: %s", jinja_path, strerror(errno));
     } else if (cfg) {

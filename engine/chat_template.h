@@ -63,6 +63,17 @@ int chat_template_render(const struct chat_template *ct, const cJSON *messages,
                          const char *eos_token, const cJSON *extra, char **out, char *err,
                          size_t errlen);
 
+/* How the template's model writes tool calls, read from the template's text (its tool_use
+ * template included): "<tool_call>" tags (Hermes, Qwen2.5/3), "[TOOL_CALLS]" (Mistral),
+ * "ipython" or "<|python_tag|>" (Llama 3.1/3.2 JSON calls); UNKNOWN when it says none. */
+enum chat_template_tools {
+    CHAT_TEMPLATE_TOOLS_UNKNOWN = 0,
+    CHAT_TEMPLATE_TOOLS_HERMES,
+    CHAT_TEMPLATE_TOOLS_MISTRAL,
+    CHAT_TEMPLATE_TOOLS_LLAMA3,
+};
+enum chat_template_tools chat_template_tool_syntax(const struct chat_template *ct);
+
 const char *chat_template_strerror(int status);
 
 #endif

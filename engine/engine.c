@@ -14,6 +14,7 @@
 #include "engine/chat_template.h"
 #include "engine/elog.h"
 #include "engine/engine_core.h"
+#include "engine/grammar_cache.h"
 #include "engine/util.h"
 #include "engine/warmup.h"
 
@@ -24,6 +25,8 @@ struct engine_handle {
     void *ud;
     pthread_mutex_t notify_mu; // held while notify runs; release takes it, so no notify follows release
     struct core_request *cr;   // engine thread only; NULL before admission and after the end
+    struct grammar_cache_entry *ge; // structured output: the grammar compiled at submit, held until the
+                                    // core holds it too (so the engine thread never compiles)
     struct engine_event *q;    // event ring
     int q_head, q_len, q_cap;
     int n_finished;
@@ -123,6 +126,10 @@ static void handle_unref_locked(struct engine_handle *h) {
     free((void *)h->req.sp.stop_ids);
     for (int i = 0; i < h->req.sp.n_stop; i++) free(h->req.sp.stop[i]);
     free((void *)h->req.sp.stop);
+    struct engine_grammar *g = &h->req.sp.grammar;
+    free((void *)g->schema);
+    free((void *)g->wrap.begin), free((void *)g->wrap.end), free((void *)g->wrap.sep);
+    free((void *)g->wrap.item_begin), free((void *)g->wrap.item_end);
     free(h);
 }
 
@@ -197,6 +204,8 @@ static void process_inbox(struct engine *e) {
         nx = h->next;
         char err[256];
         int rc = core_add(e->core, &h->req, core_event, h, &h->cr, err, sizeof err);
+        grammar_cache_release(core_grammar_cache(e->core), h->ge); /* the core holds its own now */
+        h->ge = NULL;
         h->added = true;
         h->next = e->live;
         e->live = h;
@@ -382,6 +391,27 @@ static void *dup_mem(const void *p, size_t n) {
     return d;
 }
 
+/* A copy of s (NULL stays NULL); *ok turns false when out of memory. */
+static const char *dup_opt(const char *s, bool *ok) {
+    if (!s) return NULL;
+    char *d = strdup(s);
+    if (!d) *ok = false;
+    return d;
+}
+
+/* h's own copies of the grammar's texts. */
+static bool copy_grammar(struct engine_grammar *g, const struct engine_grammar *from) {
+    bool ok = true;
+    *g = *from;
+    g->schema = dup_opt(from->schema, &ok);
+    g->wrap.begin = dup_opt(from->wrap.begin, &ok);
+    g->wrap.end = dup_opt(from->wrap.end, &ok);
+    g->wrap.sep = dup_opt(from->wrap.sep, &ok);
+    g->wrap.item_begin = dup_opt(from->wrap.item_begin, &ok);
+    g->wrap.item_end = dup_opt(from->wrap.item_end, &ok);
+    return ok;
+}
+
 int engine_submit(struct engine *e, const struct engine_request *req, void (*notify)(void *ud), void *ud,
                   struct engine_handle **out, char *err, size_t errlen) {
     *out = NULL;
@@ -404,13 +434,24 @@ int engine_submit(struct engine *e, const struct engine_request *req, void (*not
     bool ok = h->req.prompt && h->req.sp.logit_bias_ids && h->req.sp.logit_bias_vals && h->req.sp.stop_ids && stop;
     for (int i = 0; ok && i < sp->n_stop; i++) ok = (stop[i] = strdup(sp->stop[i])) != NULL;
     h->req.sp.stop = stop;
+    ok &= copy_grammar(&h->req.sp.grammar, &sp->grammar);
+    /* structured output: compiled here, on the submitting thread, so a schema that does not
+     * compile is refused at once */
+    if (ok && sp->grammar.kind != ENGINE_GRAMMAR_NONE) {
+        int grc = grammar_cache_acquire(core_grammar_cache(e->core), &sp->grammar, &h->ge, err, errlen);
+        if (grc == GRAMMAR_ERR_NOMEM) ok = false;
+        else if (grc) rc = ENGINE_ERR_GRAMMAR;
+    }
     pthread_mutex_lock(&e->mu);
-    if (!ok) rc = ENGINE_ERR_OOM, util_err(err, errlen, "out of memory");
-    else if (e->failed) rc = ENGINE_ERR_DRAINING, util_err(err, errlen, "the engine failed; the server is stopping");
-    else if (e->draining || e->stopping) rc = ENGINE_ERR_DRAINING, util_err(err, errlen, "the server is shutting down");
-    else if (e->n_waiting_est >= (core_max_queue(e->core)))
+    if (rc == ENGINE_OK && !ok) rc = ENGINE_ERR_OOM, util_err(err, errlen, "out of memory");
+    else if (rc == ENGINE_OK && e->failed)
+        rc = ENGINE_ERR_DRAINING, util_err(err, errlen, "the engine failed; the server is stopping");
+    else if (rc == ENGINE_OK && (e->draining || e->stopping))
+        rc = ENGINE_ERR_DRAINING, util_err(err, errlen, "the server is shutting down");
+    else if (rc == ENGINE_OK && e->n_waiting_est >= (core_max_queue(e->core)))
         rc = ENGINE_ERR_QUEUE_FULL, util_err(err, errlen, "too many requests waiting (%d); retry later", e->n_waiting_est);
     if (rc != ENGINE_OK) {
+        grammar_cache_release(core_grammar_cache(e->core), h->ge);
         h->refs = 1;
         handle_unref_locked(h);
         pthread_mutex_unlock(&e->mu);
@@ -505,6 +546,7 @@ const char *engine_strerror(int status) {
     case ENGINE_ERR_DRAINING: return "shutting down";
     case ENGINE_ERR_OOM: return "out of memory";
     case ENGINE_ERR_FATAL: return "the backend failed";
+    case ENGINE_ERR_GRAMMAR: return "the structured-output schema cannot be used";
     }
     return "unknown error";
 }

@@ -12,6 +12,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "engine/grammar.h"
+
 struct tokenizer;
 struct chat_template;
 
@@ -34,6 +36,25 @@ struct engine_config {
     const char *load_format;    // "auto" or "safetensors" (NULL: auto): the checkpoint; "dummy": random
                                 // weights made from config.json alone
     bool quiet;                 // no start-up log lines (tests)
+};
+
+/* Structured output: every choice's text is a text of a grammar (engine/grammar.h says which
+ * texts): tokens that would leave it are never drawn (the mask is applied to the logits first,
+ * before bias, penalties and temperature); a choice ends with ENGINE_FINISH_STOP as soon as its
+ * text is complete and nothing may follow, or on an EOS the grammar allows there (whatever
+ * ignore_eos and min_tokens say: min_tokens never forces text past the grammar's end). Stop
+ * strings and stop ids still apply; logprobs are the model's, before the mask. */
+enum engine_grammar_kind {
+    ENGINE_GRAMMAR_NONE = 0,
+    ENGINE_GRAMMAR_JSON_OBJECT, // any JSON object (response_format json_object)
+    ENGINE_GRAMMAR_JSON_SCHEMA, // a value of `schema` (response_format json_schema, tool calls)
+};
+
+struct engine_grammar {
+    enum engine_grammar_kind kind;
+    const char *schema;      // JSON_SCHEMA: the schema as JSON text (NUL-terminated)
+    bool wrapped;            // the values sit between the literal texts of wrap (tool calls)
+    struct grammar_wrap wrap;
 };
 
 /* Sampling and stopping for one request (OpenAI + vLLM semantics). */
@@ -60,6 +81,7 @@ struct engine_sampling {
     bool include_stop_str_in_output;
     bool skip_special_tokens;  // default true
     int logprobs;              // -1: none; 0..20: sampled token's logprob + this many top
+    struct engine_grammar grammar; // structured output; kind NONE: unconstrained
 };
 
 /* A request. engine_submit copies everything it needs; the caller keeps ownership. */
@@ -115,6 +137,7 @@ enum engine_status {
     ENGINE_ERR_DRAINING = -4,     // shutting down (HTTP 503)
     ENGINE_ERR_OOM = -5,
     ENGINE_ERR_FATAL = -6,        // the backend failed for good (a tensor-parallel rank): no more steps
+    ENGINE_ERR_GRAMMAR = -7,      // sp.grammar does not compile (message: the unsupported keyword, the limit)
 };
 
 struct engine;

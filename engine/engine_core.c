@@ -9,6 +9,7 @@
 #include "engine/demo_model.h"
 #include "engine/duo_pattern.h"
 #include "engine/elog.h"
+#include "engine/grammar_cache.h"
 #include "engine/sampler.h"
 #include "engine/tokenizer.h"
 #include "engine/utf8.h"
@@ -35,6 +36,9 @@ struct core_seq {
     size_t text_chars, emitted_chars; // code points in text[0, text_len) and text[0, emitted)
     int n_generated;
     double t_scheduled, t_first, t_last; // first admission (kept across preemptions), first and last token
+    struct grammar_state *gs; // structured output: where the text is in the grammar (kept across preemptions:
+                              // the generated tokens are kept, only their KV is recomputed)
+    uint32_t *allow;          // [mask words] the tokens of the next draw (sampler_seq.allow points here)
 };
 
 struct core_request {
@@ -50,6 +54,10 @@ struct core_request {
     struct core_seq **seqs;    // [n_choices], created lazily by forks
     size_t max_stop_len;
     double t_arrival;
+    struct grammar_cache_entry *ge; // structured output: the grammar (held), or NULL
+    struct token_mask *tm;          // its token masks (the entry's)
+    bool failed;                    // a choice left the grammar this step: ERROR, then aborted
+    char fail_msg[200];
 };
 
 struct seq_list {
@@ -85,11 +93,15 @@ struct core {
     int *b_want;
     float *logits, *work, *scratch, *lp; // scratch: [SAMPLER_SCRATCH_ROWS * vocab]
     int32_t *greedy_ids; // [max_num_seqs] argmax of each logits row, when the step needs no more
+    uint32_t *work_bits; // [(vocab + 31) / 32] a mask's scratch copy
     struct core_draw *draws;  // [draws_cap] this step's tokens, in accept order
     struct sample_row *srows; // [draws_cap] the draws the sample op makes
     int32_t *sids;            // [draws_cap] their ids
     int draws_cap;
     double t_tokens; // when this step's tokens come out
+    struct grammar_cache *gcache;     // compiled grammars (NULL without a tokenizer)
+    struct core_request **failed;     // [max_num_seqs] requests that failed this step
+    int n_failed;
     struct engine_stats stats;
     struct util_rng seed_rng; // seeds of requests that give none
 };
@@ -362,6 +374,10 @@ int core_create(struct core **out, const struct engine_config *cfg_in, char *err
             if (!dup && ids[i] >= 0 && ids[i] < c->vocab) c->eos[c->n_eos++] = ids[i];
         }
     }
+    if (c->tok && grammar_cache_create(&c->gcache, c->tok, c->vocab) != 0) {
+        util_err(err, errlen, "out of memory");
+        goto fail;
+    }
     if (plan_memory(c, err, errlen) != 0) goto fail;
     int S = c->cfg.max_num_seqs, T = c->max_batch, V = c->vocab;
     c->b_tokens = malloc(sizeof(int32_t) * T);
@@ -381,7 +397,9 @@ int core_create(struct core **out, const struct engine_config *cfg_in, char *err
     c->draws = malloc(sizeof *c->draws * S);
     c->srows = malloc(sizeof *c->srows * S);
     c->sids = malloc(sizeof *c->sids * S);
-    if (!c->b_tokens || !c->b_pos || !c->b_seq_start || !c->b_indptr || !c->b_slots || !c->b_rows || !c->b_seqs ||
+    c->failed = malloc(sizeof *c->failed * S);
+    c->work_bits = malloc(sizeof *c->work_bits * (((size_t)V + 31) / 32));
+    if (!c->failed || !c->work_bits || !c->b_tokens || !c->b_pos || !c->b_seq_start || !c->b_indptr || !c->b_slots || !c->b_rows || !c->b_seqs ||
         !c->b_want || !c->logits || !c->greedy_ids || !c->work || !c->scratch || !c->lp || !c->draws || !c->srows ||
         !c->sids) {
         util_err(err, errlen, "out of memory");
@@ -399,6 +417,8 @@ static void seq_free(struct core *c, struct core_seq *s) {
     if (s->n_blocks) kv_cache_release(&c->kv, s->blocks, s->n_blocks);
     if (s->slot >= 0) kv_cache_release_slot(&c->kv, s->slot);
     sampler_seq_free(&s->smp);
+    grammar_state_free(s->gs);
+    free(s->allow);
     if (c->tok) tokenizer_stream_free(&s->detok);
     free(s->tokens);
     free(s->blocks);
@@ -416,6 +436,10 @@ static void request_free(struct core_request *r) {
         seq_free(c, s);
     }
     free(r->seqs);
+    if (r->ge) {
+        grammar_cache_measure(c->gcache, r->ge);
+        grammar_cache_release(c->gcache, r->ge);
+    }
     free(r->prompt);
     free(r->mask);
     free((void *)r->sp.logit_bias_ids);
@@ -434,6 +458,7 @@ void core_free(struct core *c) {
     free(c->running.v);
     kv_cache_free(&c->kv);
     model_free(c->m);
+    grammar_cache_free(c->gcache);
     tokenizer_free(c->tok);
     backend_destroy(c->b);
     free(c->b_tokens);
@@ -453,6 +478,8 @@ void core_free(struct core *c) {
     free(c->draws);
     free(c->srows);
     free(c->sids);
+    free(c->failed);
+    free(c->work_bits);
     free(c);
 }
 
@@ -475,11 +502,16 @@ static struct core_seq *seq_new(struct core *c, struct core_request *r, int choi
     return s;
 }
 
-/* Starts the per-choice state: sampler and detokenizer primed with the prompt. */
+/* Starts the per-choice state: sampler and detokenizer primed with the prompt, the grammar at
+ * the start of the text (forks start after the prompt, when their parent's state is that too). */
 static int seq_start_output(struct core *c, struct core_seq *s) {
     struct core_request *r = s->req;
     uint64_t seed = r->sp.has_seed ? r->sp.seed : util_rng_next(&c->seed_rng);
     if (sampler_seq_init(&s->smp, &r->sp, seed, s->choice, c->vocab, r->prompt, r->n_prompt) != 0) return -1;
+    if (r->ge) {
+        if (grammar_state_init(&s->gs, grammar_cache_grammar(r->ge)) != 0) return -1;
+        if (!(s->allow = malloc(sizeof *s->allow * grammar_cache_mask_words(c->gcache)))) return -1;
+    }
     if (c->tok) {
         tokenizer_stream_init(&s->detok, c->tok, r->sp.skip_special_tokens);
         if (tokenizer_stream_prime(&s->detok, r->prompt, (size_t)r->n_prompt) != 0) return -1;
@@ -517,6 +549,8 @@ int core_validate(const struct core *c, const struct engine_request *req, char *
         if (!sp->stop[i] || !sp->stop[i][0]) return util_err(err, errlen, "stop strings must not be empty"), ENGINE_ERR_INVALID;
     if (sp->n_stop && !c->tok)
         return util_err(err, errlen, "stop strings need a tokenizer, and this model has none"), ENGINE_ERR_INVALID;
+    if (sp->grammar.kind != ENGINE_GRAMMAR_NONE && !c->gcache)
+        return util_err(err, errlen, "structured output needs a tokenizer, and this model has none"), ENGINE_ERR_INVALID;
     int total = req->n_prompt + sp->max_tokens;
     if (total > c->max_model_len)
         return util_err(err, errlen,
@@ -571,6 +605,17 @@ int core_add(struct core *c, const struct engine_request *req, core_emit_fn emit
             size_t l = strlen(sp->stop[i]);
             if (l > r->max_stop_len) r->max_stop_len = l;
         }
+    }
+    if (ok && sp->grammar.kind != ENGINE_GRAMMAR_NONE) {
+        char gerr[200] = "";
+        int grc = grammar_cache_acquire(c->gcache, &sp->grammar, &r->ge, gerr, sizeof gerr);
+        if (grc == 0 && !(r->tm = grammar_cache_mask(c->gcache, r->ge))) grc = GRAMMAR_ERR_NOMEM;
+        if (grc) {
+            request_free(r);
+            if (grc == GRAMMAR_ERR_NOMEM) return util_err(err, errlen, "out of memory"), ENGINE_ERR_OOM;
+            return util_err(err, errlen, "%s", gerr), ENGINE_ERR_GRAMMAR;
+        }
+        r->sp.grammar = (struct engine_grammar){.kind = sp->grammar.kind}; /* the caller's texts are not kept */
     }
     struct core_seq *s = ok ? seq_new(c, r, 0, req->prompt, req->n_prompt) : NULL;
     if (!s || seq_start_output(c, s) != 0 || list_push(&c->waiting, s) != 0) {
@@ -675,10 +720,68 @@ static bool is_eos(const struct core *c, int32_t id) {
     return false;
 }
 
-/* Applies a sampled token to a choice: text, stop conditions, events. Returns true when done. */
-static bool seq_accept_token(struct core *c, struct core_seq *s, int32_t id, const float *raw) {
+/* Marks r failed (once): after this step's tokens it gets an ERROR event and is aborted, and its
+ * remaining draws of the step are skipped. Returns -1. */
+static int fail_request(struct core *c, struct core_request *r, const char *fmt, const char *detail) {
+    if (r->failed) return -1;
+    r->failed = true;
+    snprintf(r->fail_msg, sizeof r->fail_msg, fmt, detail);
+    c->failed[c->n_failed++] = r;
+    return -1;
+}
+
+/* Structured output: s's next draw may only take the tokens that keep its text in the grammar
+ * (s->allow, which the sampler row points at). Returns 0, or -1 with r failed when no token may
+ * follow or the mask cannot be made. */
+static int seq_fill_mask(struct core *c, struct core_seq *s) {
+    struct core_request *r = s->req;
+    bool at_start = tokenizer_stream_at_start(&s->detok);
+    int rc = token_mask_fill(r->tm, s->gs, at_start, s->allow);
+    if (rc)
+        return fail_request(c, r, "structured output: the text cannot go on within the grammar's limits (%s: more "
+                                  "than 1024 alternatives alive at once, or nesting deeper than 512)", grammar_strerror(rc));
+    size_t words = grammar_cache_mask_words(c->gcache);
+    uint32_t any = 0;
+    for (size_t i = 0; i < words; i++) any |= s->allow[i];
+    if (!any)
+        return fail_request(c, r, "structured output: %s",
+                            "no token of the vocabulary can continue the text here (the output nests deeper than "
+                            "the grammar's limits allow)");
+    s->smp.allow = s->allow;
+    return 0;
+}
+
+/* The ids min_tokens masks for s's next draw (EOS and stop ids while it has fewer than
+ * min_tokens), none when the grammar allows nothing else: its text is complete, and min_tokens
+ * must not push it past its end. */
+static int seq_min_mask(const struct core *c, const struct core_seq *s) {
+    const struct core_request *r = s->req;
+    if (!s->gs || s->n_generated >= r->sp.min_tokens) return r->n_mask;
+    size_t words = grammar_cache_mask_words(c->gcache);
+    uint32_t *tmp = c->work_bits;
+    memcpy(tmp, s->allow, sizeof *tmp * words);
+    for (int i = 0; i < r->n_mask; i++) tmp[r->mask[i] / 32] &= ~(1u << (r->mask[i] % 32));
+    for (size_t i = 0; i < words; i++)
+        if (tmp[i]) return r->n_mask;
+    return 0;
+}
+
+/* Applies a sampled token to a choice: text, stop conditions, events. Returns 1 when the choice
+ * is done, 0 when it goes on, -1 when the token leaves its grammar (the request is failed). */
+static int seq_accept_token(struct core *c, struct core_seq *s, int32_t id, const float *raw) {
     struct core_request *r = s->req;
     const struct engine_sampling *sp = &r->sp;
+    /* the grammar first: a token outside the mask (a sampler fault) fails the request */
+    bool grammar_eos = false;
+    if (s->gs) {
+        if (token_mask_accept(r->tm, s->gs, id, tokenizer_stream_at_start(&s->detok)) != 0) {
+            char what[48];
+            snprintf(what, sizeof what, "%d", (int)id);
+            return fail_request(c, r, "structured output: the sampler drew token %s, which the grammar does not allow",
+                                what);
+        }
+        grammar_eos = is_eos(c, id); /* accepted: the text is complete */
+    }
     struct engine_event ev = {.type = ENGINE_EVENT_TOKEN, .choice = s->choice, .token = id, .stop_index = -1,
                               .stop_reason_id = -1};
     if (sp->logprobs >= 0) {
@@ -699,7 +802,7 @@ static bool seq_accept_token(struct core *c, struct core_seq *s, int32_t id, con
     const char *stop_str = NULL;
     int32_t stop_id = -1;
     bool past_min = s->n_generated >= sp->min_tokens;
-    bool stop_token = past_min && ((!sp->ignore_eos && is_eos(c, id)));
+    bool stop_token = grammar_eos || (past_min && !sp->ignore_eos && is_eos(c, id));
     for (int i = 0; past_min && i < sp->n_stop_ids; i++)
         if (sp->stop_ids[i] == id) stop_token = true, stop_id = id;
     if (stop_token) fin = ENGINE_FINISH_STOP;
@@ -733,6 +836,8 @@ static bool seq_accept_token(struct core *c, struct core_seq *s, int32_t id, con
             }
         }
     }
+    /* a complete text that nothing may follow ends here, whatever ignore_eos says */
+    if (!fin && s->gs && grammar_state_accepting(s->gs) && !grammar_state_can_continue(s->gs)) fin = ENGINE_FINISH_STOP;
     if (!fin && (s->n_generated >= sp->max_tokens || s->n_tokens >= c->max_model_len)) fin = ENGINE_FINISH_LENGTH;
     if (fin) {
         /* the held-back bytes of an unfinished character go out with the finish */
@@ -745,14 +850,14 @@ static bool seq_accept_token(struct core *c, struct core_seq *s, int32_t id, con
         ev.token_text_at = (int)(chars_before - s->emitted_chars);
         emit_event(r, &ev);
         seq_finish(c, s, fin, stop_str, stop_id);
-        return true;
+        return 1;
     }
     size_t safe = s->text_len - (sp->n_stop ? stop_holdback(r, s->text + s->emitted, s->text_len - s->emitted) : 0);
     ev.text = dup_range(s->text ? s->text + s->emitted : "", safe > s->emitted ? safe - s->emitted : 0);
     ev.token_text_at = (int)(chars_before - s->emitted_chars);
     text_emitted(s, safe);
     emit_event(r, &ev);
-    return false;
+    return 0;
 }
 
 /* ---- scheduling ---- */
@@ -847,7 +952,7 @@ static int schedule(struct core *c, int *n_tokens) {
 static bool seq_is_plain_greedy(const struct core *c, const struct core_seq *s) {
     const struct engine_sampling *sp = &s->req->sp;
     return !(sp->temperature >= 1e-5f) && sp->logprobs < 0 && sp->n_logit_bias == 0 && !s->smp.slot &&
-           s->n_generated >= sp->min_tokens;
+           s->n_generated >= sp->min_tokens && !s->gs;
 }
 
 /* After the prompt: the other choices start as copies sharing the prompt's blocks. */
@@ -940,6 +1045,7 @@ int core_step(struct core *c) {
         struct core_seq *s = c->b_seqs[i];
         if (s->n_computed + c->b_want[i] != s->n_tokens) continue;
         host_logits |= s->req->sp.logprobs >= 0;
+        host_logits |= s->req->ge && !c->b->ops->sample_allow; /* constrained rows sample on the host then */
         max_draws += 1 + s->forks_pending;
     }
     if (draws_reserve(c, max_draws)) return ENGINE_ERR_OOM;
@@ -971,32 +1077,45 @@ int core_step(struct core *c) {
         int n_sample = s == r->seqs[0] && first_fork < r->n_choices ? r->n_choices - first_fork + 1 : 1;
         for (int k = 0; k < n_sample; k++) {
             struct core_seq *t = k == 0 ? s : r->seqs[first_fork + k - 1];
+            if (r->failed || (t->gs && seq_fill_mask(c, t) != 0)) continue;
+            int n_mask = seq_min_mask(c, t);
             struct core_draw *d = &c->draws[n_draws++];
             *d = (struct core_draw){t, row, -1, 0};
             if (device && seq_is_plain_greedy(c, t)) {
                 d->id = c->greedy_ids[row];
             } else if (device) {
                 d->op = n_op;
-                sampler_row(&c->srows[n_op], &t->smp, &r->sp, t->n_generated, r->mask, r->n_mask);
+                sampler_row(&c->srows[n_op], &t->smp, &r->sp, t->n_generated, r->mask, n_mask);
                 c->srows[n_op++].row = row;
             } else {
                 memcpy(c->work, c->logits + (size_t)row * c->vocab, sizeof(float) * c->vocab);
-                d->id = sampler_pick(&t->smp, &r->sp, c->work, c->vocab, t->n_generated, r->mask, r->n_mask,
+                d->id = sampler_pick(&t->smp, &r->sp, c->work, c->vocab, t->n_generated, r->mask, n_mask,
                                      c->scratch);
             }
         }
     }
     if (n_op && c->b->ops->sample(c->b, c->sids, c->srows, n_op, c->vocab) != 0) {
+        c->n_failed = 0; /* failed requests are in the batch: aborted with it */
         fail_batch(c, n, "sampling");
         return ENGINE_ERR_OOM;
     }
-    /* a request is freed with its last choice, which is its last draw here */
+    /* a request is freed with its last choice, which is its last draw here; a failed one is not
+     * freed before its ERROR below (its failing choice is not done), and its later draws are skipped */
     c->t_tokens = util_now();
     for (int i = 0; i < n_draws; i++) {
         const struct core_draw *d = &c->draws[i];
+        if (d->seq->req->failed) continue;
         seq_accept_token(c, d->seq, d->op >= 0 ? c->sids[d->op] : d->id,
                          device ? NULL : c->logits + (size_t)d->row * c->vocab);
     }
+    for (int i = 0; i < c->n_failed; i++) {
+        struct core_request *r = c->failed[i];
+        struct engine_event ev = {.type = ENGINE_EVENT_ERROR};
+        snprintf(ev.message, sizeof ev.message, "%s", r->fail_msg);
+        emit_event(r, &ev);
+        core_abort(c, r);
+    }
+    c->n_failed = 0;
     c->stats.sample_seconds += util_now() - t1;
     return T;
 }
@@ -1020,6 +1139,7 @@ const char *core_model_dir(const struct core *c) { return c->cfg.model_dir; }
 int core_max_queue(const struct core *c) { return c->cfg.max_queue; }
 int core_max_num_seqs(const struct core *c) { return c->cfg.max_num_seqs; }
 const char *core_device(const struct core *c) { return c->b->name; }
+struct grammar_cache *core_grammar_cache(struct core *c) { return c->gcache; }
 
 void core_reset_stats(struct core *c) {
     int capacity = c->stats.kv_capacity_tokens;

@@ -51,5 +51,7 @@ const char *core_model_dir(const struct core *c);
 int core_max_queue(const struct core *c);
 int core_max_num_seqs(const struct core *c);
 const char *core_device(const struct core *c); // the backend's name: "cpu" or "cuda"
+/* The compiled grammars of structured output (thread-safe; NULL when the model has no tokenizer). */
+struct grammar_cache *core_grammar_cache(struct core *c);
 
 #endif

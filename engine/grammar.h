@@ -73,6 +73,23 @@ int grammar_compile_schema_json(struct grammar **out, const struct cJSON *schema
                                 char *err, size_t errlen);
 /* Any JSON object (response_format json_object). */
 int grammar_compile_json_object(struct grammar **out, const struct grammar_options *opt, char *err, size_t errlen);
+
+/* Values of a schema between literal texts (tool calls in a model's own syntax, such as
+ * <tool_call>\n{...}\n</tool_call>): the text is
+ *   begin item (sep item)* end   with min_items..max_items items,
+ * each item being item_begin value item_end, with the whitespace policy's whitespace on both
+ * sides of the value. NULL strings are empty. */
+struct grammar_wrap {
+    const char *begin, *end;
+    const char *item_begin, *item_end;
+    const char *sep;
+    int min_items; // below 1: 1
+    int max_items; // 0: no limit
+};
+/* The schema text (len bytes; NULL: any JSON object) wrapped as wrap says (NULL: not wrapped, as
+ * grammar_compile_schema). */
+int grammar_compile_wrapped(struct grammar **out, const char *schema, size_t len, const struct grammar_wrap *wrap,
+                            const struct grammar_options *opt, char *err, size_t errlen);
 void grammar_free(struct grammar *g);
 
 /* Nodes and bytes the compiled automaton holds. */

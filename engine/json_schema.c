@@ -633,17 +633,46 @@ static void options(struct grammar_options *o, const struct grammar_options *in)
     if (o->max_alternatives <= 0) o->max_alternatives = 1024;
 }
 
-/* Builds the root rule ws value ws around the value rule `make` returns, and finishes. */
-static int build(struct grammar **out, const cJSON *schema, const struct grammar_options *opt, char *err,
-                 size_t errlen) {
+static const char *or_empty(const char *s) { return s ? s : ""; }
+
+/* The root rule of a wrapped sequence: begin item (sep item)* end with min..max items, where an
+ * item is item_begin ws value ws item_end (grammar_wrap). Returns the rule. */
+static int32_t wrapped_root(struct js *j, const struct grammar_wrap *w, int32_t val) {
+    int32_t item = gb_rule(&j->b), is = gb_start(&j->b, item);
+    gb_final(&j->b, lit(j, ws(j, call(j, ws(j, lit(j, is, or_empty(w->item_begin))), val)), or_empty(w->item_end)));
+    int32_t root = gb_rule(&j->b), at = lit(j, gb_start(&j->b, root), or_empty(w->begin));
+    int min = w->min_items > 1 ? w->min_items : 1, max = w->max_items;
+    if (max > 0 && max < min) {
+        gb_fail(&j->b, GRAMMAR_ERR_INVALID, "max_items %d is below min_items %d", max, min);
+        return -1;
+    }
+    int unrolled = max > 0 ? max : min;
+    for (int k = 1; k <= unrolled && !j->b.status; k++) {
+        if (k > 1) at = lit(j, at, or_empty(w->sep));
+        at = call(j, at, item);
+        if (k >= min && (max > 0 || k == unrolled)) gb_final(&j->b, lit(j, at, or_empty(w->end)));
+    }
+    if (max == 0 && !j->b.status) gb_call(&j->b, lit(j, at, or_empty(w->sep)), item, at); /* any number more */
+    return root;
+}
+
+/* Builds the root rule (ws value ws, or the wrapped sequence) around the schema's value rule
+ * (any JSON object when schema is NULL), and finishes. */
+static int build(struct grammar **out, const cJSON *schema, const struct grammar_wrap *wrap,
+                 const struct grammar_options *opt, char *err, size_t errlen) {
     struct js j = {.ws = -1, .string = -1, .number = -1, .integer = -1, .value = -1, .object_any = -1, .array_any = -1};
     options(&j.opt, opt);
     gb_init(&j.b, &j.opt, err, errlen);
     strcpy(j.path, "#");
     j.doc = schema;
     int32_t val = schema ? compile(&j, schema) : object_any_rule(&j);
-    int32_t root = gb_rule(&j.b), s = gb_start(&j.b, root);
-    gb_final(&j.b, ws(&j, call(&j, ws(&j, s), val)));
+    int32_t root;
+    if (wrap) {
+        root = wrapped_root(&j, wrap, val);
+    } else {
+        root = gb_rule(&j.b);
+        gb_final(&j.b, ws(&j, call(&j, ws(&j, gb_start(&j.b, root)), val)));
+    }
     int rc = gb_finish(&j.b, root, &j.opt, out);
     gb_free(&j.b);
     free(j.memo_key);
@@ -658,23 +687,33 @@ int grammar_compile_schema_json(struct grammar **out, const cJSON *schema, const
         if (err && errlen) snprintf(err, errlen, "no schema");
         return GRAMMAR_ERR_INVALID;
     }
-    return build(out, schema, opt, err, errlen);
+    return build(out, schema, NULL, opt, err, errlen);
+}
+
+int grammar_compile_wrapped(struct grammar **out, const char *text, size_t len, const struct grammar_wrap *wrap,
+                            const struct grammar_options *opt, char *err, size_t errlen) {
+    *out = NULL;
+    cJSON *schema = text ? cJSON_ParseWithLength(text, len) : NULL;
+    if (text && !schema) {
+        if (err && errlen) snprintf(err, errlen, "the schema is not valid JSON");
+        return GRAMMAR_ERR_JSON;
+    }
+    int rc = build(out, schema, wrap, opt, err, errlen);
+    cJSON_Delete(schema);
+    return rc;
 }
 
 int grammar_compile_schema(struct grammar **out, const char *text, size_t len, const struct grammar_options *opt,
                            char *err, size_t errlen) {
     *out = NULL;
-    cJSON *schema = cJSON_ParseWithLength(text, len);
-    if (!schema) {
-        if (err && errlen) snprintf(err, errlen, "the schema is not valid JSON");
-        return GRAMMAR_ERR_JSON;
+    if (!text) {
+        if (err && errlen) snprintf(err, errlen, "no schema");
+        return GRAMMAR_ERR_INVALID;
     }
-    int rc = build(out, schema, opt, err, errlen);
-    cJSON_Delete(schema);
-    return rc;
+    return grammar_compile_wrapped(out, text, len, NULL, opt, err, errlen);
 }
 
 int grammar_compile_json_object(struct grammar **out, const struct grammar_options *opt, char *err, size_t errlen) {
     *out = NULL;
-    return build(out, NULL, opt, err, errlen);
+    return build(out, NULL, NULL, opt, err, errlen);
 }

@@ -303,6 +303,14 @@ void token_mask_free(struct token_mask *m) {
 
 void token_mask_get_stats(const struct token_mask *m, struct token_mask_stats *st) { *st = m->stats; }
 
+size_t token_mask_memory(const struct token_mask *m) {
+    size_t words = m->v->words;
+    return sizeof *m + m->entry_bytes + sizeof *m->entry * (size_t)m->g->n_nodes + sizeof *m->slot * m->n_slots +
+           sizeof *m->keys * m->cap_keys + (m->masks ? sizeof *m->masks * words * m->max_states : 0) +
+           sizeof *m->unc * m->cap_unc + sizeof *m->tmp * words + (size_t)m->run.capf * sizeof *m->run.f +
+           (size_t)m->run.capc * sizeof *m->run.c;
+}
+
 static inline void set_bit(uint32_t *bits, int32_t id) { bits[id / 32] |= 1u << (id % 32); }
 
 static int push_unc(struct token_mask *m, uint32_t t) {

@@ -68,5 +68,7 @@ struct token_mask_stats {
     uint64_t direct_walks; // stacks too deep for the node cache, walked whole
 };
 void token_mask_get_stats(const struct token_mask *m, struct token_mask_stats *st);
+/* Bytes m holds now (its caches grow up to token_mask_options' bounds). */
+size_t token_mask_memory(const struct token_mask *m);
 
 #endif

@@ -154,7 +154,8 @@ int cli_chat_template(int argc, char **argv) {
     }
     bool gen = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(req, "add_generation_prompt"));
     char *out = NULL;
-    trc = chat_template_render(ct, msgs, gen, chat_template_bos_token(ct), chat_template_eos_token(ct), NULL, &out, err,
+    /* the other keys (tools, documents, enable_thinking, ...) are template variables */
+    trc = chat_template_render(ct, msgs, gen, chat_template_bos_token(ct), chat_template_eos_token(ct), req, &out, err,
                                sizeof err);
     if (trc != 0) {
         fprintf(stderr, "duoserve chat-template: %s\n", err[0] ? err : chat_template_strerror(trc));

@@ -437,6 +437,8 @@ static void record_token_timing(struct http_req *r, int choice) {
 
 /* Streams one event of choice ci as SSE. */
 static int stream_event(struct http_req *r, int ci, const struct engine_event *ev) {
+    if (r->choices[ci].tools) // content and tool-call deltas (server/openai_tools.c)
+        return sbuf_put_owned(&r->out, openai_tools_event_sse(&r->rctx, ci, &r->choices[ci], ev));
     const char *text = ev->text ? ev->text : "";
     struct choice_state *cs = &r->cs[ci];
     size_t offset = cs->chars;
@@ -649,6 +651,8 @@ static enum MHD_Result handle_generate(struct http_req *r) {
         openai_choice_init(&r->choices[i]);
         const char *echo = q->echo && !r->stream ? q->prompts[i / q->sp.n].text : NULL;
         if (echo && openai_choice_append(&r->choices[i], echo, strlen(echo))) return respond(r, 500, NULL, NULL);
+        if (openai_tools_choice_init(&r->choices[i], q, (uint64_t)(now_s() * 1e9) ^ (uintptr_t)r ^ (uint64_t)i << 48))
+            return respond(r, 500, NULL, NULL);
     }
     for (int p = 0; p < q->n_prompts; p++) r->prompt_tokens += q->prompts[p].n_ids;
 
@@ -667,6 +671,11 @@ static enum MHD_Result handle_generate(struct http_req *r) {
         case ENGINE_ERR_TOO_LONG:
             return fail(r, 400, "context_length_exceeded", "max_tokens", "%s", msg[0] ? msg : engine_strerror(rc));
         case ENGINE_ERR_INVALID: return fail(r, 400, NULL, NULL, "%s", msg[0] ? msg : engine_strerror(rc));
+        case ENGINE_ERR_GRAMMAR: { // the schema of response_format & co. or of the tools does not compile
+            char m[512];
+            openai_tools_grammar_error(q, msg, m, sizeof m);
+            return fail(r, 400, NULL, q->st.param, "%s", m);
+        }
         default: return fail(r, 500, NULL, NULL, "%s", msg[0] ? msg : engine_strerror(rc));
         }
     }

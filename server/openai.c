@@ -478,6 +478,12 @@ static const struct field_rule field_rules[] = {
     {"return_tokens_as_token_ids", K_GEN, FIELD_USED, OFF_NONE},
     {"user", K_GEN, FIELD_USED, OFF_NONE},
     {"request_id", K_GEN, FIELD_USED, OFF_NONE},
+    {"response_format", K_GEN, FIELD_USED, OFF_NONE},     // server/openai_tools.c
+    {"guided_json", K_GEN, FIELD_USED, OFF_NONE},
+    {"structured_outputs", K_GEN, FIELD_USED, OFF_NONE},
+    {"tools", K_CHAT | K_TOK, FIELD_USED, OFF_NONE},
+    {"tool_choice", K_CHAT, FIELD_USED, OFF_NONE},
+    {"parallel_tool_calls", K_CHAT, FIELD_USED, OFF_NONE},
     // accepted, no effect on the output
     {"metadata", K_GEN, FIELD_NOOP, OFF_NONE},
     {"store", K_GEN, FIELD_NOOP, OFF_NONE},
@@ -487,7 +493,6 @@ static const struct field_rule field_rules[] = {
     {"cache_salt", K_GEN, FIELD_NOOP, OFF_NONE},
     {"kv_transfer_params", K_GEN, FIELD_NOOP, OFF_NONE},
     {"prediction", K_CHAT, FIELD_NOOP, OFF_NONE},           // a latency hint; the output is the same
-    {"parallel_tool_calls", K_CHAT, FIELD_NOOP, OFF_NONE},  // nothing to say without tools
     {"length_penalty", K_GEN, FIELD_NOOP, OFF_NONE},        // beam search only
     {"guided_decoding_backend", K_GEN, FIELD_NOOP, OFF_NONE},
     {"guided_whitespace_pattern", K_GEN, FIELD_NOOP, OFF_NONE},
@@ -495,12 +500,9 @@ static const struct field_rule field_rules[] = {
     // refused: they would change the output
     {"suffix", K_CMPL, FIELD_REFUSE, OFF_NONE},
     {"prompt_embeds", K_CMPL, FIELD_REFUSE, OFF_NONE},
-    {"response_format", K_GEN, FIELD_REFUSE, OFF_TEXT},
-    {"guided_json", K_GEN, FIELD_REFUSE, OFF_NONE},
     {"guided_regex", K_GEN, FIELD_REFUSE, OFF_NONE},
     {"guided_choice", K_GEN, FIELD_REFUSE, OFF_NONE},
     {"guided_grammar", K_GEN, FIELD_REFUSE, OFF_NONE},
-    {"structured_outputs", K_GEN, FIELD_REFUSE, OFF_NONE},
     {"logits_processors", K_GEN, FIELD_REFUSE, OFF_NONE},
     {"vllm_xargs", K_GEN, FIELD_REFUSE, OFF_NONE},
     {"allowed_token_ids", K_GEN, FIELD_REFUSE, OFF_NONE},
@@ -511,8 +513,6 @@ static const struct field_rule field_rules[] = {
     {"return_token_ids", K_GEN, FIELD_REFUSE, OFF_FALSE},
     {"spaces_between_special_tokens", K_GEN, FIELD_REFUSE, OFF_TRUE},
     {"priority", K_GEN, FIELD_REFUSE, OFF_ZERO},
-    {"tools", K_CHAT | K_TOK, FIELD_REFUSE, OFF_EMPTY},
-    {"tool_choice", K_CHAT, FIELD_REFUSE, OFF_AUTO},
     {"functions", K_CHAT, FIELD_REFUSE, OFF_EMPTY},
     {"function_call", K_CHAT, FIELD_REFUSE, OFF_AUTO},
     {"modalities", K_CHAT, FIELD_REFUSE, OFF_TEXT},
@@ -639,6 +639,7 @@ static int parse_body(const cJSON *root, enum openai_kind kind, const struct ope
             if (get_bool(root, "add_generation_prompt", &r->add_generation_prompt, err)) return -1;
             if (get_bool(root, "add_special_tokens", &r->add_special_tokens, err)) return -1;
             if (parse_template_kwargs(root, r, err)) return -1;
+            if (openai_structured_parse(root, r, err)) return -1;
             return parse_messages(root, r, err);
         }
         if (get_bool(root, "add_special_tokens", &r->add_special_tokens, err)) return -1;
@@ -681,6 +682,7 @@ static int parse_body(const cJSON *root, enum openai_kind kind, const struct ope
         if (!(r->request_id = dup_str(rid->valuestring))) return NOMEM();
     }
     if (parse_sampling(root, lim, r, err)) return -1;
+    if (openai_structured_parse(root, r, err)) return -1;
     if (r->echo && r->logprobs >= 0)
         return BAD("echo", "'echo' together with 'logprobs' needs prompt logprobs, which this server does not compute");
     return 0;
@@ -735,6 +737,7 @@ void openai_request_free(struct openai_request *r) {
     free(r->stop);
     free(r->user);
     free(r->request_id);
+    openai_structured_free(&r->st);
     enum openai_kind kind = r->kind;
     memset(r, 0, sizeof *r);
     r->kind = kind;

@@ -17,6 +17,7 @@
 #include <cjson/cJSON.h>
 
 #include "engine/engine.h"
+#include "server/openai_tools.h"
 
 enum openai_kind {
     OPENAI_COMPLETION,
@@ -83,6 +84,7 @@ struct openai_request {
     int logprobs;                  // -1: none; else top logprobs per token (0..20)
     char *user;
     char *request_id;              // vLLM's request_id: the response id's suffix, or NULL
+    struct openai_structured st;   // response_format, tools (server/openai_tools.h); sp.grammar points into it
 };
 
 /* Parses body[0..len) (need not be NUL-terminated) for the endpoint `kind` and checks every
@@ -125,6 +127,8 @@ struct openai_choice {
     int32_t stop_reason_id;        // -1 none
     int completion_tokens;
     bool done;
+    struct tool_parser *tools;     // chat with tools: the output's tool-call parser (openai_tools), or NULL
+    struct openai_tool_result *tres; // non-streamed: what it found
 };
 
 void openai_choice_init(struct openai_choice *c);
@@ -167,6 +171,11 @@ char *openai_chunk_sse(const struct openai_resp_ctx *ctx, int index, const char 
 char *openai_chunk_role_sse(const struct openai_resp_ctx *ctx, int index);
 /* The include_usage chunk: empty choices and the usage. */
 char *openai_chunk_usage_sse(const struct openai_resp_ctx *ctx, const struct openai_usage *usage);
+/* A stream chunk (id, object, created, model) with one choice {"index": index}, returned in
+ * *choice, for callers that fill the rest; openai_sse_frame prints it ("data: ...\n\n") and
+ * frees it. */
+cJSON *openai_chunk_object(const struct openai_resp_ctx *ctx, int index, cJSON **choice);
+char *openai_sse_frame(cJSON *root);
 /* An error inside an open stream: "data: {"error":{...}}\n\n". */
 char *openai_error_sse(const struct openai_error *err);
 

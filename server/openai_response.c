@@ -26,6 +26,7 @@ void openai_choice_free(struct openai_choice *c) {
     free(c->top_ids);
     free(c->top_lps);
     free(c->stop_reason_str);
+    openai_tools_choice_free(c);
     openai_choice_init(c);
 }
 
@@ -67,6 +68,7 @@ static int grow_tokens(struct openai_choice *c) {
 int openai_choice_add_event(struct openai_choice *c, const struct engine_event *ev, bool keep_logprobs) {
     size_t offset = c->chars + (ev->token_text_at > 0 ? (size_t)ev->token_text_at : 0);
     if (ev->text && openai_choice_append(c, ev->text, strlen(ev->text))) return -1;
+    if (c->tools && openai_tools_accumulate(c, ev)) return -1;
     if (ev->type != ENGINE_EVENT_TOKEN) return 0;
     c->completion_tokens++;
     if (!keep_logprobs) return 0;
@@ -238,10 +240,12 @@ char *openai_response_json(const struct openai_resp_ctx *ctx, const struct opena
         cJSON_AddItemToArray(arr, ch);
         cJSON_AddNumberToObject(ch, "index", i);
         const char *text = c->text ? c->text : "";
+        const char *finish_reason = NULL; /* tool calls: "tool_calls" */
         if (ctx->kind == OPENAI_CHAT) {
             cJSON *msg = cJSON_AddObjectToObject(ch, "message");
             cJSON_AddStringToObject(msg, "role", "assistant");
-            cJSON_AddStringToObject(msg, "content", text);
+            if (c->tres) finish_reason = openai_tools_message(c, msg);
+            else cJSON_AddStringToObject(msg, "content", text);
         } else {
             cJSON_AddStringToObject(ch, "text", text);
         }
@@ -264,7 +268,8 @@ char *openai_response_json(const struct openai_resp_ctx *ctx, const struct opena
                               c->tok_n_top[t], c->top_ids + (size_t)t * ENGINE_MAX_LOGPROBS, c->top_lps + (size_t)t * ENGINE_MAX_LOGPROBS,
                               c->tok_offsets[t] < c->chars ? c->tok_offsets[t] : c->chars);
         }
-        add_finish(ch, c->finish);
+        if (finish_reason) cJSON_AddStringToObject(ch, "finish_reason", finish_reason);
+        else add_finish(ch, c->finish);
         add_stop_reason(ch, c->finish, c->stop_reason_str, c->stop_reason_id);
     }
     if (usage) add_usage(root, usage);
@@ -315,6 +320,12 @@ char *openai_chunk_sse(const struct openai_resp_ctx *ctx, int index, const char 
     if (finish != ENGINE_FINISH_NONE) add_stop_reason(ch, finish, stop_str, stop_id);
     return sse_frame(root);
 }
+
+cJSON *openai_chunk_object(const struct openai_resp_ctx *ctx, int index, cJSON **choice) {
+    return chunk_with_choice(ctx, index, choice);
+}
+
+char *openai_sse_frame(cJSON *root) { return sse_frame(root); }
 
 char *openai_chunk_role_sse(const struct openai_resp_ctx *ctx, int index) {
     cJSON *ch;

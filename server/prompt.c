@@ -34,9 +34,27 @@ static int render_chat(struct openai_request *r, const struct tokenizer *tok, co
         return openai_fail(err, 400, NULL, "messages",
                            "this model has no chat template: use /v1/completions, or start the server with --chat-template FILE");
 #ifdef PROMPT_HAVE_CHAT_TEMPLATE
+    /* tools are template variables (as in transformers: the caller's kwargs cannot replace them),
+     * and a tool call's JSON-string arguments reach the template parsed, as vLLM passes them */
+    cJSON *extra = r->template_kwargs;
+    if (r->st.tools) {
+        extra = r->template_kwargs ? cJSON_Duplicate(r->template_kwargs, 1) : cJSON_CreateObject();
+        cJSON *tools = cJSON_Duplicate(r->st.tools, 1);
+        if (extra) cJSON_DeleteItemFromObjectCaseSensitive(extra, "tools");
+        if (!extra || !tools || !cJSON_AddItemToObject(extra, "tools", tools)) {
+            cJSON_Delete(tools);
+            cJSON_Delete(extra);
+            return openai_fail(err, 500, NULL, NULL, "out of memory");
+        }
+    }
+    if (openai_tools_template_messages(r->messages)) {
+        if (extra != r->template_kwargs) cJSON_Delete(extra);
+        return openai_fail(err, 500, NULL, NULL, "out of memory");
+    }
     char *text = NULL, msg[400] = "";
     int rc = chat_template_render(ct, r->messages, r->add_generation_prompt, chat_template_bos_token(ct),
-                                  chat_template_eos_token(ct), r->template_kwargs, &text, msg, sizeof msg);
+                                  chat_template_eos_token(ct), extra, &text, msg, sizeof msg);
+    if (extra != r->template_kwargs) cJSON_Delete(extra);
     if (rc == CHAT_TEMPLATE_ERR_NONE)
         return openai_fail(err, 400, NULL, "messages", "this model has no chat template: use /v1/completions");
     if (rc == CHAT_TEMPLATE_ERR_NOMEM) return openai_fail(err, 500, NULL, NULL, "out of memory");
@@ -51,6 +69,11 @@ static int render_chat(struct openai_request *r, const struct tokenizer *tok, co
     }
     free(r->prompts[0].text);
     r->prompts[0].text = text;
+    /* tool_choice required or named: the grammar of the calls in the model's syntax */
+    static const enum openai_tool_syntax syntax[] = {
+        [CHAT_TEMPLATE_TOOLS_UNKNOWN] = OPENAI_TOOL_SYNTAX_JSON, [CHAT_TEMPLATE_TOOLS_HERMES] = OPENAI_TOOL_SYNTAX_HERMES,
+        [CHAT_TEMPLATE_TOOLS_MISTRAL] = OPENAI_TOOL_SYNTAX_MISTRAL, [CHAT_TEMPLATE_TOOLS_LLAMA3] = OPENAI_TOOL_SYNTAX_LLAMA3};
+    if (r->kind == OPENAI_CHAT && openai_tools_grammar(r, syntax[chat_template_tool_syntax(ct)], err)) return -1;
     return encode(tok, text, r->add_special_tokens, &r->prompts[0], "messages", err);
 #else
     (void)r;

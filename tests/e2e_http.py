@@ -157,9 +157,9 @@ def test_fields(srv):
     m = srv.model_id
     ok = {"model": m, "prompt": [1], "max_tokens": 2, "temperature": 0}
     refused = [
-        ("guided_json", {"type": "object"}), ("guided_regex", "a+"), ("guided_choice", ["a", "b"]),
-        ("guided_grammar", "root ::= 'a'"), ("structured_outputs", {"json": {}}), ("logits_processors", ["x"]),
-        ("response_format", {"type": "json_object"}), ("prompt_logprobs", 1), ("suffix", "end"),
+        ("guided_regex", "a+"), ("guided_choice", ["a", "b"]),
+        ("guided_grammar", "root ::= 'a'"), ("structured_outputs", {"regex": "a+"}), ("logits_processors", ["x"]),
+        ("prompt_logprobs", 1), ("suffix", "end"),
         ("use_beam_search", True), ("allowed_token_ids", [1, 2]), ("bad_words", ["a"]), ("truncate_prompt_tokens", 4),
     ]
     for name, value in refused:
@@ -183,8 +183,8 @@ def test_fields(srv):
     check("fields: fields without effect (user, metadata, store, use_beam_search false, ...) -> 200, same text", same,
           (st, data[:200]))
     chat = {"model": m, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
-    for name, value in (("tools", [{"type": "function", "function": {"name": "f"}}]), ("tool_choice", "required"),
-                        ("guided_json", {}), ("response_format", {"type": "json_schema"}), ("reasoning_effort", "low")):
+    for name, value in (("tools", [{"type": "retrieval"}]), ("tool_choice", "required"),
+                        ("guided_json", 3), ("response_format", {"type": "json_schema"}), ("reasoning_effort", "low")):
         st, data, _ = srv.post("/v1/chat/completions", {**chat, name: value})
         e = json.loads(data).get("error", {}) if error_shape_ok(data) else {}
         check(f"fields: chat '{name}' -> 400 naming it", st == 400 and e.get("param") == name, (st, data[:200]))

@@ -1,10 +1,11 @@
 /* libFuzzer harness for request parsing and validation (server/openai.c): every input is
  * parsed as each endpoint's body; accepted requests go through the prompt checks and their
- * fields are read back into a response. Any crash, leak or undefined behaviour is a bug.
+ * fields are read back into a response (chat with tools: the tool-call grammar is built and the
+ * prompt's text goes through the tool-call parser, streamed and whole). The input itself is
+ * also parsed as a model's output for tool calls, in pieces. Any crash, leak or undefined
+ * behaviour is a bug.
  *
- * build: clang -std=c17 -g -O1 -D_GNU_SOURCE -I. -fsanitize=fuzzer,address,undefined \
- *          -fno-sanitize-recover=undefined -o build/fuzz_request tests/fuzz_request.c \
- *          server/openai.c server/openai_response.c engine/utf8.c -lcjson -lutf8proc -lm
+ * build: make build/fuzz_request (clang, libFuzzer)
  * run:   build/fuzz_request -max_total_time=600 -max_len=65536 -dict=tests/fuzz_request.dict \
  *          tests/fuzz_corpus/  (new inputs go to the first folder: copy the corpus first) */
 #include <stddef.h>
@@ -25,8 +26,50 @@ static size_t piece(void *ud, int32_t id, bool first, char *buf, size_t cap) {
     return n;
 }
 
+static int no_delta(void *ud, const struct tool_delta *d) {
+    (void)ud;
+    if (d->kind != TOOL_DELTA_CONTENT && d->kind != TOOL_DELTA_CALL && d->kind != TOOL_DELTA_ARGS) abort();
+    return 0;
+}
+
+/* Chat with tools: the forced calls' grammar, and the text through the tool-call parser. */
+static void tools_path(struct openai_request *r, const struct openai_resp_ctx *ctx, const char *text, size_t seed) {
+    struct openai_error err;
+    if (openai_tools_grammar(r, (enum openai_tool_syntax)(seed % 4), &err) != 0 && err.status != 500) abort();
+    struct openai_choice a, b;
+    openai_choice_init(&a);
+    openai_choice_init(&b);
+    if (openai_tools_choice_init(&a, r, seed) == 0 && openai_tools_choice_init(&b, r, seed) == 0 && a.tools) {
+        size_t n = strlen(text), half = n / 2;
+        char *first = strndup(text, half), *rest = strdup(text + half);
+        struct engine_event e1 = {.type = ENGINE_EVENT_TOKEN, .text = first, .stop_index = -1, .stop_reason_id = -1};
+        struct engine_event e2 = {.type = ENGINE_EVENT_FINISH, .text = rest, .finish = ENGINE_FINISH_STOP,
+                                  .stop_index = -1, .stop_reason_id = -1};
+        char *s1 = openai_tools_event_sse(ctx, 0, &a, &e1), *s2 = openai_tools_event_sse(ctx, 0, &a, &e2);
+        if (!s1 || !s2) abort();
+        free(s1), free(s2);
+        openai_choice_add_event(&b, &e1, false);
+        openai_choice_add_event(&b, &e2, false);
+        b.finish = ENGINE_FINISH_STOP;
+        char *j = openai_response_json(ctx, &b, 1, NULL);
+        if (!j) abort();
+        free(j), free(first), free(rest);
+    }
+    openai_choice_free(&a);
+    openai_choice_free(&b);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    /* the input as a model's output, for tool calls, in pieces of 1..8 bytes */
+    struct tool_parser *tp = tool_parser_new(size & 1, size & 2, size);
+    for (size_t at = 0, k; tp && at < size; at += k) {
+        k = 1 + (size_t)data[at] % 8;
+        if (k > size - at) k = size - at;
+        if (tool_parser_feed(tp, (const char *)data + at, k, false, no_delta, NULL)) abort();
+    }
+    if (tp && tool_parser_feed(tp, "", 0, true, no_delta, NULL)) abort();
+    tool_parser_free(tp);
     static const struct openai_limits lim = {.model_name = "m", .vocab_size = 512, .max_model_len = 128, .max_n = 8};
     static const enum openai_kind kinds[] = {OPENAI_COMPLETION, OPENAI_CHAT, OPENAI_TOKENIZE, OPENAI_DETOKENIZE};
     for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
@@ -74,6 +117,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             free(j);
             free(s);
             openai_choice_free(&c);
+            if (kinds[k] == OPENAI_CHAT) tools_path(&r, &ctx, r.prompts[0].text ? r.prompts[0].text : "", size);
         }
         openai_request_free(&r);
     }

@@ -233,6 +233,67 @@ static void test_state_api(void **state) {
     grammar_free(g);
 }
 
+/* Whether text is a complete text of g, and whether then something could still follow. */
+static bool whole(const struct grammar *g, const char *text, bool *more) {
+    struct grammar_state *s;
+    assert_int_equal(grammar_state_init(&s, g), 0);
+    bool ok = grammar_state_advance(s, text, strlen(text)) == 0 && grammar_state_accepting(s);
+    if (more) *more = grammar_state_can_continue(s);
+    grammar_state_free(s);
+    return ok;
+}
+
+/* Values between literal texts (tool calls in a model's syntax): counts, separators, the end. */
+static void test_wrapped(void **state) {
+    const char *call = "{\"type\":\"object\",\"properties\":{\"name\":{\"const\":\"f\"},\"arguments\":{\"type\":\"object\","
+                       "\"properties\":{\"a\":{\"type\":\"integer\"}},\"required\":[\"a\"]}},\"required\":[\"name\","
+                       "\"arguments\"]}";
+    struct grammar_wrap hermes = {.item_begin = "<tool_call>\n", .item_end = "\n</tool_call>", .sep = "\n",
+                                  .max_items = 2};
+    struct grammar *g = NULL;
+    char err[256];
+    assert_int_equal(grammar_compile_wrapped(&g, call, strlen(call), &hermes, NULL, err, sizeof err), 0);
+    const char *one = "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n</tool_call>";
+    bool more;
+    assert_true(whole(g, one, &more));
+    assert_true(more); /* a second call may follow */
+    char two[256];
+    snprintf(two, sizeof two, "%s\n%s", one, one);
+    assert_true(whole(g, two, &more));
+    assert_false(more); /* max_items reached: only EOS */
+    char three[400];
+    snprintf(three, sizeof three, "%s\n%s", two, one);
+    assert_false(whole(g, three, NULL));
+    assert_false(whole(g, "{\"name\": \"f\", \"arguments\": {\"a\": 1}}", NULL)); /* the wrapper is required */
+    assert_false(whole(g, "<tool_call>\n{\"name\": \"g\", \"arguments\": {\"a\": 1}}\n</tool_call>", NULL));
+    assert_false(whole(g, "<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>", NULL));
+    grammar_free(g);
+    /* a JSON array of at least two, unbounded; outer begin/end */
+    struct grammar_wrap arr = {.begin = "[", .end = "]", .sep = ", ", .min_items = 2};
+    assert_int_equal(grammar_compile_wrapped(&g, call, strlen(call), &arr, NULL, err, sizeof err), 0);
+    const char *item = "{\"name\": \"f\", \"arguments\": {\"a\": 2}}";
+    char buf[2048] = "[";
+    for (int k = 1; k <= 12; k++) {
+        if (k > 1) strcat(buf, ", ");
+        strcat(buf, item);
+        char closed[2100];
+        snprintf(closed, sizeof closed, "%s]", buf);
+        assert_int_equal(whole(g, closed, &more), k >= 2);
+        if (k >= 2) assert_false(more);
+    }
+    grammar_free(g);
+    /* any JSON object, once, after a literal prefix */
+    struct grammar_wrap pre = {.begin = "<|python_tag|>", .max_items = 1};
+    assert_int_equal(grammar_compile_wrapped(&g, NULL, 0, &pre, NULL, err, sizeof err), 0);
+    assert_true(whole(g, "<|python_tag|>{\"x\": [1, {}]}", NULL));
+    assert_false(whole(g, "{\"x\": 1}", NULL));
+    grammar_free(g);
+    struct grammar_wrap bad = {.min_items = 3, .max_items = 2};
+    assert_true(grammar_compile_wrapped(&g, call, strlen(call), &bad, NULL, err, sizeof err) < 0);
+    assert_null(g);
+    assert_int_equal(grammar_compile_wrapped(&g, "{\"type\":", 8, &pre, NULL, err, sizeof err), GRAMMAR_ERR_JSON);
+}
+
 static void test_whitespace_policy(void **state) {
     struct grammar *g = compile_ok(corpus[7], NULL);
     struct grammar_options none = {.whitespace = GRAMMAR_WS_NONE}, narrow = {.max_indent = 2};
@@ -662,6 +723,7 @@ int main(void) {
         cmocka_unit_test(test_limits),
         cmocka_unit_test(test_state_api),
         cmocka_unit_test(test_whitespace_policy),
+        cmocka_unit_test(test_wrapped),
         cmocka_unit_test(test_accepts_like_reference),
         cmocka_unit_test(test_masks_llama3),
         cmocka_unit_test(test_masks_llama2),

@@ -211,6 +211,45 @@ static void test_special_tokens_from_tokenizer_config(void **state) {
     free(q3);
 }
 
+/* The tool-call syntax a template shows: Qwen's <tool_call> tags, Mistral's [TOOL_CALLS], Llama
+ * 3.1's ipython role, or none (llama2, llama3 (3.0)). */
+static void test_tool_syntax_from_the_template_text(void **state) {
+    static const struct {
+        const char *src;
+        enum chat_template_tools want;
+    } cases[] = {
+        {"{{ '<tool_call>' }}{{ messages[0].content }}", CHAT_TEMPLATE_TOOLS_HERMES},
+        {"{% if tools %}[AVAILABLE_TOOLS]{% endif %}{{ '[TOOL_CALLS]' }}", CHAT_TEMPLATE_TOOLS_MISTRAL},
+        {"{{ '<|start_header_id|>ipython<|end_header_id|>' }}", CHAT_TEMPLATE_TOOLS_LLAMA3},
+        {"{{ '<|python_tag|>' }}", CHAT_TEMPLATE_TOOLS_LLAMA3},
+        {"{% for m in messages %}{{ m.content }}{% endfor %}", CHAT_TEMPLATE_TOOLS_UNKNOWN},
+    };
+    char err[256];
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        struct chat_template *ct = NULL;
+        assert_int_equal(chat_template_from_string(cases[i].src, strlen(cases[i].src), NULL, NULL, &ct, err, sizeof err),
+                         CHAT_TEMPLATE_OK);
+        assert_int_equal(chat_template_tool_syntax(ct), cases[i].want);
+        chat_template_free(ct);
+    }
+    assert_int_equal(chat_template_tool_syntax(NULL), CHAT_TEMPLATE_TOOLS_UNKNOWN);
+    static const struct {
+        const char *dir;
+        enum chat_template_tools want;
+    } models[] = {{"tokenizers/qwen3", CHAT_TEMPLATE_TOOLS_HERMES},
+                  {"tokenizers/llama3", CHAT_TEMPLATE_TOOLS_UNKNOWN},
+                  {"tokenizers/llama2", CHAT_TEMPLATE_TOOLS_UNKNOWN}};
+    for (size_t i = 0; i < sizeof models / sizeof *models; i++) {
+        char *dir = fixture(models[i].dir);
+        if (!dir) continue;
+        struct chat_template *ct = NULL;
+        assert_int_equal(chat_template_load(dir, NULL, &ct, err, sizeof err), CHAT_TEMPLATE_OK);
+        assert_int_equal(chat_template_tool_syntax(ct), models[i].want);
+        chat_template_free(ct);
+        free(dir);
+    }
+}
+
 static void test_llama2_role_alternation_raises_with_exception_text(void **state) {
     char *dir = fixture("tokenizers/llama2");
     if (!dir) skip();
@@ -824,6 +863,7 @@ int main(void) {
         cmocka_unit_test(test_output_memory_and_step_limits),
         cmocka_unit_test(test_load_prefers_chat_template_jinja_and_reads_added_tokens),
         cmocka_unit_test(test_load_named_templates_default_and_tool_use),
+        cmocka_unit_test(test_tool_syntax_from_the_template_text),
         cmocka_unit_test(test_render_variables_like_transformers),
         cmocka_unit_test(test_parallel_renders_share_one_parsed_template),
     };

@@ -223,10 +223,9 @@ static void expect_accepted(const char *field_json, enum openai_kind kind) {
 static void fields_that_change_the_output_are_refused_by_name(void **state) {
     (void)state;
     static const char *const both[][2] = {
-        {"\"guided_json\":{\"type\":\"object\"}", "guided_json"}, {"\"guided_regex\":\"a+\"", "guided_regex"},
+        {"\"guided_regex\":\"a+\"", "guided_regex"},
         {"\"guided_choice\":[\"a\"]", "guided_choice"}, {"\"guided_grammar\":\"g\"", "guided_grammar"},
-        {"\"structured_outputs\":{}", "structured_outputs"}, {"\"logits_processors\":[]", "logits_processors"},
-        {"\"response_format\":{\"type\":\"json_object\"}", "response_format"}, {"\"response_format\":\"text\"", "response_format"},
+        {"\"structured_outputs\":{\"regex\":\"a+\"}", "structured_outputs"}, {"\"logits_processors\":[]", "logits_processors"},
         {"\"prompt_logprobs\":0", "prompt_logprobs"}, {"\"use_beam_search\":true", "use_beam_search"},
         {"\"allowed_token_ids\":[1]", "allowed_token_ids"}, {"\"bad_words\":[\"x\"]", "bad_words"},
         {"\"truncate_prompt_tokens\":2", "truncate_prompt_tokens"}, {"\"priority\":1", "priority"},
@@ -240,8 +239,7 @@ static void fields_that_change_the_output_are_refused_by_name(void **state) {
     }
     expect_refused("\"suffix\":\"x\"", OPENAI_COMPLETION, "suffix");
     static const char *const chat[][2] = {
-        {"\"tools\":[{\"type\":\"function\"}]", "tools"}, {"\"tools\":{}", NULL}, {"\"tool_choice\":\"required\"", "tool_choice"},
-        {"\"functions\":[{}]", "functions"}, {"\"function_call\":{\"name\":\"f\"}", "function_call"},
+        {"\"tools\":[{\"type\":\"retrieval\"}]", "tools"}, {"\"functions\":[{}]", "functions"}, {"\"function_call\":{\"name\":\"f\"}", "function_call"},
         {"\"modalities\":[\"text\",\"audio\"]", "modalities"}, {"\"audio\":{}", "audio"},
         {"\"reasoning_effort\":\"low\"", "reasoning_effort"}, {"\"echo\":true", "echo"},
         {"\"continue_final_message\":true", "continue_final_message"}, {"\"chat_template\":\"x\"", "chat_template"},

@@ -1,8 +1,9 @@
 /* The CUDA sample op against the CPU op on the same logits. Each case computes R rows of f32
  * logits with a random GEMM on the GPU (they stay in its logits buffer for the op, and come to
  * the host once), then makes n draws with random parameters (temperature, top-k, top-p, min-p,
- * bias, min_tokens masks, penalties, u; several draws per row, as forks do) through the GPU op
- * and through sampler_run, which is what the CPU backend's op runs on each row.
+ * bias, min_tokens masks, penalties, structured output's allow bitset, u; several draws per row,
+ * as forks do) through the GPU op and through sampler_run, which is what the CPU backend's op
+ * runs on each row.
  *
  * Tolerance: ids must be equal, except at a boundary: the GPU rounds exp in double to f32 where
  * the CPU calls expf (within 0.502 ulp), and sums in 2^-62 fixed point where the CPU sums in
@@ -35,6 +36,13 @@ static int n_pass, n_fail;
 
 static int rnd(int n) { return (int)(util_rng_next(&rng) % (uint64_t)n); }
 
+static int first_max(const float *l, int V) {
+    int b = 0;
+    for (int i = 1; i < V; i++)
+        if (l[i] > l[b]) b = i;
+    return b;
+}
+
 /* R rows of V logits, left in the GPU's logits buffer by logits() and copied to host[R][V].
  * dup: ids >= V/2 repeat the weight rows of ids < V/2, so their logits tie exactly. */
 static float *make_logits(int V, int R, float scale, int dup) {
@@ -62,20 +70,34 @@ static float *make_logits(int V, int R, float scale, int dup) {
     return host;
 }
 
+#define MAX_WORDS ((151936 + 31) / 32)
+
 /* The lists of one draw. */
 struct lists {
     int32_t bias_ids[9];
     float bias_vals[9];
     int32_t mask[4];
     struct sample_seen seen[300];
+    uint32_t allow[MAX_WORDS];
 };
 
-static int first_max(const float *l, int V) {
-    int b = 0;
-    for (int i = 1; i < V; i++)
-        if (l[i] > l[b]) b = i;
-    return b;
+/* A random allow bitset (structured output's token mask): one id, or a share of the vocabulary,
+ * sometimes without the row's argmax; never empty. */
+static void random_allow(struct sample_row *p, struct lists *L, int V, const float *row) {
+    static const float density[] = {0.0f, 0.001f, 0.05f, 0.5f, 0.95f};
+    float d = density[rnd(5)];
+    memset(L->allow, 0, sizeof(uint32_t) * (((size_t)V + 31) / 32));
+    for (int i = 0; i < V; i++)
+        if (util_rng_uniform(&rng) < d) L->allow[i / 32] |= 1u << (i % 32);
+    if (rnd(3) == 0) {
+        int am = first_max(row, V);
+        L->allow[am / 32] &= ~(1u << (am % 32));
+    }
+    int one = rnd(V);
+    L->allow[one / 32] |= 1u << (one % 32);
+    p->allow = L->allow;
 }
+
 
 static void random_row(struct sample_row *p, struct lists *L, int V, int R, const float *host) {
     *p = (struct sample_row){.row = rnd(R), .top_p = 1.0f, .repetition_penalty = 1.0f,
@@ -112,6 +134,7 @@ static void random_row(struct sample_row *p, struct lists *L, int V, int R, cons
             L->seen[p->n_seen++] = (struct sample_seen){(int32_t)(((int64_t)i * 7919 + 13) % V), rnd(4), rnd(2)};
         p->seen = L->seen;
     }
+    if (rnd(10) < 3) random_allow(p, L, V, host + (size_t)p->row * V);
 }
 
 static int cpu_draw(const struct sample_row *p, const float *host, int V, float *work, float *scratch) {
@@ -137,8 +160,8 @@ static int at_boundary(const struct sample_row *p, const float *host, int V, int
 
 static const char *describe(const struct sample_row *p, char *buf, size_t n) {
     snprintf(buf, n, "row %d T %.3g top_k %d top_p %.4g min_p %.3g u %.7f bias %d mask %d seen %d (rep %.2f pres %.2f "
-             "freq %.2f)", p->row, p->temperature, p->top_k, p->top_p, p->min_p, p->u, p->n_bias, p->n_mask, p->n_seen,
-             p->repetition_penalty, p->presence_penalty, p->frequency_penalty);
+             "freq %.2f)%s", p->row, p->temperature, p->top_k, p->top_p, p->min_p, p->u, p->n_bias, p->n_mask, p->n_seen,
+             p->repetition_penalty, p->presence_penalty, p->frequency_penalty, p->allow ? " allow" : "");
     return buf;
 }
 
@@ -186,6 +209,8 @@ static void timing(void) {
     struct sample_row *rows = malloc(sizeof *rows * R);
     int32_t *ids = malloc(sizeof(int32_t) * R);
     static struct sample_seen seen[200];
+    static uint32_t allow[(128256 + 31) / 32];
+    for (int i = 0; i < V; i += 20) allow[i / 32] |= 1u << (i % 32); /* 5% of the ids */
     static int32_t bid[4] = {11, 500, 77777, 11}, mask[2] = {2, 128001};
     static float bval[4] = {3.0f, -5.0f, 1.0f, 2.0f};
     for (int i = 0; i < 200; i++) seen[i] = (struct sample_seen){(i * 641) % V, i % 3, i % 2};
@@ -203,6 +228,10 @@ static void timing(void) {
                                                           .n_seen = 200, .seen = seen}},
         {"greedy with penalties", {.temperature = 0.0f, .top_p = 1.0f, .repetition_penalty = 1.3f, .n_seen = 200,
                                    .seen = seen}},
+        {"T 1, top-p 0.9, allow 5% (structured output)", {.temperature = 1.0f, .top_p = 0.9f, .repetition_penalty = 1,
+                                                          .allow = allow}},
+        {"greedy, allow 5% (structured output)", {.temperature = 0.0f, .top_p = 1.0f, .repetition_penalty = 1,
+                                                  .allow = allow}},
     };
     int batches[3] = {1, 64, 256};
     float *work = malloc(sizeof(float) * V), *scratch = malloc(sizeof(float) * SAMPLER_SCRATCH_ROWS * V);
@@ -264,6 +293,13 @@ int main(void) {
     run_case("u sweep: T 1.2, min-p 0.05", 128256, 128, 1, 3.0f, 0, &f3);
     run_case("u sweep: T 1, no filter, flat", 128256, 128, 1, 0.5f, 0, &f4);
     run_case("u sweep: T 1, top-p 0.9, ties", 64, 128, 1, 1.0f, 1, &f1);
+    /* structured output: a sparse allow bitset without the row's likeliest ids, u sweeping */
+    static uint32_t allow[(128256 + 31) / 32];
+    for (int i = 7; i < 128256; i += 97) allow[i / 32] |= 1u << (i % 32);
+    struct sample_row f5 = {.temperature = 0.8f, .top_p = 0.95f, .repetition_penalty = 1.0f, .allow = allow};
+    run_case("u sweep: T 0.8, top-p 0.95, allow 1%", 128256, 128, 1, 3.0f, 0, &f5);
+    struct sample_row f6 = {.temperature = 0.0f, .top_p = 1.0f, .repetition_penalty = 1.0f, .allow = allow};
+    run_case("greedy, allow 1%", 128256, 4, 1, 3.0f, 0, &f6);
     timing();
     printf("\ncuda sampling: %d passed, %d failed\n", n_pass, n_fail);
     backend_destroy(gpu);

@@ -273,6 +273,116 @@ describe('duoserve with the OpenAI Node SDK', { timeout: 170_000 }, () => {
     assert.equal(final.choices[0].message.content, want);
   });
 
+  // ---- structured output and tools (the demo model writes noise: only the grammar makes it JSON) ----
+
+  const person = {
+    type: 'object',
+    additionalProperties: false,
+    properties: {
+      name: { type: 'string', maxLength: 10 },
+      age: { type: 'integer', minimum: 0, maximum: 120 },
+      tags: { type: 'array', items: { enum: ['a', 'b'] }, maxItems: 2 },
+    },
+    required: ['name', 'age', 'tags'],
+  };
+  const isPerson = (p) => p !== null && typeof p === 'object' && Object.keys(p).length === 3 &&
+    typeof p.name === 'string' && [...p.name].length <= 10 && Number.isInteger(p.age) && p.age >= 0 && p.age <= 120 &&
+    Array.isArray(p.tags) && p.tags.length <= 2 && p.tags.every((t) => t === 'a' || t === 'b');
+  const weatherParams = {
+    type: 'object',
+    additionalProperties: false,
+    properties: { city: { type: 'string', maxLength: 12 }, days: { type: 'integer', minimum: 1, maximum: 7 } },
+    required: ['city', 'days'],
+  };
+  const isWeather = (a) => a !== null && typeof a === 'object' && Object.keys(a).length === 2 &&
+    typeof a.city === 'string' && [...a.city].length <= 12 && Number.isInteger(a.days) && a.days >= 1 && a.days <= 7;
+  const weather = {
+    type: 'function',
+    function: { name: 'get_weather', description: 'Weather for a city', strict: true, parameters: weatherParams },
+  };
+  const clock = {
+    type: 'function',
+    function: { name: 'get_time', strict: true, parameters: { type: 'object', additionalProperties: false,
+      properties: { tz: { enum: ['UTC', 'CET'] } }, required: ['tz'] } },
+  };
+  const ask = [{ role: 'user', content: 'What is the weather in Paris?' }];
+  const callsOf = (m) => m.tool_calls.map((c) => [c.function.name, c.function.arguments]);
+
+  test('chat.completions.parse: response_format json_schema gives message.parsed', T, async () => {
+    for (const seed of [1, 2, 3]) {
+      const c = await client(demo).chat.completions.parse({
+        model: DEMO, messages: ask, max_completion_tokens: 1500, seed,
+        response_format: { type: 'json_schema', json_schema: { name: 'person', strict: true, schema: person } },
+      });
+      const m = c.choices[0].message;
+      assert.equal(c.choices[0].finish_reason, 'stop');
+      assert.ok(isPerson(m.parsed), JSON.stringify(m));
+      assert.deepEqual(m.parsed, JSON.parse(m.content));
+    }
+  });
+
+  test('chat.completions.parse: strict tools give parsed_arguments (tool_choice required)', T, async () => {
+    for (const seed of [4, 5]) {
+      const c = await client(demo).chat.completions.parse({
+        model: DEMO, messages: ask, tools: [weather, clock], tool_choice: 'required', parallel_tool_calls: false,
+        max_completion_tokens: 1500, seed,
+      });
+      const ch = c.choices[0];
+      assert.equal(ch.finish_reason, 'tool_calls');
+      assert.equal(ch.message.content, null);
+      assert.equal(ch.message.tool_calls.length, 1);
+      const call = ch.message.tool_calls[0];
+      assert.equal(call.type, 'function');
+      assert.match(call.id, /^call_[A-Za-z0-9]{24}$/);
+      const args = call.function.parsed_arguments;
+      assert.deepEqual(args, JSON.parse(call.function.arguments));
+      if (call.function.name === 'get_weather') assert.ok(isWeather(args), JSON.stringify(args));
+      else assert.ok(call.function.name === 'get_time' && ['UTC', 'CET'].includes(args.tz), JSON.stringify(call));
+    }
+  });
+
+  test('chat.completions.stream helper with a named tool: the same calls as not streamed', T, async () => {
+    const body = {
+      model: DEMO, messages: ask, tools: [weather, clock], max_completion_tokens: 1500, seed: 7,
+      tool_choice: { type: 'function', function: { name: 'get_weather' } },
+    };
+    const plain = await client(demo).chat.completions.create(body);
+    const runner = client(demo).chat.completions.stream(body);
+    const done = [];
+    runner.on('tool_calls.function.arguments.done', (e) => done.push([e.name, e.arguments]));
+    const final = await runner.finalChatCompletion();
+    assert.equal(plain.choices[0].finish_reason, 'tool_calls');
+    assert.equal(final.choices[0].finish_reason, 'tool_calls');
+    assert.deepEqual(callsOf(final.choices[0].message), callsOf(plain.choices[0].message));
+    assert.deepEqual(done, callsOf(plain.choices[0].message));
+    assert.equal(done[0][0], 'get_weather');
+    assert.ok(isWeather(JSON.parse(done[0][1])), done[0][1]);
+  });
+
+  test('chat.completions.runTools: the named tool runs with the parsed arguments', T, async () => {
+    const seen = [];
+    const runner = client(demo).chat.completions.runTools({
+      model: DEMO, messages: ask, max_completion_tokens: 1500, seed: 8,
+      tools: [{ type: 'function', function: { name: 'get_weather', parameters: weatherParams, parse: JSON.parse,
+        function: (args) => { seen.push(args); return { forecast: 'sunny' }; } } }],
+      tool_choice: { type: 'function', function: { name: 'get_weather' } },
+    });
+    await runner.done();
+    assert.equal(seen.length, 1);
+    assert.ok(isWeather(seen[0]), JSON.stringify(seen[0]));
+    const tool = runner.messages.find((m) => m.role === 'tool');
+    assert.equal(tool.content, '{"forecast":"sunny"}');
+  });
+
+  test('400: a schema outside the supported subset raises BadRequestError naming it', T, async () => {
+    const err = await rejectsWith(() => client(demo).chat.completions.create({
+      model: DEMO, messages: ask, max_completion_tokens: 5,
+      response_format: { type: 'json_schema', json_schema: { name: 'p', schema: { type: 'string', pattern: '^a$' } } },
+    }), OpenAI.BadRequestError);
+    assert.equal(err.param, 'response_format');
+    assert.match(err.error.message, /pattern/);
+  });
+
   // ---- errors ----
 
   test('400 (temperature 5) raises BadRequestError with a message', T, async () => {
