@@ -200,7 +200,13 @@ def test_warmup(binary, model):
         lp = json.loads(data)["choices"][0]["logprobs"] if st == 200 else None
         ids = [int(t.split(":")[1]) for t in lp["tokens"]] if lp else None
         check("warm-up: the first request's ids equal the golden ids", ids == exp_ids, (st, (ids or [])[:10]))
+        # the engine publishes its counters at the end of a step, which may come after the
+        # response's last byte: wait (bounded) for the finish to be counted
+        deadline = time.time() + 5
         m = srv.metrics()
+        while m.get('duoserve:request_success_total{finished_reason="length"}') != 1 and time.time() < deadline:
+            time.sleep(0.05)
+            m = srv.metrics()
         check("warm-up: /metrics counts only that request",
               m.get("duoserve:prompt_tokens_total") == 1 and m.get("duoserve:generation_tokens_total") == len(exp_ids)
               and m.get('duoserve:request_success_total{finished_reason="length"}') == 1,
