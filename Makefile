@@ -15,7 +15,7 @@ CFLAGS  ?= -O2 -g
 DUO_CFLAGS := -std=c17 -Wall -Wextra -Wstrict-prototypes -Wno-unused-parameter -D_GNU_SOURCE -ffp-contract=off \
               -I. -MMD -MP -pthread
 # Libraries from Debian packages (scripts/install-deps.sh).
-LDLIBS  += -lmicrohttpd -luv -lcjson -lpcre2-8 -lutf8proc -lm -pthread
+LDLIBS  += -luv -lcjson -lpcre2-8 -lutf8proc -lm -pthread
 
 # CUDA: auto when nvcc exists; CUDA=0 forces it off, CUDA=1 forces it on.
 ifeq ($(CUDA),)

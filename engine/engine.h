@@ -4,7 +4,7 @@
  * request over, engine_poll pops its output events from a per-request queue, engine_cancel /
  * engine_release mark it for the engine to drop at the next step boundary (its KV is freed
  * there). `notify` is called from the engine thread whenever new events are queued for a
- * request; it must only wake the caller (e.g. MHD_resume_connection), never block. */
+ * request; it must only wake the caller (e.g. queue the request and wake a loop), never block. */
 #ifndef DUO_ENGINE_H
 #define DUO_ENGINE_H
 

@@ -31,9 +31,12 @@ struct serve_options {
     double timeout;
     double shutdown_timeout;
     size_t max_request_bytes;
+    size_t max_buffered_bytes;
     int max_connections;
     int http_threads;
     int http_timeout;
+    double header_timeout;
+    double body_timeout;
     double sse_keepalive;
     const char *log_format;
     const char *allowed_origins; // CORS: JSON lists, checked by http_check_config
@@ -55,9 +58,15 @@ static const struct opt opts[] = {
     {"timeout", NULL, OPT_DOUBLE, O(timeout), 0, 1e9, "S", "cancel a request running longer (finish_reason \"abort\"; 0 = never; default 600)"},
     {"shutdown-timeout", NULL, OPT_DOUBLE, O(shutdown_timeout), 0, 1e9, "S", "on SIGTERM wait this long for running requests (default 30)"},
     {"max-request-bytes", NULL, OPT_BYTES, O(max_request_bytes), 1024, 1099511627776.0, "BYTES", "larger request bodies get 413 (default 8MiB)"},
-    {"max-connections", NULL, OPT_INT, O(max_connections), 1, 1 << 20, "N", "open HTTP connections (default 1024)"},
-    {"http-threads", NULL, OPT_INT, O(http_threads), 1, 256, "N", "HTTP threads (default 4)"},
-    {"http-timeout", NULL, OPT_INT, O(http_timeout), 1, 86400, "S", "idle HTTP connection timeout (default 60)"},
+    {"max-buffered-bytes", NULL, OPT_BYTES, O(max_buffered_bytes), 0, 1099511627776.0, "BYTES",
+     "request bodies held by all requests together; past it 503 (default 256MiB; 0 = no limit)"},
+    {"max-connections", NULL, OPT_INT, O(max_connections), 1, 1 << 20, "N", "open HTTP connections; one more is answered 503 (default 1024)"},
+    {"http-threads", NULL, OPT_INT, O(http_threads), 1, 256, "N", "threads that parse and tokenize requests (default 4)"},
+    {"http-timeout", NULL, OPT_INT, O(http_timeout), 1, 86400, "S", "close a connection idle this long between requests (default 60)"},
+    {"header-timeout", NULL, OPT_DOUBLE, O(header_timeout), 0.1, 86400, "S",
+     "a request's headers must arrive within this of its first byte; else 408 (default 10)"},
+    {"body-timeout", NULL, OPT_DOUBLE, O(body_timeout), 0.1, 86400, "S",
+     "a request's body must arrive within this of its headers; else 408 (default 60)"},
     {"sse-keepalive", NULL, OPT_DOUBLE, O(sse_keepalive), 0.05, 3600, "S", "comment line on a stream idle this long (default 15)"},
     {"log-format", NULL, OPT_CHOICE, O(log_format), 0, 0, "text|json", "log lines as text (default) or JSON objects, one a line"},
     {"chat-template", NULL, OPT_STR, O(ec.chat_template_file), 0, 0, "FILE", "Jinja chat template overriding the model's"},
@@ -290,6 +299,8 @@ static struct http_config http_config_of(const struct serve_options *o, const ch
     return (struct http_config){
         .host = o->host, .port = o->port, .api_key = o->api_key, .model_name = name,
         .model_root = o->model ? o->model : name, .max_request_bytes = o->max_request_bytes,
+        .max_buffered_bytes = o->max_buffered_bytes, .header_timeout_s = o->header_timeout,
+        .body_timeout_s = o->body_timeout,
         .max_connections = o->max_connections, .threads = o->http_threads, .conn_timeout_s = o->http_timeout,
         .request_timeout_s = o->timeout, .keepalive_s = o->sse_keepalive, .max_n = o->ec.max_num_seqs,
         .allowed_origins = o->allowed_origins, .allowed_methods = o->allowed_methods,
@@ -301,6 +312,7 @@ int serve_main(int argc, char **argv) {
     struct serve_options o = {
         .host = "127.0.0.1", .port = 8000, .timeout = 600, .shutdown_timeout = 30, .max_request_bytes = 8u << 20,
         .max_connections = 1024, .http_threads = 4, .http_timeout = 60, .sse_keepalive = 15, .log_format = "text",
+        .header_timeout = 10, .body_timeout = 60, .max_buffered_bytes = 256u << 20,
         .ec = {.device = "auto", .gemm = "invariant", .max_num_seqs = 0, .max_queue = 1024, .block_size = 16,
                .gpu_memory_utilization = 0.9f, .duo_sparsity = 0.5f, .sink_tokens = 64, .recent_tokens = 256},
     };
@@ -310,6 +322,7 @@ int serve_main(int argc, char **argv) {
     int rc = parse_all(&o, argc, argv, &config_doc, &help);
     log_set_json(!strcmp(o.log_format, "json"));
     if (!o.api_key) o.api_key = getenv("DUOSERVE_API_KEY");
+    if (o.api_key && !o.api_key[0]) o.api_key = NULL; // no authentication
     const char *name = o.served_model_name ? o.served_model_name : o.model ? o.model : "duoserve-demo";
     char backend[160];
     struct http_config hc = http_config_of(&o, name, backend, sizeof backend);
@@ -371,10 +384,10 @@ int serve_main(int argc, char **argv) {
     http_set_engine(srv, e);
     log_msg("info", "ready in %.1fs: model \"%s\", max_model_len %d, max_num_seqs %d, vocabulary %d%s", mono() - t0,
             name, engine_max_model_len(e), engine_max_num_seqs(e), engine_vocab_size(e),
-            o.api_key && o.api_key[0] ? ", API key required" : "");
+            o.api_key ? ", API key required" : "");
 
     int sig;
-    while (!(sig = wait_signal(&sigs, 200))) http_tick(srv);
+    while (!(sig = wait_signal(&sigs, 200))) {}
 
     // Drain: no new requests, running ones finish within --shutdown-timeout.
     http_set_state(srv, HTTP_STATE_DRAINING);
@@ -387,7 +400,6 @@ int serve_main(int argc, char **argv) {
             forced = true;
             break;
         }
-        http_tick(srv);
     }
     if (http_num_active(srv) > 0) {
         log_msg("warning", "%s: cancelling %d request(s)", forced ? "second signal" : "shutdown timeout",
@@ -396,7 +408,6 @@ int serve_main(int argc, char **argv) {
         double d2 = mono() + 5;
         while (http_num_active(srv) > 0 && mono() < d2) {
             wait_signal(&sigs, 50);
-            http_tick(srv);
         }
     }
     http_stop(srv);
