@@ -44,7 +44,10 @@ struct engine {
     struct engine_handle *live;  // added to the core (engine thread only)
     bool draining, stopping;     // mu
     int n_active;                // submitted and not done (mu)
-    int n_waiting_est;           // inbox + core waiting (mu), for the queue limit
+    /* The queue limit's view (mu): requests, in the core or the inbox, that no free seat can
+     * take, and the seats left after those that fit. Recomputed after each step, updated by
+     * each submission between steps. */
+    int q_unseated, q_seats_left;
     struct engine_stats stats;   // the core's counters after each step, the cache info, the histograms (mu)
 };
 
@@ -226,6 +229,17 @@ static void process_inbox(struct engine *e) {
     }
 }
 
+/* Under e->mu: whether a request of n seats would find them free (nobody queued before it). */
+static bool queue_fits(const struct engine *e, int n) {
+    return e->q_unseated == 0 && n <= e->q_seats_left;
+}
+
+/* Under e->mu: a request of n seats joins, seated or queued. */
+static void queue_count(struct engine *e, int n) {
+    if (queue_fits(e, n)) e->q_seats_left -= n;
+    else e->q_unseated++;
+}
+
 /* n_step: tokens the step just run computed (0: no step). */
 static void update_stats(struct engine *e, int n_step) {
     struct engine_stats st;
@@ -233,8 +247,8 @@ static void update_stats(struct engine *e, int n_step) {
     pthread_mutex_lock(&e->mu);
     memcpy(&e->stats, &st, offsetof(struct engine_stats, cache)); /* the rest is ours */
     if (n_step > 0) engine_hist_observe(&e->stats.hist[ENGINE_HIST_ITERATION_TOKENS], n_step);
-    e->n_waiting_est = st.num_waiting;
-    for (struct engine_handle *h = e->inbox; h; h = h->next) e->n_waiting_est++;
+    core_queue_state(e->core, &e->q_unseated, &e->q_seats_left);
+    for (struct engine_handle *h = e->inbox; h; h = h->next) queue_count(e, h->req.sp.n);
     pthread_mutex_unlock(&e->mu);
 }
 
@@ -385,8 +399,8 @@ int engine_submit(struct engine *e, const struct engine_request *req, void (*not
     pthread_mutex_lock(&e->mu);
     if (!ok) rc = ENGINE_ERR_OOM, util_err(err, errlen, "out of memory");
     else if (e->draining || e->stopping) rc = ENGINE_ERR_DRAINING, util_err(err, errlen, "the server is shutting down");
-    else if (e->n_waiting_est >= (core_max_queue(e->core)))
-        rc = ENGINE_ERR_QUEUE_FULL, util_err(err, errlen, "too many requests waiting (%d); retry later", e->n_waiting_est);
+    else if (!queue_fits(e, sp->n) && e->q_unseated >= core_max_queue(e->core))
+        rc = ENGINE_ERR_QUEUE_FULL, util_err(err, errlen, "too many requests waiting (%d); retry later", e->q_unseated);
     if (rc != ENGINE_OK) {
         h->refs = 1;
         handle_unref_locked(h);
@@ -396,7 +410,7 @@ int engine_submit(struct engine *e, const struct engine_request *req, void (*not
     h->next = e->inbox;
     e->inbox = h;
     e->n_active++;
-    e->n_waiting_est++;
+    queue_count(e, sp->n);
     pthread_mutex_unlock(&e->mu);
     uv_async_send(&e->wake);
     *out = h;

@@ -522,8 +522,10 @@ int core_add(struct core *c, const struct engine_request *req, core_emit_fn emit
     if (out) *out = NULL;
     int vrc = core_validate(c, req, err, errlen);
     if (vrc != ENGINE_OK) return vrc;
-    if (c->waiting.n >= c->cfg.max_queue)
-        return util_err(err, errlen, "the request queue is full (%d waiting)", c->waiting.n), ENGINE_ERR_QUEUE_FULL;
+    int unseated, seats_left;
+    core_queue_state(c, &unseated, &seats_left);
+    if (unseated + (unseated > 0 || sp->n > seats_left) > c->cfg.max_queue)
+        return util_err(err, errlen, "the request queue is full (%d waiting for a seat)", unseated), ENGINE_ERR_QUEUE_FULL;
 
     struct core_request *r = calloc(1, sizeof *r);
     if (!r) return util_err(err, errlen, "out of memory"), ENGINE_ERR_OOM;
@@ -990,6 +992,17 @@ int core_step(struct core *c) {
 
 bool core_has_work(const struct core *c) { return c->running.n > 0 || c->waiting.n > 0; }
 int core_num_waiting(const struct core *c) { return c->waiting.n; }
+
+void core_queue_state(const struct core *c, int *unseated, int *seats_left) {
+    int free = c->cfg.max_num_seqs - c->running.n - c->reserved, n = 0;
+    for (int i = 0; i < c->waiting.n; i++) {
+        int seats = 1 + c->waiting.v[i]->forks_pending;
+        if (n == 0 && seats <= free) free -= seats;
+        else n++;
+    }
+    *unseated = n;
+    *seats_left = free > 0 ? free : 0;
+}
 
 void core_stats(const struct core *c, struct engine_stats *st) {
     *st = c->stats;
