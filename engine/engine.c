@@ -123,8 +123,9 @@ static void handle_unref_locked(struct engine_handle *h) {
     free((void *)h->req.sp.logit_bias_ids);
     free((void *)h->req.sp.logit_bias_vals);
     free((void *)h->req.sp.stop_ids);
-    for (int i = 0; i < h->req.sp.n_stop; i++) free(h->req.sp.stop[i]);
+    for (int i = 0; h->req.sp.stop && i < h->req.sp.n_stop; i++) free(h->req.sp.stop[i]);
     free((void *)h->req.sp.stop);
+    free((void *)h->req.sp.stop_len);
     free(h);
 }
 
@@ -393,9 +394,17 @@ int engine_submit(struct engine *e, const struct engine_request *req, void (*not
     h->req.sp.logit_bias_vals = dup_mem(sp->logit_bias_vals, sizeof(float) * sp->n_logit_bias);
     h->req.sp.stop_ids = dup_mem(sp->stop_ids, sizeof(int32_t) * sp->n_stop_ids);
     char **stop = calloc((size_t)sp->n_stop + 1, sizeof *stop);
-    bool ok = h->req.prompt && h->req.sp.logit_bias_ids && h->req.sp.logit_bias_vals && h->req.sp.stop_ids && stop;
-    for (int i = 0; ok && i < sp->n_stop; i++) ok = (stop[i] = strdup(sp->stop[i])) != NULL;
+    size_t *stop_len = malloc(sizeof *stop_len * ((size_t)sp->n_stop + 1));
+    bool ok = h->req.prompt && h->req.sp.logit_bias_ids && h->req.sp.logit_bias_vals && h->req.sp.stop_ids && stop && stop_len;
+    for (int i = 0; ok && i < sp->n_stop; i++) {
+        stop_len[i] = sp->stop_len ? sp->stop_len[i] : strlen(sp->stop[i]);
+        if ((ok = (stop[i] = malloc(stop_len[i] + 1)) != NULL)) {
+            memcpy(stop[i], sp->stop[i], stop_len[i]);
+            stop[i][stop_len[i]] = 0;
+        }
+    }
     h->req.sp.stop = stop;
+    h->req.sp.stop_len = stop_len;
     pthread_mutex_lock(&e->mu);
     if (!ok) rc = ENGINE_ERR_OOM, util_err(err, errlen, "out of memory");
     else if (e->draining || e->stopping) rc = ENGINE_ERR_DRAINING, util_err(err, errlen, "the server is shutting down");

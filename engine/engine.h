@@ -53,6 +53,7 @@ struct engine_sampling {
     const int32_t *stop_ids;   // extra stop token ids
     int n_stop;
     char *const *stop;         // stop strings (UTF-8), matched on the detokenized text
+    const size_t *stop_len;    // their lengths in bytes (a stop string may hold NUL); NULL: strlen of each
     bool ignore_eos;
     bool include_stop_str_in_output;
     bool skip_special_tokens;  // default true

@@ -408,8 +408,9 @@ static void request_free(struct core_request *r) {
     free((void *)r->sp.logit_bias_ids);
     free((void *)r->sp.logit_bias_vals);
     free((void *)r->sp.stop_ids);
-    for (int i = 0; i < r->sp.n_stop; i++) free(r->sp.stop[i]);
+    for (int i = 0; r->sp.stop && i < r->sp.n_stop; i++) free(r->sp.stop[i]);
     free((void *)r->sp.stop);
+    free((void *)r->sp.stop_len);
     free(r);
 }
 
@@ -501,7 +502,8 @@ int core_validate(const struct core *c, const struct engine_request *req, char *
             return util_err(err, errlen, "stop token id %d is outside the vocabulary", sp->stop_ids[i]),
                    ENGINE_ERR_INVALID;
     for (int i = 0; i < sp->n_stop; i++)
-        if (!sp->stop[i] || !sp->stop[i][0]) return util_err(err, errlen, "stop strings must not be empty"), ENGINE_ERR_INVALID;
+        if (!sp->stop[i] || !(sp->stop_len ? sp->stop_len[i] : strlen(sp->stop[i])))
+            return util_err(err, errlen, "stop strings must not be empty"), ENGINE_ERR_INVALID;
     if (sp->n_stop && !c->tok)
         return util_err(err, errlen, "stop strings need a tokenizer, and this model has none"), ENGINE_ERR_INVALID;
     int total = req->n_prompt + sp->max_tokens;
@@ -542,9 +544,11 @@ int core_add(struct core *c, const struct engine_request *req, core_emit_fn emit
     r->sp.logit_bias_vals = malloc(sizeof(float) * (sp->n_logit_bias + 1));
     r->sp.stop_ids = malloc(sizeof(int32_t) * (sp->n_stop_ids + 1));
     r->sp.stop = calloc((size_t)sp->n_stop + 1, sizeof(char *));
+    size_t *stop_len = malloc(sizeof(size_t) * ((size_t)sp->n_stop + 1));
+    r->sp.stop_len = stop_len;
     r->mask = malloc(sizeof(int32_t) * (size_t)(c->n_eos + sp->n_stop_ids + 1));
     bool ok = r->prompt && r->seqs && r->sp.logit_bias_ids && r->sp.logit_bias_vals && r->sp.stop_ids && r->sp.stop &&
-              r->mask;
+              stop_len && r->mask;
     if (ok) {
         memcpy(r->prompt, req->prompt, sizeof(int32_t) * req->n_prompt);
         for (int i = 0; i < c->n_eos; i++)
@@ -555,9 +559,14 @@ int core_add(struct core *c, const struct engine_request *req, core_emit_fn emit
             memcpy((void *)r->sp.logit_bias_vals, sp->logit_bias_vals, sizeof(float) * sp->n_logit_bias);
         }
         if (sp->n_stop_ids) memcpy((void *)r->sp.stop_ids, sp->stop_ids, sizeof(int32_t) * sp->n_stop_ids);
-        for (int i = 0; ok && i < sp->n_stop; i++) {
-            ok = (((char **)r->sp.stop)[i] = strdup(sp->stop[i])) != NULL;
-            size_t l = strlen(sp->stop[i]);
+        for (int i = 0; ok && i < sp->n_stop; i++) { // stop strings may hold NUL: copied by length
+            size_t l = stop_len[i] = sp->stop_len ? sp->stop_len[i] : strlen(sp->stop[i]);
+            char *copy = malloc(l + 1);
+            if ((ok = copy != NULL)) {
+                memcpy(copy, sp->stop[i], l);
+                copy[l] = 0;
+            }
+            ((char **)r->sp.stop)[i] = copy;
             if (l > r->max_stop_len) r->max_stop_len = l;
         }
     }
@@ -583,7 +592,7 @@ static size_t stop_holdback(const struct core_request *r, const char *text, size
     size_t best = 0;
     for (int i = 0; i < r->sp.n_stop; i++) {
         const char *st = r->sp.stop[i];
-        size_t sl = strlen(st);
+        size_t sl = r->sp.stop_len[i];
         for (size_t k = sl - 1 < len ? sl - 1 : len; k > best; k--)
             if (!memcmp(text + len - k, st, k)) {
                 best = k;
@@ -686,6 +695,7 @@ static bool seq_accept_token(struct core *c, struct core_seq *s, int32_t id, con
 
     enum engine_finish fin = ENGINE_FINISH_NONE;
     const char *stop_str = NULL;
+    size_t stop_len = 0;
     int32_t stop_id = -1;
     bool past_min = s->n_generated >= sp->min_tokens;
     bool stop_token = past_min && ((!sp->ignore_eos && is_eos(c, id)));
@@ -707,15 +717,16 @@ static bool seq_accept_token(struct core *c, struct core_seq *s, int32_t id, con
             size_t from = s->emitted;
             size_t best_at = (size_t)-1;
             for (int i = 0; i < sp->n_stop; i++) {
-                const char *hit = memmem(s->text + from, s->text_len - from, sp->stop[i], strlen(sp->stop[i]));
+                const char *hit = memmem(s->text + from, s->text_len - from, sp->stop[i], sp->stop_len[i]);
                 if (hit && (size_t)(hit - s->text) < best_at) {
                     best_at = (size_t)(hit - s->text);
                     stop_str = sp->stop[i];
+                    stop_len = sp->stop_len[i];
                 }
             }
             if (stop_str) {
                 fin = ENGINE_FINISH_STOP;
-                size_t cut = best_at + (sp->include_stop_str_in_output ? strlen(stop_str) : 0);
+                size_t cut = best_at + (sp->include_stop_str_in_output ? stop_len : 0);
                 s->text_chars -= utf8_count(s->text + cut, s->text_len - cut);
                 s->text_len = cut;
                 s->text[s->text_len] = 0;

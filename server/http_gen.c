@@ -68,6 +68,13 @@ static void record_token_timing(struct http_req *r, int choice) {
     cs->t_last = t;
 }
 
+/* The stop string that ended a choice, as the request gave it (with OPENAI_NUL where the
+ * engine's copy has NUL bytes). */
+static const char *stop_reason(const struct http_req *r, const struct engine_event *ev) {
+    if (ev->stop_index >= 0 && ev->stop_index < r->oreq.sp.n_stop) return r->oreq.stop[ev->stop_index];
+    return ev->stop_reason_str;
+}
+
 /* Streams one event of choice ci as SSE. */
 static int stream_event(struct http_req *r, int ci, const struct engine_event *ev) {
     const char *text = ev->text ? ev->text : "";
@@ -79,7 +86,7 @@ static int stream_event(struct http_req *r, int ci, const struct engine_event *e
         return sbuf_put_owned(&r->out, openai_chunk_sse(&r->rctx, ci, text, ev, offset, ENGINE_FINISH_NONE, NULL, -1));
     }
     // FINISH: the tail and the finish reason in one chunk.
-    return sbuf_put_owned(&r->out, openai_chunk_sse(&r->rctx, ci, text, NULL, offset, ev->finish, ev->stop_reason_str,
+    return sbuf_put_owned(&r->out, openai_chunk_sse(&r->rctx, ci, text, NULL, offset, ev->finish, stop_reason(r, ev),
                                                     ev->stop_reason_id));
 }
 
@@ -90,7 +97,8 @@ static int accumulate_event(struct http_req *r, int ci, const struct engine_even
         c->finish = ev->finish;
         c->done = true;
         c->stop_reason_id = ev->stop_reason_id;
-        if (ev->stop_reason_str && !(c->stop_reason_str = strdup(ev->stop_reason_str))) return -1;
+        const char *stop = stop_reason(r, ev);
+        if (stop && !(c->stop_reason_str = strdup(stop))) return -1;
         if (ev->completion_tokens > 0) c->completion_tokens = ev->completion_tokens;
     }
     return 0;

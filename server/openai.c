@@ -10,6 +10,60 @@
 
 #include "engine/utf8.h"
 
+/* ---- U+0000 ---- */
+
+char *openai_bytes(const char *s, size_t *len) {
+    size_t n = strlen(s);
+    char *b = malloc(n + 1);
+    if (!b) return NULL;
+    for (size_t i = 0; i <= n; i++) b[i] = s[i] == OPENAI_NUL ? 0 : s[i];
+    *len = n;
+    return b;
+}
+
+void openai_mark_nul(char *s, size_t len) {
+    for (char *p = s; (p = memchr(p, 0, len - (size_t)(p - s))) != NULL; p++) *p = OPENAI_NUL;
+}
+
+char *openai_json_nul(char *json) {
+    if (!json || !strchr(json, OPENAI_NUL)) return json;
+    size_t n = 0, len = strlen(json);
+    for (const char *p = json; (p = strchr(p, OPENAI_NUL)) != NULL; p++) n++;
+    char *out = malloc(len + 5 * n + 1), *w = out;
+    if (out)
+        for (const char *p = json; *p; p++) {
+            if (*p == OPENAI_NUL) w += sprintf(w, "\\u0000");
+            else *w++ = *p;
+        }
+    if (out) *w = 0;
+    free(json);
+    return out;
+}
+
+/* The body with each escape \u0000 replaced by OPENAI_NUL (malloc'd; *n its length), or NULL
+ * when it has none. A backslash outside a string is invalid JSON either way, so only the
+ * pairing of backslashes matters: "\\u0000" stays as it is. */
+static char *mark_escaped_nuls(const char *body, size_t len, size_t *n) {
+    if (!memmem(body, len, "\\u0000", 6)) return NULL;
+    char *out = malloc(len + 1);
+    if (!out) return NULL;
+    size_t o = 0;
+    for (size_t i = 0; i < len;) {
+        if (body[i] == '\\' && i + 6 <= len && !memcmp(body + i + 1, "u0000", 5)) {
+            out[o++] = OPENAI_NUL;
+            i += 6;
+        } else if (body[i] == '\\' && i + 1 < len) {
+            out[o++] = body[i++];
+            out[o++] = body[i++];
+        } else {
+            out[o++] = body[i++];
+        }
+    }
+    out[o] = 0;
+    *n = o;
+    return out;
+}
+
 /* ---- errors ---- */
 
 static const char *type_for_status(int status) {
@@ -56,7 +110,7 @@ char *openai_error_json(const struct openai_error *err) {
     cJSON *root = error_object(err);
     char *s = root ? cJSON_PrintUnformatted(root) : NULL;
     cJSON_Delete(root);
-    return s;
+    return openai_json_nul(s);
 }
 
 char *openai_error_sse(const struct openai_error *err) {
@@ -277,7 +331,10 @@ static int parse_stop(const cJSON *root, struct openai_request *r, struct openai
     if (n < 0) return BAD("stop", "'stop' must be a string or an array of strings");
     if (n > OPENAI_MAX_STOP) return BAD("stop", "at most %d stop strings, got %d", OPENAI_MAX_STOP, n);
     if (n == 0) return 0;
-    if (!(r->stop = calloc((size_t)n, sizeof *r->stop))) return NOMEM();
+    r->stop = calloc((size_t)n, sizeof *r->stop);
+    r->stop_bytes = calloc((size_t)n, sizeof *r->stop_bytes);
+    r->stop_len = calloc((size_t)n, sizeof *r->stop_len);
+    if (!r->stop || !r->stop_bytes || !r->stop_len) return NOMEM();
     const cJSON *it = cJSON_IsString(s) ? s : s->child;
     for (int i = 0; i < n; i++, it = it->next) {
         if (!cJSON_IsString(it)) return BAD("stop", "'stop' must be a string or an array of strings");
@@ -285,6 +342,11 @@ static int parse_stop(const cJSON *root, struct openai_request *r, struct openai
         if (len == 0) return BAD("stop", "stop strings must not be empty");
         if (len > OPENAI_MAX_STOP_BYTES) return BAD("stop", "a stop string is at most %d bytes", OPENAI_MAX_STOP_BYTES);
         if (!(r->stop[i] = dup_str(it->valuestring))) return NOMEM();
+        if (!(r->stop_bytes[i] = openai_bytes(it->valuestring, &r->stop_len[i]))) {
+            free(r->stop[i]);
+            r->stop[i] = NULL;
+            return NOMEM();
+        }
         r->sp.n_stop++;
     }
     return 0;
@@ -383,7 +445,8 @@ static int parse_sampling(const cJSON *root, const struct openai_limits *lim, st
     if (get_bool(root, "include_stop_str_in_output", &sp->include_stop_str_in_output, err)) return -1;
     if (get_bool(root, "skip_special_tokens", &sp->skip_special_tokens, err)) return -1;
     if (parse_stop(root, r, err) || parse_stop_ids(root, lim, r, err) || parse_logit_bias(root, lim, r, err)) return -1;
-    sp->stop = r->stop;
+    sp->stop = r->stop_bytes;
+    sp->stop_len = r->stop_len;
     sp->stop_ids = r->stop_ids;
     sp->logit_bias_ids = r->logit_bias_ids;
     sp->logit_bias_vals = r->logit_bias_vals;
@@ -698,19 +761,25 @@ int openai_parse_request(const char *body, size_t len, enum openai_kind kind, co
         .skip_special_tokens = true, .logprobs = -1,
     };
     if (!utf8_valid(body, len)) return BAD(NULL, "the request body is not valid UTF-8");
+    size_t marked_len = 0;
+    char *marked = mark_escaped_nuls(body, len, &marked_len);
+    if (marked) body = marked, len = marked_len; // byte offsets below count each \u0000 as one byte
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(body, len, &end, false);
     if (!root) {
         size_t at = end && end >= body ? (size_t)(end - body) : 0;
+        free(marked);
         return BAD(NULL, "the request body is not valid JSON (or is nested too deeply) near byte %zu", at);
     }
     // Only whitespace may follow the value.
     for (const char *p = end; p && p < body + len; p++) {
         if (*p != ' ' && *p != '\t' && *p != '\n' && *p != '\r') {
             cJSON_Delete(root);
+            free(marked);
             return BAD(NULL, "the request body is not valid JSON: extra data after the value");
         }
     }
+    free(marked);
     int rc = parse_body(root, kind, lim, out, err);
     cJSON_Delete(root);
     if (rc) openai_request_free(out);
@@ -730,9 +799,13 @@ void openai_request_free(struct openai_request *r) {
     free(r->logit_bias_ids);
     free(r->logit_bias_vals);
     free(r->stop_ids);
-    if (r->stop)
-        for (int i = 0; i < r->sp.n_stop; i++) free(r->stop[i]);
+    for (int i = 0; i < r->sp.n_stop; i++) {
+        free(r->stop[i]);
+        free(r->stop_bytes[i]);
+    }
     free(r->stop);
+    free(r->stop_bytes);
+    free(r->stop_len);
     free(r->user);
     free(r->request_id);
     enum openai_kind kind = r->kind;

@@ -211,7 +211,7 @@ static cJSON *chat_lp_add(const struct openai_resp_ctx *ctx, cJSON *content, int
 static char *print_and_free(cJSON *root) {
     char *s = root ? cJSON_PrintUnformatted(root) : NULL;
     cJSON_Delete(root);
-    return s;
+    return openai_json_nul(s);
 }
 
 static char *sse_frame(cJSON *root) {
