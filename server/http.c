@@ -53,6 +53,8 @@ void http_limits_of(struct http_server *s, struct engine *e, struct openai_limit
         .vocab_size = engine_vocab_size(e),
         .max_model_len = engine_max_model_len(e),
         .max_n = s->cfg.max_n > 0 ? s->cfg.max_n : engine_max_num_seqs(e),
+        .max_request_tokens = s->cfg.max_request_tokens,
+        .max_request_logprobs = s->cfg.max_request_logprobs,
     };
 }
 

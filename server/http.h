@@ -37,6 +37,8 @@ struct http_config {
     double request_timeout_s;  // a request running longer is cancelled (0 = never)
     double keepalive_s;        // SSE comment after this long without output
     int max_n;                 // largest n (0: the engine's max_num_seqs)
+    long long max_request_tokens;   // prompts x n x max_tokens of one request (0: no limit)
+    long long max_request_logprobs; // ... x top logprobs (0: no limit)
     const char *allowed_origins; // CORS: JSON lists ("*": any; NULL: ["*"], as vLLM)
     const char *allowed_methods;
     const char *allowed_headers;

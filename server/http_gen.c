@@ -352,6 +352,13 @@ static void tok_work(void *arg) {
         free(text);
     } else if (!prompt_prepare(q, tok, engine_chat_template(e), &lim, err)) {
         const struct openai_prompt *p = &q->prompts[0];
+        // A token string costs a JSON string each: bounded like a prompt, by the context.
+        if (q->return_token_strs && p->n_ids > lim.max_model_len) {
+            openai_fail(err, 400, "request_too_large", "return_token_strs",
+                        "'return_token_strs' is limited to prompts of at most max_model_len (%d) tokens; this one has %d",
+                        lim.max_model_len, p->n_ids);
+            return;
+        }
         char **strs = NULL;
         if (q->return_token_strs && p->n_ids > 0 && (strs = calloc((size_t)p->n_ids, sizeof *strs))) {
             for (int i = 0; i < p->n_ids; i++) {

@@ -813,6 +813,27 @@ void openai_request_free(struct openai_request *r) {
     r->kind = kind;
 }
 
+/* The work one request may ask for (its generated tokens, and the logprob entries of its
+ * answer) within the server's limits: a small request must not be able to take the server
+ * for minutes or make it build a body of hundreds of MB (as vLLM bounds n). */
+static int check_work(const struct openai_request *r, const struct openai_limits *lim, struct openai_error *err) {
+    long long tokens = (long long)r->n_prompts * r->sp.n * r->sp.max_tokens;
+    const char *mt = r->kind == OPENAI_CHAT && r->max_tokens_given ? "max_completion_tokens" : "max_tokens";
+    if (lim->max_request_tokens > 0 && tokens > lim->max_request_tokens)
+        return openai_fail(err, 400, "request_too_large", r->sp.n > 1 ? "n" : mt,
+                           "this request may generate up to %lld tokens (%d prompt%s x n=%d x %s %d), over this "
+                           "server's limit of %lld a request (--max-request-tokens)", tokens, r->n_prompts,
+                           r->n_prompts == 1 ? "" : "s", r->sp.n, mt, r->sp.max_tokens, lim->max_request_tokens);
+    if (r->logprobs < 0) return 0;
+    long long entries = tokens * (r->logprobs > 0 ? r->logprobs : 1);
+    if (lim->max_request_logprobs > 0 && entries > lim->max_request_logprobs)
+        return openai_fail(err, 400, "request_too_large", r->kind == OPENAI_CHAT ? "top_logprobs" : "logprobs",
+                           "this request may return up to %lld logprobs (%lld tokens x %d), over this server's limit "
+                           "of %lld a request (--max-request-logprobs)", entries, tokens,
+                           r->logprobs > 0 ? r->logprobs : 1, lim->max_request_logprobs);
+    return 0;
+}
+
 int openai_check_prompts(struct openai_request *r, const struct openai_limits *lim, struct openai_error *err) {
     for (int i = 0; i < r->n_prompts; i++) {
         const struct openai_prompt *p = &r->prompts[i];
@@ -838,5 +859,5 @@ int openai_check_prompts(struct openai_request *r, const struct openai_limits *l
     }
     if (r->sp.min_tokens > r->sp.max_tokens)
         return BAD("min_tokens", "'min_tokens' (%d) must not exceed max_tokens (%d)", r->sp.min_tokens, r->sp.max_tokens);
-    return 0;
+    return check_work(r, lim, err);
 }

@@ -60,6 +60,8 @@ struct openai_limits {
     int vocab_size;         // token ids must lie in [0, vocab_size)
     int max_model_len;      // prompt + max_tokens must fit
     int max_n;              // n in 1..max_n
+    long long max_request_tokens;   // prompts x n x max_tokens of one request (0: no limit)
+    long long max_request_logprobs; // prompts x n x max_tokens x top logprobs (0: no limit)
 };
 
 #define OPENAI_MAX_PROMPTS 64      // prompts in one completion request

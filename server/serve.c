@@ -32,6 +32,8 @@ struct serve_options {
     double shutdown_timeout;
     size_t max_request_bytes;
     size_t max_buffered_bytes;
+    int max_request_tokens;
+    int max_request_logprobs;
     int max_connections;
     int http_threads;
     int http_timeout;
@@ -60,6 +62,10 @@ static const struct opt opts[] = {
     {"max-request-bytes", NULL, OPT_BYTES, O(max_request_bytes), 1024, 1099511627776.0, "BYTES", "larger request bodies get 413 (default 8MiB)"},
     {"max-buffered-bytes", NULL, OPT_BYTES, O(max_buffered_bytes), 0, 1099511627776.0, "BYTES",
      "request bodies held by all requests together; past it 503 (default 256MiB; 0 = no limit)"},
+    {"max-request-tokens", NULL, OPT_INT, O(max_request_tokens), 0, 2147483647, "N",
+     "tokens one request may ask to generate, prompts x n x max_tokens; past it 400 (default 262144; 0 = no limit)"},
+    {"max-request-logprobs", NULL, OPT_INT, O(max_request_logprobs), 0, 2147483647, "N",
+     "logprob entries one request may ask for, prompts x n x max_tokens x top logprobs; past it 400 (default 1048576; 0 = no limit)"},
     {"max-connections", NULL, OPT_INT, O(max_connections), 1, 1 << 20, "N", "open HTTP connections; one more is answered 503 (default 1024)"},
     {"http-threads", NULL, OPT_INT, O(http_threads), 1, 256, "N", "threads that parse and tokenize requests (default 4)"},
     {"http-timeout", NULL, OPT_INT, O(http_timeout), 1, 86400, "S", "close a connection idle this long between requests (default 60)"},
@@ -299,7 +305,8 @@ static struct http_config http_config_of(const struct serve_options *o, const ch
     return (struct http_config){
         .host = o->host, .port = o->port, .api_key = o->api_key, .model_name = name,
         .model_root = o->model ? o->model : name, .max_request_bytes = o->max_request_bytes,
-        .max_buffered_bytes = o->max_buffered_bytes, .header_timeout_s = o->header_timeout,
+        .max_buffered_bytes = o->max_buffered_bytes, .max_request_tokens = o->max_request_tokens,
+        .max_request_logprobs = o->max_request_logprobs, .header_timeout_s = o->header_timeout,
         .body_timeout_s = o->body_timeout,
         .max_connections = o->max_connections, .threads = o->http_threads, .conn_timeout_s = o->http_timeout,
         .request_timeout_s = o->timeout, .keepalive_s = o->sse_keepalive, .max_n = o->ec.max_num_seqs,
@@ -312,7 +319,8 @@ int serve_main(int argc, char **argv) {
     struct serve_options o = {
         .host = "127.0.0.1", .port = 8000, .timeout = 600, .shutdown_timeout = 30, .max_request_bytes = 8u << 20,
         .max_connections = 1024, .http_threads = 4, .http_timeout = 60, .sse_keepalive = 15, .log_format = "text",
-        .header_timeout = 10, .body_timeout = 60, .max_buffered_bytes = 256u << 20,
+        .header_timeout = 10, .body_timeout = 60, .max_buffered_bytes = 256u << 20, .max_request_tokens = 262144,
+        .max_request_logprobs = 1048576,
         .ec = {.device = "auto", .gemm = "invariant", .max_num_seqs = 0, .max_queue = 1024, .block_size = 16,
                .gpu_memory_utilization = 0.9f, .duo_sparsity = 0.5f, .sink_tokens = 64, .recent_tokens = 256},
     };
