@@ -12,6 +12,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <malloc.h>
 #include <netdb.h>
 #include <pthread.h>
 #include <signal.h>
@@ -435,6 +436,7 @@ static void request_end(struct http_req *r, bool completed) {
         .error = r->err_msg ? r->err_msg : client_gone ? "client disconnected" : NULL,
     };
     log_request(&lr);
+    if (r->large || r->held > LARGE_REQUEST) atomic_store(&s->trim_due, true);
     http_release_body(r);
     openai_request_free(&r->oreq);
     for (int i = 0; r->choices && i < r->n_choices; i++) openai_choice_free(&r->choices[i]);
@@ -501,9 +503,25 @@ static void on_wake(void *ud) {
     if (more) hio_wake(s->io);
 }
 
+static void trim_work(void *arg) {
+    (void)arg;
+    malloc_trim(0);
+}
+
+static void trim_done(void *arg) {
+    (void)arg;
+}
+
 static void on_tick(void *ud) {
     struct http_server *s = ud;
     http_gen_tick(s);
+    // Memory a large request took goes back to the system, at most once a second.
+    double t = http_now();
+    if (atomic_load(&s->trim_due) && t - s->t_trim >= 1.0) {
+        s->t_trim = t;
+        atomic_store(&s->trim_due, false);
+        hio_work(s->io, trim_work, trim_done, NULL);
+    }
 }
 
 static const struct hio_callbacks callbacks = {

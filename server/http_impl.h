@@ -56,6 +56,8 @@ struct http_server {
     struct cors cors;
     char fingerprint[48];
     atomic_size_t buffered;         // request body bytes held by all requests
+    atomic_bool trim_due;           // a large request ended: give its memory back to the system
+    double t_trim;                  // loop thread: the last malloc_trim
 };
 
 struct choice_state {
