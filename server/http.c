@@ -33,6 +33,9 @@
 
 #define LARGE_REQUEST (1u << 20) // bytes held past which a request's end calls for malloc_trim
 
+static sigset_t drain_signals;
+static bool have_drain_signals;
+
 double http_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -180,8 +183,18 @@ static bool authorized(struct http_req *r) {
 
 /* ---- simple endpoints ---- */
 
+/* A drain signal sent and not yet taken by the serve loop counts as draining already. */
+static bool drain_signal_pending(void) {
+    sigset_t p;
+    if (!have_drain_signals || sigpending(&p)) return false;
+    for (int sig = 1; sig < NSIG; sig++)
+        if (sigismember(&drain_signals, sig) == 1 && sigismember(&p, sig) == 1) return true;
+    return false;
+}
+
 static void handle_health(struct http_req *r) {
     int st = atomic_load(&r->srv->state);
+    if (st == HTTP_STATE_READY && drain_signal_pending()) st = HTTP_STATE_DRAINING;
     if (st == HTTP_STATE_READY) http_respond(r, 200, strdup("{\"status\":\"ok\"}"), "application/json");
     else http_fail(r, 503, NULL, NULL, st == HTTP_STATE_LOADING ? "the model is loading" : "the server is shutting down");
 }
@@ -638,6 +651,11 @@ void http_set_engine(struct http_server *s, struct engine *e) {
 
 void http_set_state(struct http_server *s, enum http_state st) {
     atomic_store(&s->state, st);
+}
+
+void http_set_drain_signals(const sigset_t *set) {
+    drain_signals = *set;
+    have_drain_signals = true;
 }
 
 int http_port(const struct http_server *s) {

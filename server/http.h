@@ -16,6 +16,7 @@
 #ifndef DUO_HTTP_H
 #define DUO_HTTP_H
 
+#include <signal.h>
 #include <stdbool.h>
 #include <stddef.h>
 
@@ -63,6 +64,9 @@ int http_start(struct http_server **out, const struct http_config *cfg, char *er
 /* The engine is loaded: requests are served from now on (state READY). e is borrowed. */
 void http_set_engine(struct http_server *s, struct engine *e);
 void http_set_state(struct http_server *s, enum http_state st);
+/* /health answers 503 while one of these signals is pending (sent, not yet taken by the
+ * caller's sigwait), so that no probe is answered 200 after SIGTERM. Set before http_start. */
+void http_set_drain_signals(const sigset_t *set);
 int http_port(const struct http_server *s);
 /* Requests being prepared, generated or streamed (their response not yet fully sent). */
 int http_num_active(struct http_server *s);

@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <malloc.h>
 #include <pthread.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -12,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/signalfd.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -253,6 +255,27 @@ static int wait_signal(const sigset_t *set, long ms) {
     return sig > 0 ? sig : 0;
 }
 
+/* Waits for one of the signals of set to be pending and returns it, without taking it (a
+ * signalfd is only read to take it). */
+static int wait_pending_signal(const sigset_t *set) {
+    int fd = signalfd(-1, set, SFD_CLOEXEC);
+    for (;;) {
+        if (fd >= 0) {
+            struct pollfd p = {.fd = fd, .events = POLLIN};
+            poll(&p, 1, 1000);
+        } else {
+            usleep(20000);
+        }
+        sigset_t pend;
+        if (sigpending(&pend)) continue;
+        for (int sig = 1; sig < NSIG; sig++)
+            if (sigismember(set, sig) == 1 && sigismember(&pend, sig) == 1) {
+                if (fd >= 0) close(fd);
+                return sig;
+            }
+    }
+}
+
 /* --log-format json as early as the arguments say so, so that even a usage error is JSON. */
 static void early_log_format(int argc, char **argv) {
     for (int i = 0; i < argc; i++)
@@ -349,13 +372,15 @@ int serve_main(int argc, char **argv) {
     mallopt(M_TRIM_THRESHOLD, 1 << 20);
 
     // Signals: blocked here, so every thread started below inherits the mask; the loop below
-    // takes them with sigtimedwait.
+    // takes them with sigtimedwait (signalfd while serving). Until taken, a signal is pending,
+    // and /health says 503 from the moment it is sent.
     sigset_t sigs;
     sigemptyset(&sigs);
     sigaddset(&sigs, SIGTERM);
     sigaddset(&sigs, SIGINT);
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     signal(SIGPIPE, SIG_IGN);
+    http_set_drain_signals(&sigs);
 
     struct http_server *srv = NULL;
     char err[1024];
@@ -401,12 +426,12 @@ int serve_main(int argc, char **argv) {
             name, engine_max_model_len(e), engine_max_num_seqs(e), engine_vocab_size(e),
             o.api_key ? ", API key required" : "");
 
-    int sig;
-    while (!(sig = wait_signal(&sigs, 200))) {}
-
-    // Drain: no new requests, running ones finish within --shutdown-timeout.
+    // Drain: no new requests, running ones finish within --shutdown-timeout. The state changes
+    // before the signal is taken, so that no moment sees neither.
+    int sig = wait_pending_signal(&sigs);
     http_set_state(srv, HTTP_STATE_DRAINING);
     engine_drain(e);
+    sigtimedwait(&sigs, NULL, &(struct timespec){0});
     log_msg("info", "%s: draining %d request(s) (up to %.0fs)", strsignal(sig), http_num_active(srv), o.shutdown_timeout);
     double deadline = mono() + o.shutdown_timeout;
     bool forced = false;
