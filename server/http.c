@@ -220,8 +220,8 @@ static void handle_metrics(struct http_req *r) {
     struct engine *e = atomic_load(&s->engine);
     struct engine_stats st;
     if (e) engine_get_stats(e, &st);
-    http_respond(r, 200, metrics_render(&s->metrics, e ? &st : NULL, s->cfg.model_name),
-                 "text/plain; version=0.0.4; charset=utf-8");
+    const char *name = s->cfg.metrics_name ? s->cfg.metrics_name : s->cfg.model_name;
+    http_respond(r, 200, metrics_render(&s->metrics, e ? &st : NULL, name), "text/plain; version=0.0.4; charset=utf-8");
 }
 
 static void handle_models(struct http_req *r) {
@@ -348,7 +348,9 @@ static void take_body(struct http_req *r, const char *data, size_t n) {
     if (r->body_cap > LARGE_REQUEST) r->large = true;
 }
 
-/* The head is in: what can be refused before the body is read is refused now. */
+/* The head is in: what can be refused before the body is read is refused now. An API key is
+ * checked before anything is said about a route other than the open probes (whether it
+ * exists, its methods), so that without the key nothing else about the server shows. */
 static void first_call(struct http_req *r) {
     struct http_server *s = r->srv;
     const char *rid = hio_header(r->q, "X-Request-Id");
@@ -364,17 +366,28 @@ static void first_call(struct http_req *r) {
     // A preflight is answered once its (empty) body is read.
     r->preflight = !strcmp(r->method, "OPTIONS") && r->origin && hio_header(r->q, "Access-Control-Request-Method");
     if (r->preflight) return;
+    // The open probes are public: a wrong method on them may say so without a key.
+    if (route_is_open(r->route)) {
+        if (!method_allowed(r->route, r->method))
+            http_fail(r, 405, "method_not_allowed", NULL, "method %s is not allowed on %.100s", r->method, r->path);
+        return; // answered once the (ignored) body is read
+    }
+    if (s->cfg.api_key) {
+        if (hio_header_count(r->q, "Authorization") > 1) {
+            http_fail(r, 400, NULL, NULL, "more than one Authorization header");
+            return;
+        }
+        if (!authorized(r)) {
+            http_fail(r, 401, "invalid_api_key", NULL, "missing or invalid API key (Authorization: Bearer KEY)");
+            return;
+        }
+    }
     if (r->route == ROUTE_NONE) {
         http_fail(r, 404, "not_found", NULL, "no route %s %.100s", r->method, r->path);
         return;
     }
     if (!method_allowed(r->route, r->method)) {
         http_fail(r, 405, "method_not_allowed", NULL, "method %s is not allowed on %.100s", r->method, r->path);
-        return;
-    }
-    if (route_is_open(r->route)) return; // answered once the (ignored) body is read
-    if (!authorized(r)) {
-        http_fail(r, 401, "invalid_api_key", NULL, "missing or invalid API key (Authorization: Bearer KEY)");
         return;
     }
     int st = atomic_load(&s->state);

@@ -25,9 +25,10 @@ struct engine;
 struct http_config {
     const char *host;          // address to bind ("127.0.0.1", "0.0.0.0", "::")
     int port;                  // 0 = any free port (see http_port)
-    const char *api_key;       // NULL: no authentication
+    const char *api_key;       // NULL: no authentication (serve refuses an empty key)
     const char *model_name;    // served model id
     const char *model_root;    // shown as "root" in /v1/models
+    const char *metrics_name;  // the model_name label of /metrics (NULL: model_name)
     size_t max_request_bytes;  // larger bodies get 413
     size_t max_buffered_bytes; // request bodies held by all requests together; 503 past it (0: no limit)
     int max_connections;       // one more is answered 503

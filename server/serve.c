@@ -323,11 +323,22 @@ static int check_inputs(const struct serve_options *o, const struct http_config 
 }
 
 /* The HTTP server's settings; backend (n bytes, outliving the server) receives the engine
- * settings that change outputs, for system_fingerprint. */
-static struct http_config http_config_of(const struct serve_options *o, const char *name, char *backend, size_t n) {
+ * settings that change outputs, for system_fingerprint; label (nl bytes, idem) the model_name
+ * label of /metrics: /metrics is open, so without --served-model-name it names the model by
+ * its directory's last component, never by its path. */
+static struct http_config http_config_of(const struct serve_options *o, const char *name, char *backend, size_t n,
+                                         char *label, size_t nl) {
     snprintf(backend, n, "device=%s gemm=%s", o->ec.device, o->ec.gemm);
+    snprintf(label, nl, "%s", name);
+    if (!o->served_model_name && o->model) {
+        size_t len = strlen(o->model);
+        while (len > 1 && o->model[len - 1] == '/') len--;
+        const char *base = o->model + len;
+        while (base > o->model && base[-1] != '/') base--;
+        snprintf(label, nl, "%.*s", (int)(o->model + len - base), base);
+    }
     return (struct http_config){
-        .host = o->host, .port = o->port, .api_key = o->api_key, .model_name = name,
+        .host = o->host, .port = o->port, .api_key = o->api_key, .model_name = name, .metrics_name = label,
         .model_root = o->model ? o->model : name, .max_request_bytes = o->max_request_bytes,
         .max_buffered_bytes = o->max_buffered_bytes, .max_request_tokens = o->max_request_tokens,
         .max_request_logprobs = o->max_request_logprobs, .header_timeout_s = o->header_timeout,
@@ -353,11 +364,16 @@ int serve_main(int argc, char **argv) {
     bool help = false;
     int rc = parse_all(&o, argc, argv, &config_doc, &help);
     log_set_json(!strcmp(o.log_format, "json"));
-    if (!o.api_key) o.api_key = getenv("DUOSERVE_API_KEY");
-    if (o.api_key && !o.api_key[0]) o.api_key = NULL; // no authentication
+    const char *key_from = "--api-key";
+    if (!o.api_key && (o.api_key = getenv("DUOSERVE_API_KEY"))) key_from = "DUOSERVE_API_KEY";
+    // An empty key is most often an unset variable ("--api-key $KEY"): serving without
+    // authentication because of it would be a silent hole.
+    if (!rc && !help && o.api_key && !o.api_key[0])
+        rc = usage_error("%s is empty (an unset variable?): give a key, or leave it out to serve without an API key",
+                         key_from);
     const char *name = o.served_model_name ? o.served_model_name : o.model ? o.model : "duoserve-demo";
-    char backend[160];
-    struct http_config hc = http_config_of(&o, name, backend, sizeof backend);
+    char backend[160], label[256];
+    struct http_config hc = http_config_of(&o, name, backend, sizeof backend, label, sizeof label);
     if (!rc && !help) rc = check_inputs(&o, &hc);
     if (rc || help) {
         cJSON_Delete(config_doc);
