@@ -78,6 +78,36 @@ static enum route route_of(const char *url) {
     return ROUTE_NONE;
 }
 
+/* The path of a request target: the part before any query, percent-decoded (as an OpenAI
+ * client sends /v1/completions?api-version=... or /v1/models/a%2Fb). malloc'd; NULL when a
+ * %-escape is malformed or stands for NUL. */
+static int hex_digit(char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if ((c | 0x20) >= 'a' && (c | 0x20) <= 'f') return (c | 0x20) - 'a' + 10;
+    return -1;
+}
+
+static char *target_path(const char *target) {
+    size_t n = strcspn(target, "?#");
+    char *p = malloc(n + 1), *w = p;
+    if (!p) return NULL;
+    for (size_t i = 0; i < n; i++) {
+        if (target[i] != '%') {
+            *w++ = target[i];
+            continue;
+        }
+        int hi = i + 2 < n ? hex_digit(target[i + 1]) : -1, lo = i + 2 < n ? hex_digit(target[i + 2]) : -1;
+        if (hi < 0 || lo < 0 || (hi | lo) == 0) {
+            free(p);
+            return NULL;
+        }
+        *w++ = (char)(hi * 16 + lo);
+        i += 2;
+    }
+    *w = 0;
+    return p;
+}
+
 /* The Allow header of a route (and the methods first_call admits). */
 static const char *allowed_methods(enum route rt) {
     switch (rt) {
@@ -227,7 +257,7 @@ static void handle_metrics(struct http_req *r) {
 static void handle_models(struct http_req *r) {
     struct http_server *s = r->srv;
     struct engine *e = atomic_load(&s->engine);
-    const char *url = r->path;
+    const char *url = r->url;
     if (r->route == ROUTE_MODEL && strcmp(url + 11, s->cfg.model_name) != 0) {
         http_fail(r, 404, "model_not_found", "model", "The model `%.100s` does not exist.", url + 11);
         return;
@@ -353,6 +383,10 @@ static void take_body(struct http_req *r, const char *data, size_t n) {
  * exists, its methods), so that without the key nothing else about the server shows. */
 static void first_call(struct http_req *r) {
     struct http_server *s = r->srv;
+    if (!r->url) {
+        http_fail(r, 400, NULL, NULL, "malformed request target (a %%-escape is not two hex digits, or is %%00)");
+        return;
+    }
     const char *rid = hio_header(r->q, "X-Request-Id");
     if (rid) {
         if (!openai_request_id_valid(rid)) {
@@ -410,7 +444,8 @@ static void *on_head(void *ud, struct hio_req *q) {
     r->ttft = -1;
     snprintf(r->method, sizeof r->method, "%s", hio_method(q));
     snprintf(r->path, sizeof r->path, "%s", hio_target(q));
-    r->route = route_of(hio_target(q));
+    r->url = target_path(hio_target(q));
+    r->route = r->url ? route_of(r->url) : ROUTE_NONE;
     const char *origin = hio_header(q, "Origin");
     r->origin = origin ? strdup(origin) : NULL;
     r->has_cookie = hio_header(q, "Cookie") != NULL;
@@ -474,6 +509,7 @@ static void request_end(struct http_req *r, bool completed) {
     free(r->job_body);
     free(r->err_msg);
     free(r->origin);
+    free(r->url);
     free(r);
 }
 

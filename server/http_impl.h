@@ -75,7 +75,8 @@ struct http_req {
     struct hio_req *q;              // the transport's request (until done)
     enum route route;
     char method[12];
-    char path[128];
+    char path[128];                 // the request target as sent (cut), for the log line
+    char *url;                      // its path, decoded (NULL: malformed)
     double t_start;
     int status;
     char *err_msg;                  // for the log line
