@@ -37,6 +37,9 @@ char *openai_bytes(const char *s, size_t *len);
 void openai_mark_nul(char *s, size_t len);
 /* Takes json and returns it with each OPENAI_NUL written as \u0000 (NULL: out of memory). */
 char *openai_json_nul(char *json);
+/* The request body body[0..len) with each escape \u0000 replaced by OPENAI_NUL (malloc'd; *n its
+ * length), or NULL when it has none (or out of memory). */
+char *openai_mark_escaped_nuls(const char *body, size_t len, size_t *n);
 
 /* An error for the client: HTTP status plus OpenAI's {"error":{message,type,param,code}}. */
 struct openai_error {
