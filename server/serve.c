@@ -59,7 +59,7 @@ static const struct opt opts[] = {
     {"port", NULL, OPT_INT, O(port), 0, 65535, "N", "port (default 8000; 0 = any free port, logged)"},
     {"served-model-name", NULL, OPT_STR, O(served_model_name), 0, 0, "NAME", "model id in the API (default: the -m argument)"},
     {"api-key", NULL, OPT_STR, O(api_key), 0, 0, "KEY", "require Authorization: Bearer KEY (also $DUOSERVE_API_KEY)"},
-    {"max-queue", NULL, OPT_INT, O(ec.max_queue), 1, 1 << 24, "N", "waiting requests before 429 (default 1024)"},
+    {"max-queue", NULL, OPT_INT, O(ec.max_queue), 1, 1 << 24, "N", "requests waiting for a free seat before 429 (default 1024)"},
     {"timeout", NULL, OPT_DOUBLE, O(timeout), 0, 1e9, "S", "cancel a request running longer (finish_reason \"abort\"; 0 = never; default 600)"},
     {"shutdown-timeout", NULL, OPT_DOUBLE, O(shutdown_timeout), 0, 1e9, "S", "on SIGTERM wait this long for running requests (default 30)"},
     {"max-request-bytes", NULL, OPT_BYTES, O(max_request_bytes), 1024, 1099511627776.0, "BYTES", "larger request bodies get 413 (default 8MiB)"},
