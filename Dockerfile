@@ -23,7 +23,7 @@ FROM nvidia/cuda:${CUDA_VERSION}-runtime-${UBUNTU}
 ENV DEBIAN_FRONTEND=noninteractive
 RUN apt-get update -qq \
  && apt-get install -y -qq --no-install-recommends \
-      libmicrohttpd12t64 libuv1t64 libcjson1 libpcre2-8-0 libutf8proc3 curl ca-certificates \
+      libuv1t64 libcjson1 libpcre2-8-0 libutf8proc3 curl ca-certificates \
  && rm -rf /var/lib/apt/lists/* \
  && useradd --create-home --uid 10001 --shell /usr/sbin/nologin duoserve \
  && mkdir -p /models /etc/duoserve

@@ -15,7 +15,7 @@ CFLAGS  ?= -O2 -g
 DUO_CFLAGS := -std=c17 -Wall -Wextra -Wstrict-prototypes -Wno-unused-parameter -D_GNU_SOURCE -ffp-contract=off \
               -I. -MMD -MP -pthread
 # Libraries from Debian packages (scripts/install-deps.sh).
-LDLIBS  += -lmicrohttpd -luv -lcjson -lpcre2-8 -lutf8proc -lm -pthread
+LDLIBS  += -luv -lcjson -lpcre2-8 -lutf8proc -lm -pthread
 
 # CUDA: auto when nvcc exists; CUDA=0 forces it off, CUDA=1 forces it on.
 ifeq ($(CUDA),)
@@ -110,8 +110,8 @@ bench: $(BUILD)/bench_engine $(BUILD)/bench_tokenizer
 
 # libFuzzer harness for request parsing and validation (clang), e.g. make fuzz FUZZ_SECONDS=600
 FUZZ_SECONDS ?= 60
-$(BUILD)/fuzz_request: tests/fuzz_request.c server/openai.c server/openai_response.c server/openai_tools.c \
-                       server/tool_parser.c engine/utf8.c
+$(BUILD)/fuzz_request: tests/fuzz_request.c server/openai.c server/openai_nul.c server/openai_response.c \
+                       server/openai_tools.c server/tool_parser.c engine/utf8.c
 	@mkdir -p $(@D)
 	clang -std=c17 -g -O1 -D_GNU_SOURCE -I. -Wall -Wextra -fsanitize=fuzzer,address,undefined \
 	      -fno-sanitize-recover=undefined -o $@ $^ -lcjson -lutf8proc -lm

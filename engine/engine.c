@@ -48,7 +48,10 @@ struct engine {
     bool draining, stopping;     // mu
     bool failed;                 // mu: the core returned ENGINE_ERR_FATAL
     int n_active;                // submitted and not done (mu)
-    int n_waiting_est;           // inbox + core waiting (mu), for the queue limit
+    /* The queue limit's view (mu): requests, in the core or the inbox, that no free seat can
+     * take, and the seats left after those that fit. Recomputed after each step, updated by
+     * each submission between steps. */
+    int q_unseated, q_seats_left;
     struct engine_stats stats;   // the core's counters after each step, the cache info, the histograms (mu)
 };
 
@@ -124,8 +127,9 @@ static void handle_unref_locked(struct engine_handle *h) {
     free((void *)h->req.sp.logit_bias_ids);
     free((void *)h->req.sp.logit_bias_vals);
     free((void *)h->req.sp.stop_ids);
-    for (int i = 0; i < h->req.sp.n_stop; i++) free(h->req.sp.stop[i]);
+    for (int i = 0; h->req.sp.stop && i < h->req.sp.n_stop; i++) free(h->req.sp.stop[i]);
     free((void *)h->req.sp.stop);
+    free((void *)h->req.sp.stop_len);
     struct engine_grammar *g = &h->req.sp.grammar;
     free((void *)g->schema);
     free((void *)g->wrap.begin), free((void *)g->wrap.end), free((void *)g->wrap.sep);
@@ -236,6 +240,17 @@ static void process_inbox(struct engine *e) {
     }
 }
 
+/* Under e->mu: whether a request of n seats would find them free (nobody queued before it). */
+static bool queue_fits(const struct engine *e, int n) {
+    return e->q_unseated == 0 && n <= e->q_seats_left;
+}
+
+/* Under e->mu: a request of n seats joins, seated or queued. */
+static void queue_count(struct engine *e, int n) {
+    if (queue_fits(e, n)) e->q_seats_left -= n;
+    else e->q_unseated++;
+}
+
 /* n_step: tokens the step just run computed (0: no step). */
 static void update_stats(struct engine *e, int n_step) {
     struct engine_stats st;
@@ -243,8 +258,8 @@ static void update_stats(struct engine *e, int n_step) {
     pthread_mutex_lock(&e->mu);
     memcpy(&e->stats, &st, offsetof(struct engine_stats, cache)); /* the rest is ours */
     if (n_step > 0) engine_hist_observe(&e->stats.hist[ENGINE_HIST_ITERATION_TOKENS], n_step);
-    e->n_waiting_est = st.num_waiting;
-    for (struct engine_handle *h = e->inbox; h; h = h->next) e->n_waiting_est++;
+    core_queue_state(e->core, &e->q_unseated, &e->q_seats_left);
+    for (struct engine_handle *h = e->inbox; h; h = h->next) queue_count(e, h->req.sp.n);
     pthread_mutex_unlock(&e->mu);
 }
 
@@ -431,9 +446,17 @@ int engine_submit(struct engine *e, const struct engine_request *req, void (*not
     h->req.sp.logit_bias_vals = dup_mem(sp->logit_bias_vals, sizeof(float) * sp->n_logit_bias);
     h->req.sp.stop_ids = dup_mem(sp->stop_ids, sizeof(int32_t) * sp->n_stop_ids);
     char **stop = calloc((size_t)sp->n_stop + 1, sizeof *stop);
-    bool ok = h->req.prompt && h->req.sp.logit_bias_ids && h->req.sp.logit_bias_vals && h->req.sp.stop_ids && stop;
-    for (int i = 0; ok && i < sp->n_stop; i++) ok = (stop[i] = strdup(sp->stop[i])) != NULL;
+    size_t *stop_len = malloc(sizeof *stop_len * ((size_t)sp->n_stop + 1));
+    bool ok = h->req.prompt && h->req.sp.logit_bias_ids && h->req.sp.logit_bias_vals && h->req.sp.stop_ids && stop && stop_len;
+    for (int i = 0; ok && i < sp->n_stop; i++) {
+        stop_len[i] = sp->stop_len ? sp->stop_len[i] : strlen(sp->stop[i]);
+        if ((ok = (stop[i] = malloc(stop_len[i] + 1)) != NULL)) {
+            memcpy(stop[i], sp->stop[i], stop_len[i]);
+            stop[i][stop_len[i]] = 0;
+        }
+    }
     h->req.sp.stop = stop;
+    h->req.sp.stop_len = stop_len;
     ok &= copy_grammar(&h->req.sp.grammar, &sp->grammar);
     /* structured output: compiled here, on the submitting thread, so a schema that does not
      * compile is refused at once */
@@ -448,8 +471,8 @@ int engine_submit(struct engine *e, const struct engine_request *req, void (*not
         rc = ENGINE_ERR_DRAINING, util_err(err, errlen, "the engine failed; the server is stopping");
     else if (rc == ENGINE_OK && (e->draining || e->stopping))
         rc = ENGINE_ERR_DRAINING, util_err(err, errlen, "the server is shutting down");
-    else if (rc == ENGINE_OK && e->n_waiting_est >= (core_max_queue(e->core)))
-        rc = ENGINE_ERR_QUEUE_FULL, util_err(err, errlen, "too many requests waiting (%d); retry later", e->n_waiting_est);
+    else if (rc == ENGINE_OK && !queue_fits(e, sp->n) && e->q_unseated >= core_max_queue(e->core))
+        rc = ENGINE_ERR_QUEUE_FULL, util_err(err, errlen, "too many requests waiting (%d); retry later", e->q_unseated);
     if (rc != ENGINE_OK) {
         grammar_cache_release(core_grammar_cache(e->core), h->ge);
         h->refs = 1;
@@ -460,7 +483,7 @@ int engine_submit(struct engine *e, const struct engine_request *req, void (*not
     h->next = e->inbox;
     e->inbox = h;
     e->n_active++;
-    e->n_waiting_est++;
+    queue_count(e, sp->n);
     pthread_mutex_unlock(&e->mu);
     uv_async_send(&e->wake);
     *out = h;

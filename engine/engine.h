@@ -4,7 +4,7 @@
  * request over, engine_poll pops its output events from a per-request queue, engine_cancel /
  * engine_release mark it for the engine to drop at the next step boundary (its KV is freed
  * there). `notify` is called from the engine thread whenever new events are queued for a
- * request; it must only wake the caller (e.g. MHD_resume_connection), never block. */
+ * request; it must only wake the caller (e.g. queue the request and wake a loop), never block. */
 #ifndef DUO_ENGINE_H
 #define DUO_ENGINE_H
 
@@ -77,6 +77,7 @@ struct engine_sampling {
     const int32_t *stop_ids;   // extra stop token ids
     int n_stop;
     char *const *stop;         // stop strings (UTF-8), matched on the detokenized text
+    const size_t *stop_len;    // their lengths in bytes (a stop string may hold NUL); NULL: strlen of each
     bool ignore_eos;
     bool include_stop_str_in_output;
     bool skip_special_tokens;  // default true

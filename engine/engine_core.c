@@ -445,8 +445,9 @@ static void request_free(struct core_request *r) {
     free((void *)r->sp.logit_bias_ids);
     free((void *)r->sp.logit_bias_vals);
     free((void *)r->sp.stop_ids);
-    for (int i = 0; i < r->sp.n_stop; i++) free(r->sp.stop[i]);
+    for (int i = 0; r->sp.stop && i < r->sp.n_stop; i++) free(r->sp.stop[i]);
     free((void *)r->sp.stop);
+    free((void *)r->sp.stop_len);
     free(r);
 }
 
@@ -546,7 +547,8 @@ int core_validate(const struct core *c, const struct engine_request *req, char *
             return util_err(err, errlen, "stop token id %d is outside the vocabulary", sp->stop_ids[i]),
                    ENGINE_ERR_INVALID;
     for (int i = 0; i < sp->n_stop; i++)
-        if (!sp->stop[i] || !sp->stop[i][0]) return util_err(err, errlen, "stop strings must not be empty"), ENGINE_ERR_INVALID;
+        if (!sp->stop[i] || !(sp->stop_len ? sp->stop_len[i] : strlen(sp->stop[i])))
+            return util_err(err, errlen, "stop strings must not be empty"), ENGINE_ERR_INVALID;
     if (sp->n_stop && !c->tok)
         return util_err(err, errlen, "stop strings need a tokenizer, and this model has none"), ENGINE_ERR_INVALID;
     if (sp->grammar.kind != ENGINE_GRAMMAR_NONE && !c->gcache)
@@ -569,8 +571,10 @@ int core_add(struct core *c, const struct engine_request *req, core_emit_fn emit
     if (out) *out = NULL;
     int vrc = core_validate(c, req, err, errlen);
     if (vrc != ENGINE_OK) return vrc;
-    if (c->waiting.n >= c->cfg.max_queue)
-        return util_err(err, errlen, "the request queue is full (%d waiting)", c->waiting.n), ENGINE_ERR_QUEUE_FULL;
+    int unseated, seats_left;
+    core_queue_state(c, &unseated, &seats_left);
+    if (unseated + (unseated > 0 || sp->n > seats_left) > c->cfg.max_queue)
+        return util_err(err, errlen, "the request queue is full (%d waiting for a seat)", unseated), ENGINE_ERR_QUEUE_FULL;
 
     struct core_request *r = calloc(1, sizeof *r);
     if (!r) return util_err(err, errlen, "out of memory"), ENGINE_ERR_OOM;
@@ -587,9 +591,11 @@ int core_add(struct core *c, const struct engine_request *req, core_emit_fn emit
     r->sp.logit_bias_vals = malloc(sizeof(float) * (sp->n_logit_bias + 1));
     r->sp.stop_ids = malloc(sizeof(int32_t) * (sp->n_stop_ids + 1));
     r->sp.stop = calloc((size_t)sp->n_stop + 1, sizeof(char *));
+    size_t *stop_len = malloc(sizeof(size_t) * ((size_t)sp->n_stop + 1));
+    r->sp.stop_len = stop_len;
     r->mask = malloc(sizeof(int32_t) * (size_t)(c->n_eos + sp->n_stop_ids + 1));
     bool ok = r->prompt && r->seqs && r->sp.logit_bias_ids && r->sp.logit_bias_vals && r->sp.stop_ids && r->sp.stop &&
-              r->mask;
+              stop_len && r->mask;
     if (ok) {
         memcpy(r->prompt, req->prompt, sizeof(int32_t) * req->n_prompt);
         for (int i = 0; i < c->n_eos; i++)
@@ -600,9 +606,14 @@ int core_add(struct core *c, const struct engine_request *req, core_emit_fn emit
             memcpy((void *)r->sp.logit_bias_vals, sp->logit_bias_vals, sizeof(float) * sp->n_logit_bias);
         }
         if (sp->n_stop_ids) memcpy((void *)r->sp.stop_ids, sp->stop_ids, sizeof(int32_t) * sp->n_stop_ids);
-        for (int i = 0; ok && i < sp->n_stop; i++) {
-            ok = (((char **)r->sp.stop)[i] = strdup(sp->stop[i])) != NULL;
-            size_t l = strlen(sp->stop[i]);
+        for (int i = 0; ok && i < sp->n_stop; i++) { // stop strings may hold NUL: copied by length
+            size_t l = stop_len[i] = sp->stop_len ? sp->stop_len[i] : strlen(sp->stop[i]);
+            char *copy = malloc(l + 1);
+            if ((ok = copy != NULL)) {
+                memcpy(copy, sp->stop[i], l);
+                copy[l] = 0;
+            }
+            ((char **)r->sp.stop)[i] = copy;
             if (l > r->max_stop_len) r->max_stop_len = l;
         }
     }
@@ -639,7 +650,7 @@ static size_t stop_holdback(const struct core_request *r, const char *text, size
     size_t best = 0;
     for (int i = 0; i < r->sp.n_stop; i++) {
         const char *st = r->sp.stop[i];
-        size_t sl = strlen(st);
+        size_t sl = r->sp.stop_len[i];
         for (size_t k = sl - 1 < len ? sl - 1 : len; k > best; k--)
             if (!memcmp(text + len - k, st, k)) {
                 best = k;
@@ -800,6 +811,7 @@ static int seq_accept_token(struct core *c, struct core_seq *s, int32_t id, cons
 
     enum engine_finish fin = ENGINE_FINISH_NONE;
     const char *stop_str = NULL;
+    size_t stop_len = 0;
     int32_t stop_id = -1;
     bool past_min = s->n_generated >= sp->min_tokens;
     bool stop_token = grammar_eos || (past_min && !sp->ignore_eos && is_eos(c, id));
@@ -821,15 +833,16 @@ static int seq_accept_token(struct core *c, struct core_seq *s, int32_t id, cons
             size_t from = s->emitted;
             size_t best_at = (size_t)-1;
             for (int i = 0; i < sp->n_stop; i++) {
-                const char *hit = memmem(s->text + from, s->text_len - from, sp->stop[i], strlen(sp->stop[i]));
+                const char *hit = memmem(s->text + from, s->text_len - from, sp->stop[i], sp->stop_len[i]);
                 if (hit && (size_t)(hit - s->text) < best_at) {
                     best_at = (size_t)(hit - s->text);
                     stop_str = sp->stop[i];
+                    stop_len = sp->stop_len[i];
                 }
             }
             if (stop_str) {
                 fin = ENGINE_FINISH_STOP;
-                size_t cut = best_at + (sp->include_stop_str_in_output ? strlen(stop_str) : 0);
+                size_t cut = best_at + (sp->include_stop_str_in_output ? stop_len : 0);
                 s->text_chars -= utf8_count(s->text + cut, s->text_len - cut);
                 s->text_len = cut;
                 s->text[s->text_len] = 0;
@@ -1122,6 +1135,17 @@ int core_step(struct core *c) {
 
 bool core_has_work(const struct core *c) { return c->running.n > 0 || c->waiting.n > 0; }
 int core_num_waiting(const struct core *c) { return c->waiting.n; }
+
+void core_queue_state(const struct core *c, int *unseated, int *seats_left) {
+    int free = c->cfg.max_num_seqs - c->running.n - c->reserved, n = 0;
+    for (int i = 0; i < c->waiting.n; i++) {
+        int seats = 1 + c->waiting.v[i]->forks_pending;
+        if (n == 0 && seats <= free) free -= seats;
+        else n++;
+    }
+    *unseated = n;
+    *seats_left = free > 0 ? free : 0;
+}
 
 void core_stats(const struct core *c, struct engine_stats *st) {
     *st = c->stats;

@@ -38,6 +38,11 @@ void core_abort(struct core *c, struct core_request *r);
 int core_step(struct core *c);
 bool core_has_work(const struct core *c);
 int core_num_waiting(const struct core *c);
+/* The waiting requests no free seat can take (FCFS: every one from the first that does not
+ * fit), and the seats left after those that fit. What the queue limit counts: requests a
+ * seat is free for are not queued (the token budget and the KV pool may still hold them a
+ * step or two). */
+void core_queue_state(const struct core *c, int *unseated, int *seats_left);
 void core_stats(const struct core *c, struct engine_stats *st);
 /* Zeroes the counters core_stats reports (not the capacity): requests the engine made itself,
  * such as its warm-up, are nobody's. */

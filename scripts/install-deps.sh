@@ -5,7 +5,7 @@ set -euo pipefail
 
 pkgs=(
   build-essential pkg-config          # compiler, make
-  libmicrohttpd-dev libuv1-dev        # HTTP front end and engine event loop
+  libuv1-dev                          # event loops: HTTP server and engine
   libcjson-dev                        # JSON (config.json, requests)
   libpcre2-dev libutf8proc-dev        # tokenizer: Unicode regex pre-tokenizers, NFC
   libcmocka-dev                       # unit tests

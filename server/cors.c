@@ -3,10 +3,11 @@
 
 #include <ctype.h>
 #include <cjson/cJSON.h>
-#include <microhttpd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "server/http_io.h"
 
 static const char *const ALL_METHODS[] = {"DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT"};
 // Request headers a browser may always send (CORS safelist); listed in every explicit answer.
@@ -122,15 +123,15 @@ static bool explicit_origin(const struct cors *c, bool has_cookie) {
     return !c->origins.any || c->credentials || has_cookie;
 }
 
-void cors_add_headers(const struct cors *c, const char *origin, bool has_cookie, struct MHD_Response *resp) {
+void cors_add_headers(const struct cors *c, const char *origin, bool has_cookie, struct hio_headers *resp) {
     if (!origin || !origin_allowed(c, origin)) return;
     if (explicit_origin(c, has_cookie)) {
-        MHD_add_response_header(resp, "Access-Control-Allow-Origin", origin);
-        MHD_add_response_header(resp, "Vary", "Origin");
+        hio_headers_add(resp, "Access-Control-Allow-Origin", origin);
+        hio_headers_add(resp, "Vary", "Origin");
     } else {
-        MHD_add_response_header(resp, "Access-Control-Allow-Origin", "*");
+        hio_headers_add(resp, "Access-Control-Allow-Origin", "*");
     }
-    if (c->credentials) MHD_add_response_header(resp, "Access-Control-Allow-Credentials", "true");
+    if (c->credentials) hio_headers_add(resp, "Access-Control-Allow-Credentials", "true");
 }
 
 /* Every header of a comma-separated Access-Control-Request-Headers is allowed. */
@@ -174,16 +175,16 @@ int cors_preflight_check(const struct cors *c, const char *origin, const char *m
     return n ? -1 : 0;
 }
 
-void cors_preflight_headers(const struct cors *c, const char *origin, const char *req_headers, struct MHD_Response *resp) {
+void cors_preflight_headers(const struct cors *c, const char *origin, const char *req_headers, struct hio_headers *resp) {
     if (!explicit_origin(c, false)) {
-        MHD_add_response_header(resp, "Access-Control-Allow-Origin", "*");
+        hio_headers_add(resp, "Access-Control-Allow-Origin", "*");
     } else {
-        MHD_add_response_header(resp, "Vary", "Origin");
-        if (origin_allowed(c, origin)) MHD_add_response_header(resp, "Access-Control-Allow-Origin", origin);
+        hio_headers_add(resp, "Vary", "Origin");
+        if (origin_allowed(c, origin)) hio_headers_add(resp, "Access-Control-Allow-Origin", origin);
     }
-    MHD_add_response_header(resp, "Access-Control-Allow-Methods", c->allow_methods);
-    MHD_add_response_header(resp, "Access-Control-Max-Age", "600");
-    if (c->allow_headers) MHD_add_response_header(resp, "Access-Control-Allow-Headers", c->allow_headers);
-    else if (req_headers) MHD_add_response_header(resp, "Access-Control-Allow-Headers", req_headers);
-    if (c->credentials) MHD_add_response_header(resp, "Access-Control-Allow-Credentials", "true");
+    hio_headers_add(resp, "Access-Control-Allow-Methods", c->allow_methods);
+    hio_headers_add(resp, "Access-Control-Max-Age", "600");
+    if (c->allow_headers) hio_headers_add(resp, "Access-Control-Allow-Headers", c->allow_headers);
+    else if (req_headers) hio_headers_add(resp, "Access-Control-Allow-Headers", req_headers);
+    if (c->credentials) hio_headers_add(resp, "Access-Control-Allow-Credentials", "true");
 }

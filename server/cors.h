@@ -12,7 +12,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-struct MHD_Response;
+struct hio_headers;
 
 struct cors_list {
     char **v;  // lower-cased for headers; as given otherwise
@@ -34,7 +34,7 @@ int cors_init(struct cors *c, const char *origins, const char *methods, const ch
 void cors_free(struct cors *c);
 
 /* A response to a request from origin (NULL: not a cross-origin request, nothing added). */
-void cors_add_headers(const struct cors *c, const char *origin, bool has_cookie, struct MHD_Response *resp);
+void cors_add_headers(const struct cors *c, const char *origin, bool has_cookie, struct hio_headers *resp);
 
 /* Whether a preflight may go ahead: 0 when origin, method and the comma-separated request
  * headers (NULL: none) are all allowed, else -1 with "origin", "method" and/or "headers"
@@ -42,6 +42,6 @@ void cors_add_headers(const struct cors *c, const char *origin, bool has_cookie,
 int cors_preflight_check(const struct cors *c, const char *origin, const char *method, const char *req_headers,
                          char *what, size_t whatlen);
 /* The Access-Control-* headers of a preflight's answer (allowed or not, as Starlette sends). */
-void cors_preflight_headers(const struct cors *c, const char *origin, const char *req_headers, struct MHD_Response *resp);
+void cors_preflight_headers(const struct cors *c, const char *origin, const char *req_headers, struct hio_headers *resp);
 
 #endif

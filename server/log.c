@@ -26,6 +26,24 @@ static void timestamp(char *buf, size_t n) {
     snprintf(buf + k, n - k, ".%03ldZ", ts.tv_nsec / 1000000);
 }
 
+/* Text lines: control characters (C0, DEL, C1) in any field are written escaped (\n, \r,
+ * \t, \xNN, \u00NN), so that a field a client chose (a model name, a path, an error message
+ * quoting either) can never start a line of its own or drive the terminal. JSON lines need
+ * nothing more: cJSON escapes them. Returns out. */
+static const char *escaped(const char *in, char *out, size_t cap) {
+    size_t o = 0;
+    for (const unsigned char *p = (const unsigned char *)(in ? in : ""); *p && o + 8 < cap; p++) {
+        if (*p == '\n') o += (size_t)snprintf(out + o, cap - o, "\\n");
+        else if (*p == '\r') o += (size_t)snprintf(out + o, cap - o, "\\r");
+        else if (*p == '\t') o += (size_t)snprintf(out + o, cap - o, "\\t");
+        else if (*p < 0x20 || *p == 0x7F) o += (size_t)snprintf(out + o, cap - o, "\\x%02x", *p);
+        else if (*p == 0xC2 && p[1] >= 0x80 && p[1] <= 0x9F) o += (size_t)snprintf(out + o, cap - o, "\\u00%02x", *++p);
+        else out[o++] = (char)*p;
+    }
+    out[o] = 0;
+    return out;
+}
+
 static void emit(cJSON *o) {
     char *s = cJSON_PrintUnformatted(o);
     if (s) fprintf(stderr, "%s\n", s);
@@ -41,7 +59,8 @@ void log_msg(const char *level, const char *fmt, ...) {
     va_end(ap);
     timestamp(ts, sizeof ts);
     if (!log_json) {
-        fprintf(stderr, "%s duoserve: %s: %s\n", ts, level, msg);
+        char esc[sizeof msg * 2];
+        fprintf(stderr, "%s duoserve: %s: %s\n", ts, level, escaped(msg, esc, sizeof esc));
         return;
     }
     cJSON *o = cJSON_CreateObject();
@@ -59,12 +78,13 @@ void log_request(const struct log_request *r) {
     char ts[40];
     timestamp(ts, sizeof ts);
     if (!log_json) {
-        char ttft[32] = "-";
+        char ttft[32] = "-", id[300], method[64], path[600], finish[64], error[2048];
         if (r->ttft_s >= 0) snprintf(ttft, sizeof ttft, "%.3fs", r->ttft_s);
         fprintf(stderr, "%s duoserve: request %s %s %s %d prompt=%d completion=%d n=%d ttft=%s e2e=%.3fs%s%s%s%s\n", ts,
-                r->id ? r->id : "-", r->method ? r->method : "-", r->path ? r->path : "-", r->status, r->prompt_tokens,
-                r->completion_tokens, r->n_choices, ttft, r->e2e_s, r->finish ? " finish=" : "", r->finish ? r->finish : "",
-                r->error ? " error=" : "", r->error ? r->error : "");
+                r->id ? escaped(r->id, id, sizeof id) : "-", r->method ? escaped(r->method, method, sizeof method) : "-",
+                r->path ? escaped(r->path, path, sizeof path) : "-", r->status, r->prompt_tokens, r->completion_tokens,
+                r->n_choices, ttft, r->e2e_s, r->finish ? " finish=" : "", r->finish ? escaped(r->finish, finish, sizeof finish) : "",
+                r->error ? " error=" : "", r->error ? escaped(r->error, error, sizeof error) : "");
         return;
     }
     cJSON *o = cJSON_CreateObject();

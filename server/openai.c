@@ -56,7 +56,7 @@ char *openai_error_json(const struct openai_error *err) {
     cJSON *root = error_object(err);
     char *s = root ? cJSON_PrintUnformatted(root) : NULL;
     cJSON_Delete(root);
-    return s;
+    return openai_json_nul(s);
 }
 
 char *openai_error_sse(const struct openai_error *err) {
@@ -277,7 +277,10 @@ static int parse_stop(const cJSON *root, struct openai_request *r, struct openai
     if (n < 0) return BAD("stop", "'stop' must be a string or an array of strings");
     if (n > OPENAI_MAX_STOP) return BAD("stop", "at most %d stop strings, got %d", OPENAI_MAX_STOP, n);
     if (n == 0) return 0;
-    if (!(r->stop = calloc((size_t)n, sizeof *r->stop))) return NOMEM();
+    r->stop = calloc((size_t)n, sizeof *r->stop);
+    r->stop_bytes = calloc((size_t)n, sizeof *r->stop_bytes);
+    r->stop_len = calloc((size_t)n, sizeof *r->stop_len);
+    if (!r->stop || !r->stop_bytes || !r->stop_len) return NOMEM();
     const cJSON *it = cJSON_IsString(s) ? s : s->child;
     for (int i = 0; i < n; i++, it = it->next) {
         if (!cJSON_IsString(it)) return BAD("stop", "'stop' must be a string or an array of strings");
@@ -285,6 +288,11 @@ static int parse_stop(const cJSON *root, struct openai_request *r, struct openai
         if (len == 0) return BAD("stop", "stop strings must not be empty");
         if (len > OPENAI_MAX_STOP_BYTES) return BAD("stop", "a stop string is at most %d bytes", OPENAI_MAX_STOP_BYTES);
         if (!(r->stop[i] = dup_str(it->valuestring))) return NOMEM();
+        if (!(r->stop_bytes[i] = openai_bytes(it->valuestring, &r->stop_len[i]))) {
+            free(r->stop[i]);
+            r->stop[i] = NULL;
+            return NOMEM();
+        }
         r->sp.n_stop++;
     }
     return 0;
@@ -383,7 +391,8 @@ static int parse_sampling(const cJSON *root, const struct openai_limits *lim, st
     if (get_bool(root, "include_stop_str_in_output", &sp->include_stop_str_in_output, err)) return -1;
     if (get_bool(root, "skip_special_tokens", &sp->skip_special_tokens, err)) return -1;
     if (parse_stop(root, r, err) || parse_stop_ids(root, lim, r, err) || parse_logit_bias(root, lim, r, err)) return -1;
-    sp->stop = r->stop;
+    sp->stop = r->stop_bytes;
+    sp->stop_len = r->stop_len;
     sp->stop_ids = r->stop_ids;
     sp->logit_bias_ids = r->logit_bias_ids;
     sp->logit_bias_vals = r->logit_bias_vals;
@@ -700,19 +709,25 @@ int openai_parse_request(const char *body, size_t len, enum openai_kind kind, co
         .skip_special_tokens = true, .logprobs = -1,
     };
     if (!utf8_valid(body, len)) return BAD(NULL, "the request body is not valid UTF-8");
+    size_t marked_len = 0;
+    char *marked = openai_mark_escaped_nuls(body, len, &marked_len);
+    if (marked) body = marked, len = marked_len; // byte offsets below count each \u0000 as one byte
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(body, len, &end, false);
     if (!root) {
         size_t at = end && end >= body ? (size_t)(end - body) : 0;
+        free(marked);
         return BAD(NULL, "the request body is not valid JSON (or is nested too deeply) near byte %zu", at);
     }
     // Only whitespace may follow the value.
     for (const char *p = end; p && p < body + len; p++) {
         if (*p != ' ' && *p != '\t' && *p != '\n' && *p != '\r') {
             cJSON_Delete(root);
+            free(marked);
             return BAD(NULL, "the request body is not valid JSON: extra data after the value");
         }
     }
+    free(marked);
     int rc = parse_body(root, kind, lim, out, err);
     cJSON_Delete(root);
     if (rc) openai_request_free(out);
@@ -732,15 +747,40 @@ void openai_request_free(struct openai_request *r) {
     free(r->logit_bias_ids);
     free(r->logit_bias_vals);
     free(r->stop_ids);
-    if (r->stop)
-        for (int i = 0; i < r->sp.n_stop; i++) free(r->stop[i]);
+    for (int i = 0; i < r->sp.n_stop; i++) {
+        free(r->stop[i]);
+        free(r->stop_bytes[i]);
+    }
     free(r->stop);
+    free(r->stop_bytes);
+    free(r->stop_len);
     free(r->user);
     free(r->request_id);
     openai_structured_free(&r->st);
     enum openai_kind kind = r->kind;
     memset(r, 0, sizeof *r);
     r->kind = kind;
+}
+
+/* The work one request may ask for (its generated tokens, and the logprob entries of its
+ * answer) within the server's limits: a small request must not be able to take the server
+ * for minutes or make it build a body of hundreds of MB (as vLLM bounds n). */
+static int check_work(const struct openai_request *r, const struct openai_limits *lim, struct openai_error *err) {
+    long long tokens = (long long)r->n_prompts * r->sp.n * r->sp.max_tokens;
+    const char *mt = r->kind == OPENAI_CHAT && r->max_tokens_given ? "max_completion_tokens" : "max_tokens";
+    if (lim->max_request_tokens > 0 && tokens > lim->max_request_tokens)
+        return openai_fail(err, 400, "request_too_large", r->sp.n > 1 ? "n" : mt,
+                           "this request may generate up to %lld tokens (%d prompt%s x n=%d x %s %d), over this "
+                           "server's limit of %lld a request (--max-request-tokens)", tokens, r->n_prompts,
+                           r->n_prompts == 1 ? "" : "s", r->sp.n, mt, r->sp.max_tokens, lim->max_request_tokens);
+    if (r->logprobs < 0) return 0;
+    long long entries = tokens * (r->logprobs > 0 ? r->logprobs : 1);
+    if (lim->max_request_logprobs > 0 && entries > lim->max_request_logprobs)
+        return openai_fail(err, 400, "request_too_large", r->kind == OPENAI_CHAT ? "top_logprobs" : "logprobs",
+                           "this request may return up to %lld logprobs (%lld tokens x %d), over this server's limit "
+                           "of %lld a request (--max-request-logprobs)", entries, tokens,
+                           r->logprobs > 0 ? r->logprobs : 1, lim->max_request_logprobs);
+    return 0;
 }
 
 int openai_check_prompts(struct openai_request *r, const struct openai_limits *lim, struct openai_error *err) {
@@ -768,5 +808,5 @@ int openai_check_prompts(struct openai_request *r, const struct openai_limits *l
     }
     if (r->sp.min_tokens > r->sp.max_tokens)
         return BAD("min_tokens", "'min_tokens' (%d) must not exceed max_tokens (%d)", r->sp.min_tokens, r->sp.max_tokens);
-    return 0;
+    return check_work(r, lim, err);
 }

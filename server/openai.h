@@ -26,6 +26,22 @@ enum openai_kind {
     OPENAI_DETOKENIZE,
 };
 
+/* U+0000 in request strings. cJSON's strings end at their first NUL, so the parser reads each
+ * escape \u0000 as the byte OPENAI_NUL (0xFF, which is never part of UTF-8): every string of a
+ * parsed request keeps its whole length. openai_bytes() gives the real bytes to whatever
+ * tokenizes or matches them; openai_mark_nul() marks NULs of decoded text the same way; and
+ * every JSON this module writes shows OPENAI_NUL as \u0000 again. */
+#define OPENAI_NUL ((char)0xFF)
+/* A malloc'd copy of s with OPENAI_NUL as 0, and its length in *len (NULL: out of memory). */
+char *openai_bytes(const char *s, size_t *len);
+/* NUL -> OPENAI_NUL in s[0..len), which then is a C string of length len. */
+void openai_mark_nul(char *s, size_t len);
+/* Takes json and returns it with each OPENAI_NUL written as \u0000 (NULL: out of memory). */
+char *openai_json_nul(char *json);
+/* The request body body[0..len) with each escape \u0000 replaced by OPENAI_NUL (malloc'd; *n its
+ * length), or NULL when it has none (or out of memory). */
+char *openai_mark_escaped_nuls(const char *body, size_t len, size_t *n);
+
 /* An error for the client: HTTP status plus OpenAI's {"error":{message,type,param,code}}. */
 struct openai_error {
     int status;        // HTTP status (400, 401, 404, 405, 413, 429, 503, 500)
@@ -48,6 +64,8 @@ struct openai_limits {
     int vocab_size;         // token ids must lie in [0, vocab_size)
     int max_model_len;      // prompt + max_tokens must fit
     int max_n;              // n in 1..max_n
+    long long max_request_tokens;   // prompts x n x max_tokens of one request (0: no limit)
+    long long max_request_logprobs; // prompts x n x max_tokens x top logprobs (0: no limit)
 };
 
 #define OPENAI_MAX_PROMPTS 64      // prompts in one completion request
@@ -78,7 +96,9 @@ struct openai_request {
     int32_t *logit_bias_ids;
     float *logit_bias_vals;
     int32_t *stop_ids;
-    char **stop;
+    char **stop;                   // as given (OPENAI_NUL for U+0000), for stop_reason
+    char **stop_bytes;             // the same with their NULs: what sp.stop points to
+    size_t *stop_len;              // their lengths: sp.stop_len
     bool max_tokens_given;         // false: completions use 16, chat the rest of the context
     bool stream, include_usage, echo, return_tokens_as_token_ids;
     int logprobs;                  // -1: none; else top logprobs per token (0..20)

@@ -213,7 +213,7 @@ static cJSON *chat_lp_add(const struct openai_resp_ctx *ctx, cJSON *content, int
 static char *print_and_free(cJSON *root) {
     char *s = root ? cJSON_PrintUnformatted(root) : NULL;
     cJSON_Delete(root);
-    return s;
+    return openai_json_nul(s);
 }
 
 static char *sse_frame(cJSON *root) {
@@ -365,20 +365,71 @@ char *openai_models_json(const char *model_name, const char *root_dir, long long
     return print_and_free(root);
 }
 
-char *openai_tokenize_json(const int32_t *ids, int n, int max_model_len, char *const *token_strs) {
-    cJSON *root = cJSON_CreateObject();
-    if (!root) return NULL;
-    cJSON_AddNumberToObject(root, "count", n);
-    cJSON_AddNumberToObject(root, "max_model_len", max_model_len);
-    cJSON *t = cJSON_AddArrayToObject(root, "tokens");
-    for (int i = 0; i < n; i++) cJSON_AddItemToArray(t, cJSON_CreateNumber(ids[i]));
-    if (token_strs) {
-        cJSON *s = cJSON_AddArrayToObject(root, "token_strs");
-        for (int i = 0; i < n; i++) cJSON_AddItemToArray(s, cJSON_CreateString(token_strs[i] ? token_strs[i] : ""));
-    } else {
-        cJSON_AddNullToObject(root, "token_strs");
+/* A growing output buffer for the JSON written without cJSON. */
+struct jbuf {
+    char *s;
+    size_t len, cap;
+    bool oom;
+};
+
+static void jb_put(struct jbuf *b, const char *s, size_t n) {
+    if (b->oom) return;
+    if (b->len + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 4096;
+        while (cap < b->len + n + 1) cap *= 2;
+        char *t = realloc(b->s, cap);
+        if (!t) {
+            b->oom = true;
+            return;
+        }
+        b->s = t;
+        b->cap = cap;
     }
-    return print_and_free(root);
+    memcpy(b->s + b->len, s, n);
+    b->len += n;
+    b->s[b->len] = 0;
+}
+
+/* s as a JSON string (OPENAI_NUL as \u0000). */
+static void jb_string(struct jbuf *b, const char *s) {
+    jb_put(b, "\"", 1);
+    for (const char *p = s, *run = s;; p++) {
+        unsigned char c = (unsigned char)*p;
+        if (c && c != '"' && c != '\\' && c >= 0x20 && *p != OPENAI_NUL) continue;
+        jb_put(b, run, (size_t)(p - run));
+        if (!c) break;
+        char esc[8];
+        if (c == '"' || c == '\\') snprintf(esc, sizeof esc, "\\%c", c);
+        else snprintf(esc, sizeof esc, "\\u%04x", *p == OPENAI_NUL ? 0 : c);
+        jb_put(b, esc, strlen(esc));
+        run = p + 1;
+    }
+    jb_put(b, "\"", 1);
+}
+
+/* Written without cJSON: a /tokenize of a whole request body can hold millions of ids, which
+ * as cJSON nodes would take gigabytes. */
+char *openai_tokenize_json(const int32_t *ids, int n, int max_model_len, char *const *token_strs) {
+    struct jbuf b = {0};
+    char num[48];
+    jb_put(&b, num, (size_t)snprintf(num, sizeof num, "{\"count\":%d,\"max_model_len\":%d,\"tokens\":[", n, max_model_len));
+    for (int i = 0; i < n; i++) jb_put(&b, num, (size_t)snprintf(num, sizeof num, i ? ",%d" : "%d", (int)ids[i]));
+    jb_put(&b, "],\"token_strs\":", 15);
+    if (token_strs) {
+        jb_put(&b, "[", 1);
+        for (int i = 0; i < n; i++) {
+            if (i) jb_put(&b, ",", 1);
+            jb_string(&b, token_strs[i] ? token_strs[i] : "");
+        }
+        jb_put(&b, "]}", 2);
+    } else {
+        jb_put(&b, "null}", 5);
+    }
+    if (b.oom) {
+        free(b.s);
+        return NULL;
+    }
+    return b.s;
 }
 
 char *openai_detokenize_json(const char *text) {

@@ -14,8 +14,11 @@
 static int encode(const struct tokenizer *tok, const char *text, bool add_special, struct openai_prompt *p,
                   const char *param, struct openai_error *err) {
     int32_t *ids = NULL;
-    size_t n = 0;
-    int rc = tokenizer_encode(tok, text, strlen(text), add_special, &ids, &n);
+    size_t n = 0, len;
+    char *bytes = openai_bytes(text, &len); // U+0000 is a byte of the prompt like any other
+    if (!bytes) return openai_fail(err, 500, NULL, NULL, "out of memory");
+    int rc = tokenizer_encode(tok, bytes, len, add_special, &ids, &n);
+    free(bytes);
     if (rc == TOKENIZER_ERR_INVALID_UTF8) return openai_fail(err, 400, NULL, param, "the prompt is not valid UTF-8");
     if (rc) return openai_fail(err, 500, NULL, NULL, "tokenizing the prompt failed: %s", tokenizer_strerror(rc));
     if (n > (size_t)INT32_MAX) {
@@ -84,11 +87,13 @@ static int render_chat(struct openai_request *r, const struct tokenizer *tok, co
 
 char *prompt_decode(const struct tokenizer *tok, const int32_t *ids, int n, bool skip_special, struct openai_error *err) {
     char *text = NULL;
-    int rc = tokenizer_decode(tok, ids, (size_t)(n > 0 ? n : 0), skip_special, &text, NULL);
+    size_t len = 0;
+    int rc = tokenizer_decode(tok, ids, (size_t)(n > 0 ? n : 0), skip_special, &text, &len);
     if (rc) {
         openai_fail(err, 500, NULL, NULL, "decoding tokens failed: %s", tokenizer_strerror(rc));
         return NULL;
     }
+    openai_mark_nul(text, len);
     return text;
 }
 
@@ -126,6 +131,7 @@ const char *prompt_token_piece(void *ud, int32_t id, char *buf, size_t cap) {
         }
         memcpy(buf, text, len);
         buf[len] = 0;
+        openai_mark_nul(buf, len);
     }
     free(text);
     return buf;

@@ -19,7 +19,8 @@ struct chat_template;
 int prompt_prepare(struct openai_request *r, const struct tokenizer *tok, const struct chat_template *ct,
                    const struct openai_limits *lim, struct openai_error *err);
 
-/* Decodes ids (skip_special as given) into a malloc'd string; NULL with err set on failure. */
+/* Decodes ids (skip_special as given) into a malloc'd string (NUL bytes as OPENAI_NUL); NULL
+ * with err set on failure. */
 char *prompt_decode(const struct tokenizer *tok, const int32_t *ids, int n, bool skip_special, struct openai_error *err);
 
 /* The text of one token decoded alone, as vLLM's /tokenize token_strs report it. */

@@ -3,7 +3,9 @@
 
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <malloc.h>
 #include <pthread.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -11,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/signalfd.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -32,9 +35,14 @@ struct serve_options {
     double timeout;
     double shutdown_timeout;
     size_t max_request_bytes;
+    size_t max_buffered_bytes;
+    int max_request_tokens;
+    int max_request_logprobs;
     int max_connections;
     int http_threads;
     int http_timeout;
+    double header_timeout;
+    double body_timeout;
     double sse_keepalive;
     const char *log_format;
     const char *allowed_origins; // CORS: JSON lists, checked by http_check_config
@@ -52,13 +60,23 @@ static const struct opt opts[] = {
     {"port", NULL, OPT_INT, O(port), 0, 65535, "N", "port (default 8000; 0 = any free port, logged)"},
     {"served-model-name", NULL, OPT_STR, O(served_model_name), 0, 0, "NAME", "model id in the API (default: the -m argument)"},
     {"api-key", NULL, OPT_STR, O(api_key), 0, 0, "KEY", "require Authorization: Bearer KEY (also $DUOSERVE_API_KEY)"},
-    {"max-queue", NULL, OPT_INT, O(ec.max_queue), 1, 1 << 24, "N", "waiting requests before 429 (default 1024)"},
+    {"max-queue", NULL, OPT_INT, O(ec.max_queue), 1, 1 << 24, "N", "requests waiting for a free seat before 429 (default 1024)"},
     {"timeout", NULL, OPT_DOUBLE, O(timeout), 0, 1e9, "S", "cancel a request running longer (finish_reason \"abort\"; 0 = never; default 600)"},
     {"shutdown-timeout", NULL, OPT_DOUBLE, O(shutdown_timeout), 0, 1e9, "S", "on SIGTERM wait this long for running requests (default 30)"},
     {"max-request-bytes", NULL, OPT_BYTES, O(max_request_bytes), 1024, 1099511627776.0, "BYTES", "larger request bodies get 413 (default 8MiB)"},
-    {"max-connections", NULL, OPT_INT, O(max_connections), 1, 1 << 20, "N", "open HTTP connections (default 1024)"},
-    {"http-threads", NULL, OPT_INT, O(http_threads), 1, 256, "N", "HTTP threads (default 4)"},
-    {"http-timeout", NULL, OPT_INT, O(http_timeout), 1, 86400, "S", "idle HTTP connection timeout (default 60)"},
+    {"max-buffered-bytes", NULL, OPT_BYTES, O(max_buffered_bytes), 0, 1099511627776.0, "BYTES",
+     "request bodies held by all requests together; past it 503 (default 256MiB; 0 = no limit)"},
+    {"max-request-tokens", NULL, OPT_INT, O(max_request_tokens), 0, 2147483647, "N",
+     "tokens one request may ask to generate, prompts x n x max_tokens; past it 400 (default 262144; 0 = no limit)"},
+    {"max-request-logprobs", NULL, OPT_INT, O(max_request_logprobs), 0, 2147483647, "N",
+     "logprob entries one request may ask for, prompts x n x max_tokens x top logprobs; past it 400 (default 1048576; 0 = no limit)"},
+    {"max-connections", NULL, OPT_INT, O(max_connections), 1, 1 << 20, "N", "open HTTP connections; one more is answered 503 (default 1024)"},
+    {"http-threads", NULL, OPT_INT, O(http_threads), 1, 256, "N", "threads that parse and tokenize requests (default 4)"},
+    {"http-timeout", NULL, OPT_INT, O(http_timeout), 1, 86400, "S", "close a connection idle this long between requests (default 60)"},
+    {"header-timeout", NULL, OPT_DOUBLE, O(header_timeout), 0.1, 86400, "S",
+     "a request's headers must arrive within this of its first byte; else 408 (default 10)"},
+    {"body-timeout", NULL, OPT_DOUBLE, O(body_timeout), 0.1, 86400, "S",
+     "a request's body must arrive within this of its headers; else 408 (default 60)"},
     {"sse-keepalive", NULL, OPT_DOUBLE, O(sse_keepalive), 0.05, 3600, "S", "comment line on a stream idle this long (default 15)"},
     {"log-format", NULL, OPT_CHOICE, O(log_format), 0, 0, "text|json", "log lines as text (default) or JSON objects, one a line"},
     {"chat-template", NULL, OPT_STR, O(ec.chat_template_file), 0, 0, "FILE", "Jinja chat template overriding the model's"},
@@ -238,6 +256,29 @@ static int wait_signal(const sigset_t *set, long ms) {
     return sig > 0 ? sig : 0;
 }
 
+/* Waits for one of the signals of set to be pending and returns it, without taking it (a
+ * signalfd is only read to take it), or for the engine to fail for good (returns 0). */
+static int wait_pending_signal(const sigset_t *set, struct engine *e) {
+    int fd = signalfd(-1, set, SFD_CLOEXEC);
+    for (;;) {
+        if (fd >= 0) {
+            struct pollfd p = {.fd = fd, .events = POLLIN};
+            poll(&p, 1, 200);
+        } else {
+            usleep(20000);
+        }
+        sigset_t pend;
+        int sig = 0;
+        if (!sigpending(&pend))
+            for (int s = 1; s < NSIG && !sig; s++)
+                if (sigismember(set, s) == 1 && sigismember(&pend, s) == 1) sig = s;
+        if (sig || engine_failed(e)) {
+            if (fd >= 0) close(fd);
+            return sig;
+        }
+    }
+}
+
 /* --log-format json as early as the arguments say so, so that even a usage error is JSON. */
 static void early_log_format(int argc, char **argv) {
     for (int i = 0; i < argc; i++)
@@ -299,17 +340,31 @@ static int check_inputs(const struct serve_options *o, const struct http_config 
 }
 
 /* The HTTP server's settings; backend (n bytes, outliving the server) receives the engine
- * settings that change outputs, for system_fingerprint. */
-static struct http_config http_config_of(const struct serve_options *o, const char *name, char *backend, size_t n) {
+ * settings that change outputs, for system_fingerprint; label (nl bytes, idem) the model_name
+ * label of /metrics: /metrics is open, so without --served-model-name it names the model by
+ * its directory's last component, never by its path. */
+static struct http_config http_config_of(const struct serve_options *o, const char *name, char *backend, size_t n,
+                                         char *label, size_t nl) {
     int tp = o->ec.tensor_parallel_size;
     bool dummy = o->ec.load_format && !strcmp(o->ec.load_format, "dummy");
     /* settings that change outputs; the defaults add nothing, so fingerprints stay as they were */
     char tps[32] = "";
     if (tp > 1) snprintf(tps, sizeof tps, " tp=%d", tp);
     snprintf(backend, n, "device=%s gemm=%s%s%s", o->ec.device, o->ec.gemm, tps, dummy ? " load_format=dummy" : "");
+    snprintf(label, nl, "%s", name);
+    if (!o->served_model_name && o->model) {
+        size_t len = strlen(o->model);
+        while (len > 1 && o->model[len - 1] == '/') len--;
+        const char *base = o->model + len;
+        while (base > o->model && base[-1] != '/') base--;
+        snprintf(label, nl, "%.*s", (int)(o->model + len - base), base);
+    }
     return (struct http_config){
-        .host = o->host, .port = o->port, .api_key = o->api_key, .model_name = name,
+        .host = o->host, .port = o->port, .api_key = o->api_key, .model_name = name, .metrics_name = label,
         .model_root = o->model ? o->model : name, .max_request_bytes = o->max_request_bytes,
+        .max_buffered_bytes = o->max_buffered_bytes, .max_request_tokens = o->max_request_tokens,
+        .max_request_logprobs = o->max_request_logprobs, .header_timeout_s = o->header_timeout,
+        .body_timeout_s = o->body_timeout,
         .max_connections = o->max_connections, .threads = o->http_threads, .conn_timeout_s = o->http_timeout,
         .request_timeout_s = o->timeout, .keepalive_s = o->sse_keepalive, .max_n = o->ec.max_num_seqs,
         .allowed_origins = o->allowed_origins, .allowed_methods = o->allowed_methods,
@@ -321,6 +376,8 @@ int serve_main(int argc, char **argv) {
     struct serve_options o = {
         .host = "127.0.0.1", .port = 8000, .timeout = 600, .shutdown_timeout = 30, .max_request_bytes = 8u << 20,
         .max_connections = 1024, .http_threads = 4, .http_timeout = 60, .sse_keepalive = 15, .log_format = "text",
+        .header_timeout = 10, .body_timeout = 60, .max_buffered_bytes = 256u << 20, .max_request_tokens = 262144,
+        .max_request_logprobs = 1048576,
         .ec = {.device = "auto", .gemm = "invariant", .max_num_seqs = 0, .max_queue = 1024, .block_size = 16,
                .gpu_memory_utilization = 0.9f, .duo_sparsity = 0.5f, .sink_tokens = 64, .recent_tokens = 256,
                .tensor_parallel_size = 1, .load_format = "auto"},
@@ -330,25 +387,39 @@ int serve_main(int argc, char **argv) {
     bool help = false;
     int rc = parse_all(&o, argc, argv, &config_doc, &help);
     log_set_json(!strcmp(o.log_format, "json"));
-    if (!o.api_key) o.api_key = getenv("DUOSERVE_API_KEY");
+    const char *key_from = "--api-key";
+    if (!o.api_key && (o.api_key = getenv("DUOSERVE_API_KEY"))) key_from = "DUOSERVE_API_KEY";
+    // An empty key is most often an unset variable ("--api-key $KEY"): serving without
+    // authentication because of it would be a silent hole.
+    if (!rc && !help && o.api_key && !o.api_key[0])
+        rc = usage_error("%s is empty (an unset variable?): give a key, or leave it out to serve without an API key",
+                         key_from);
     const char *name = o.served_model_name ? o.served_model_name : o.model ? o.model : "duoserve-demo";
-    char backend[160];
-    struct http_config hc = http_config_of(&o, name, backend, sizeof backend);
+    char backend[160], label[256];
+    struct http_config hc = http_config_of(&o, name, backend, sizeof backend, label, sizeof label);
     if (!rc && !help) rc = check_inputs(&o, &hc);
     if (rc || help) {
         cJSON_Delete(config_doc);
         return rc;
     }
     elog_set_sink(log_sink, !log_is_json()); /* the engine's lines through the same logger */
+    // Memory a request took goes back to the system when it ends: large blocks (bodies, token
+    // arrays, response JSON) are their own mappings, and free heap tops are returned past 1 MiB.
+    // glibc's default raises both thresholds after the first large free, after which a 7 MB
+    // request leaves tens of MB resident in each thread's arena.
+    mallopt(M_MMAP_THRESHOLD, 256 << 10);
+    mallopt(M_TRIM_THRESHOLD, 1 << 20);
 
     // Signals: blocked here, so every thread started below inherits the mask; the loop below
-    // takes them with sigtimedwait.
+    // takes them with sigtimedwait (signalfd while serving). Until taken, a signal is pending,
+    // and /health says 503 from the moment it is sent.
     sigset_t sigs;
     sigemptyset(&sigs);
     sigaddset(&sigs, SIGTERM);
     sigaddset(&sigs, SIGINT);
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     signal(SIGPIPE, SIG_IGN);
+    http_set_drain_signals(&sigs);
 
     struct http_server *srv = NULL;
     char err[1024];
@@ -392,16 +463,16 @@ int serve_main(int argc, char **argv) {
     http_set_engine(srv, e);
     log_msg("info", "ready in %.1fs: model \"%s\", max_model_len %d, max_num_seqs %d, vocabulary %d%s", mono() - t0,
             name, engine_max_model_len(e), engine_max_num_seqs(e), engine_vocab_size(e),
-            o.api_key && o.api_key[0] ? ", API key required" : "");
+            o.api_key ? ", API key required" : "");
 
-    int sig;
-    bool failed = false;
-    while (!(sig = wait_signal(&sigs, 200)) && !(failed = engine_failed(e))) http_tick(srv);
-
-    // Drain: no new requests, running ones finish within --shutdown-timeout. After an engine
-    // failure they have all ended with an error already.
+    // Drain: no new requests, running ones finish within --shutdown-timeout. The state changes
+    // before the signal is taken, so that no moment sees neither. After an engine failure the
+    // requests have all ended with an error already.
+    int sig = wait_pending_signal(&sigs, e);
+    bool failed = !sig;
     http_set_state(srv, HTTP_STATE_DRAINING);
     engine_drain(e);
+    if (sig) sigtimedwait(&sigs, NULL, &(struct timespec){0});
     if (failed) log_msg("error", "the engine failed: stopping (%d request(s) still open)", http_num_active(srv));
     else log_msg("info", "%s: draining %d request(s) (up to %.0fs)", strsignal(sig), http_num_active(srv), o.shutdown_timeout);
     double deadline = mono() + o.shutdown_timeout;
@@ -411,7 +482,6 @@ int serve_main(int argc, char **argv) {
             forced = true;
             break;
         }
-        http_tick(srv);
     }
     if (http_num_active(srv) > 0) {
         log_msg("warning", "%s: cancelling %d request(s)", forced ? "second signal" : "shutdown timeout",
@@ -420,7 +490,6 @@ int serve_main(int argc, char **argv) {
         double d2 = mono() + 5;
         while (http_num_active(srv) > 0 && mono() < d2) {
             wait_signal(&sigs, 50);
-            http_tick(srv);
         }
     }
     http_stop(srv);

@@ -4,7 +4,7 @@
 What a newcomer meets first: a model directory that is not there (or not a model) is refused
 before anything listens; so are missing --duo-pattern / --chat-template files and --device cuda
 without a usable GPU; with --log-format json every line on stderr is a JSON object, the
-loader's, the warm-up's, libmicrohttpd's, errors and shutdown included (stories260k and the
+loader's, the warm-up's, the HTTP transport's refusals, errors and shutdown included (stories260k and the
 built-in demo model); the warm-up runs before the server says ready and leaves no trace in /metrics, and the
 first request gets the golden output. Every loop is bounded in count and time.
 Prints one closing line "N passed, M failed"; exits 1 if anything failed.
@@ -141,7 +141,7 @@ def run_json_server(srv, name):
         check(f"json logs {name}: completion 200", st == 200, (st, data))
         st, _, _ = srv.post("/v1/completions", {"prompt": [1], "max_tokens": -1})
         check(f"json logs {name}: bad request 400", st == 400, st)
-        # requests libmicrohttpd refuses itself, logging them through its error log
+        # requests the HTTP transport refuses before any route sees them: logged as request lines too
         for what, payload, want in (("bad header line", b"GET /health HTTP/1.1\r\nHost: x\r\nno colon\r\n\r\n", 400),
                                     ("header too big", b"GET /health HTTP/1.1\r\nX-Big: " + b"a" * 100000 + b"\r\n\r\n", 431)):
             try:
@@ -157,7 +157,7 @@ def run_json_server(srv, name):
     bad = json_lines(srv.lines)
     check(f"json logs {name}: every stderr line is a JSON object", not bad and len(srv.lines) >= 6,
           bad[:5] or srv.lines)
-    for want in ("listening on", "loaded ", "KV cache:", "warm-up:", "ready in", "request", "libmicrohttpd: ",
+    for want in ("listening on", "loaded ", "KV cache:", "warm-up:", "ready in", "request",
                  ": draining", "stopped"):
         check(f"json logs {name}: has '{want}'", any(want in m for m in msgs), msgs)
     return msgs

@@ -183,6 +183,23 @@ static void test_drain_refuses_and_queue_limit_applies(void **state) {
     engine_destroy(e); /* with requests possibly still running: they are aborted */
 }
 
+/* Submissions a free seat waits for are not queued: a burst into an idle engine with 16 seats
+ * and a queue of 2 is admitted whole, however far the engine thread has got; once the seats
+ * are taken, 2 more wait and the next is refused. */
+static void test_queue_limit_counts_only_requests_without_a_seat(void **state) {
+    struct engine *e = start(2);
+    int32_t prompt[4] = {1, 2, 3, 4};
+    struct engine_request req = {prompt, 4, greedy(1500)};
+    struct engine_handle *h[19] = {0};
+    char err[256];
+    for (int i = 0; i < 16; i++) assert_int_equal(engine_submit(e, &req, NULL, NULL, &h[i], err, sizeof err), ENGINE_OK);
+    assert_int_equal(engine_submit(e, &req, NULL, NULL, &h[16], err, sizeof err), ENGINE_OK);
+    assert_int_equal(engine_submit(e, &req, NULL, NULL, &h[17], err, sizeof err), ENGINE_OK);
+    assert_int_equal(engine_submit(e, &req, NULL, NULL, &h[18], err, sizeof err), ENGINE_ERR_QUEUE_FULL);
+    for (int i = 0; i < 18; i++) engine_release(h[i]);
+    engine_destroy(e);
+}
+
 static void test_hist_buckets_are_upper_inclusive(void **state) {
     static const double b[] = {1, 2, 5};
     struct engine_hist h;
@@ -247,6 +264,7 @@ int main(void) {
         cmocka_unit_test(test_concurrent_clients_get_their_alone_results),
         cmocka_unit_test(test_cancel_and_release_free_the_kv),
         cmocka_unit_test(test_drain_refuses_and_queue_limit_applies),
+        cmocka_unit_test(test_queue_limit_counts_only_requests_without_a_seat),
     };
     return cmocka_run_group_tests_name("engine_thread", tests, NULL, NULL);
 }

@@ -352,6 +352,91 @@ static void stop_accepts_string_or_list_and_rejects_empty(void **state) {
     expect_error("{\"prompt\":[1],\"stop\":[1]}", OPENAI_COMPLETION, 400, "stop", NULL);
 }
 
+/* \u0000 inside a string keeps what follows: prompts, stop strings (whose engine copies carry
+ * their length), message content; an escaped backslash before "u0000" is no NUL; the JSON
+ * written back shows it as \u0000. */
+static void nul_in_strings_keeps_the_whole_string(void **state) {
+    (void)state;
+    struct openai_request r;
+    struct openai_error e;
+    assert_int_equal(parse("{\"prompt\":\"Once\\u0000 upon\",\"stop\":[\"a\\u0000zzz\",\"\\\\u0000\"]}", OPENAI_COMPLETION,
+                           &r, &e), 0);
+    assert_int_equal(strlen(r.prompts[0].text), 10);
+    assert_int_equal(r.prompts[0].text[4], OPENAI_NUL);
+    size_t n;
+    char *bytes = openai_bytes(r.prompts[0].text, &n);
+    assert_int_equal(n, 10);
+    assert_memory_equal(bytes, "Once\0 upon", 10);
+    free(bytes);
+    assert_int_equal(r.sp.n_stop, 2);
+    assert_int_equal(r.sp.stop_len[0], 5);
+    assert_memory_equal(r.sp.stop[0], "a\0zzz", 5);
+    assert_int_equal(r.sp.stop_len[1], 6); // "\\u0000" is a backslash and "u0000"
+    assert_string_equal(r.sp.stop[1], "\\u0000");
+    openai_request_free(&r);
+    assert_int_equal(parse("{\"messages\":[{\"role\":\"user\",\"content\":\"x\\u0000y\"}]}", OPENAI_CHAT, &r, &e), 0);
+    const char *content = cJSON_GetObjectItem(cJSON_GetArrayItem(r.messages, 0), "content")->valuestring;
+    assert_int_equal(strlen(content), 3);
+    openai_request_free(&r);
+    // a stop string of one NUL is not empty
+    assert_int_equal(parse("{\"prompt\":[1],\"stop\":\"\\u0000\"}", OPENAI_COMPLETION, &r, &e), 0);
+    assert_int_equal(r.sp.stop_len[0], 1);
+    openai_request_free(&r);
+    // written back as \u0000
+    expect_error("{\"prompt\":[1],\"model\":\"m\\u0000x\"}", OPENAI_COMPLETION, 404, "model", "model_not_found");
+    struct openai_error e2;
+    openai_fail(&e2, 400, NULL, NULL, "a%cb", OPENAI_NUL);
+    char *j = openai_error_json(&e2);
+    assert_non_null(strstr(j, "a\\u0000b"));
+    free(j);
+    char text[] = "a\0b";
+    openai_mark_nul(text, 3);
+    assert_int_equal(strlen(text), 3);
+}
+
+/* The work of one request is bounded: prompts x n x max_tokens, and x top logprobs; chat's
+ * default max_tokens (the rest of the context) counts. */
+static void work_per_request_is_bounded(void **state) {
+    (void)state;
+    struct openai_limits lim = LIM;
+    lim.max_request_tokens = 100;
+    lim.max_request_logprobs = 150;
+    struct openai_request r;
+    struct openai_error e;
+    assert_int_equal(parse("{\"prompt\":[[1],[2]],\"n\":5,\"max_tokens\":10}", OPENAI_COMPLETION, &r, &e), 0);
+    assert_int_equal(openai_check_prompts(&r, &lim, &e), 0); // 2 x 5 x 10 = 100
+    openai_request_free(&r);
+    assert_int_equal(parse("{\"prompt\":[[1],[2]],\"n\":5,\"max_tokens\":11}", OPENAI_COMPLETION, &r, &e), 0);
+    assert_int_equal(openai_check_prompts(&r, &lim, &e), -1);
+    assert_int_equal(e.status, 400);
+    assert_string_equal(e.code, "request_too_large");
+    assert_non_null(strstr(e.message, "--max-request-tokens"));
+    assert_non_null(strstr(e.message, "110"));
+    openai_request_free(&r);
+    assert_int_equal(parse("{\"prompt\":[1],\"max_tokens\":10,\"logprobs\":20}", OPENAI_COMPLETION, &r, &e), 0);
+    assert_int_equal(openai_check_prompts(&r, &lim, &e), -1); // 10 x 20 = 200 > 150
+    assert_non_null(strstr(e.message, "--max-request-logprobs"));
+    assert_string_equal(e.param, "logprobs");
+    openai_request_free(&r);
+    assert_int_equal(parse("{\"prompt\":[1],\"max_tokens\":60,\"logprobs\":0}", OPENAI_COMPLETION, &r, &e), 0);
+    assert_int_equal(openai_check_prompts(&r, &lim, &e), 0); // logprobs 0: one entry a token
+    openai_request_free(&r);
+    // chat without max_tokens: 3 prompt tokens leave 61; n=2 asks for 122
+    assert_int_equal(parse("{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n\":2}", OPENAI_CHAT, &r, &e), 0);
+    r.prompts = calloc(1, sizeof *r.prompts);
+    r.n_prompts = 1;
+    r.prompts[0].ids = malloc(3 * sizeof(int32_t));
+    r.prompts[0].ids[0] = r.prompts[0].ids[1] = r.prompts[0].ids[2] = 1;
+    r.prompts[0].n_ids = 3;
+    assert_int_equal(openai_check_prompts(&r, &lim, &e), -1);
+    assert_non_null(strstr(e.message, "122"));
+    openai_request_free(&r);
+    lim.max_request_tokens = lim.max_request_logprobs = 0; // no limits
+    assert_int_equal(parse("{\"prompt\":[[1],[2]],\"n\":8,\"max_tokens\":60,\"logprobs\":20}", OPENAI_COMPLETION, &r, &e), 0);
+    assert_int_equal(openai_check_prompts(&r, &lim, &e), 0);
+    openai_request_free(&r);
+}
+
 static void context_length_is_checked_after_tokenization(void **state) {
     (void)state;
     struct openai_request r;
@@ -601,6 +686,8 @@ int main(void) {
         cmocka_unit_test(system_fingerprint_is_left_out_when_unset),
         cmocka_unit_test(stop_accepts_string_or_list_and_rejects_empty),
         cmocka_unit_test(context_length_is_checked_after_tokenization),
+        cmocka_unit_test(nul_in_strings_keeps_the_whole_string),
+        cmocka_unit_test(work_per_request_is_bounded),
         cmocka_unit_test(chat_messages_are_normalised_and_max_tokens_defaults_to_the_rest),
         cmocka_unit_test(error_json_has_the_openai_shape),
         cmocka_unit_test(completion_response_with_legacy_logprobs),
