@@ -1,6 +1,6 @@
 /* jinja_builtins: global functions (range, namespace, dict, raise_exception, strftime_now),
  * tests and filters, each named and behaving as in jinja2 (HF's tojson for tojson). */
-#include "engine/jinja_impl.h"
+#include "engine/text/jinja_impl.h"
 
 #include <inttypes.h>
 #include <math.h>

@@ -1,7 +1,7 @@
 /* jinja: arena, values and their Python-compatible text forms (str, repr, json.dumps).
  * Parsing is in jinja_parse.c, evaluation in jinja_eval.c, filters/tests/methods in
  * jinja_builtins.c. */
-#include "engine/jinja_impl.h"
+#include "engine/text/jinja_impl.h"
 
 #include <inttypes.h>
 #include <math.h>

@@ -17,7 +17,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "engine/jinja.h"
+#include "engine/text/jinja.h"
 
 /* ---- arena --------------------------------------------------------------------------- */
 

@@ -1,7 +1,7 @@
 /* jinja_eval: evaluates a parsed template. Python semantics for operators, Jinja's for
  * scoping (a for loop body is a fresh scope per iteration; if blocks are not scopes) and
  * for Undefined (falsey, "", empty iteration; an error when used as an object). */
-#include "engine/jinja_impl.h"
+#include "engine/text/jinja_impl.h"
 
 #include <inttypes.h>
 #include <math.h>

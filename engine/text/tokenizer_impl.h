@@ -13,7 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "engine/tokenizer.h"
+#include "engine/text/tokenizer.h"
 
 /* ---- growable buffers ---- */
 struct tok_buf {

@@ -2,7 +2,7 @@
  * templates may call on str, list, dict and loop values, and the argument helpers the
  * builtins share. Sandbox rules: no method mutates a list or dict. Case mapping is
  * ASCII-only. */
-#include "engine/jinja_impl.h"
+#include "engine/text/jinja_impl.h"
 
 #include <inttypes.h>
 #include <math.h>

@@ -10,8 +10,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "engine/tokenizer_impl.h"
-#include "engine/utf8.h"
+#include "engine/text/tokenizer_impl.h"
+#include "engine/text/utf8.h"
 
 const char *tokenizer_strerror(int status) {
     switch (status) {
