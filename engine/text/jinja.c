@@ -1,7 +1,7 @@
 /* jinja: arena, values and their Python-compatible text forms (str, repr, json.dumps).
  * Parsing is in jinja_lex.c and jinja_parse.c, evaluation in jinja_eval.c, access to
  * attributes, items and arguments in jinja_access.c, str/list/dict methods in jinja_methods.c,
- * filters, tests and global functions in jinja_builtins.c. */
+ * filters and tests in jinja_builtins.c, global functions in jinja_globals.c. */
 #include "engine/text/jinja_impl.h"
 
 #include <inttypes.h>

@@ -419,9 +419,11 @@ size_t jinja_utf8_encode(uint32_t cp, char out[4]);
 /* jinja_eval.c */
 struct jv jinja_call(struct jinja_ctx *c, struct jv fn, const struct jinja_callargs *a);
 
-/* jinja_builtins.c */
+/* jinja_builtins.c: filters and tests by name; NULL when unknown. */
 jinja_filter_fn jinja_find_filter(const char *name);
 jinja_test_fn jinja_find_test(const char *name);
+
+/* jinja_globals.c */
 int jinja_find_global(const char *name); // enum jinja_global or -1
 struct jv jinja_call_global(struct jinja_ctx *c, int fn, const struct jinja_callargs *a);
 
