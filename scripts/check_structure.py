@@ -64,7 +64,9 @@ def nm_symbols(obj):
         name, kind = parts[0], parts[1]
         if kind == "U":
             undefined.add(name)
-        elif kind in "TDBRVWGS":  # upper case: global (weak included)
+        elif kind in "TDBRGSC":
+            # global definitions; weak ones (W, V: C++ inline functions and templates, emitted
+            # in every object that uses them) belong to a header, not to a file
             defined.add(name)
     return defined, undefined
 
