@@ -28,7 +28,7 @@ CUDA_ARCH ?= 90a
 NVCCFLAGS ?= -O3 -g -lineinfo -std=c++17 -gencode arch=compute_$(CUDA_ARCH),code=sm_$(CUDA_ARCH) \
              -Xcompiler -Wall,-Wextra,-Wno-unused-parameter -I.
 
-ENGINE_SRC := $(sort $(wildcard engine/*.c))
+ENGINE_SRC := $(sort $(wildcard engine/*.c engine/text/*.c))
 SERVER_SRC := $(filter-out server/main.c,$(sort $(wildcard server/*.c)))
 CUDA_SRC   := $(sort $(wildcard cuda/*.cu))
 LIB_OBJ    := $(patsubst %.c,$(BUILD)/%.o,$(ENGINE_SRC) $(SERVER_SRC))
@@ -111,7 +111,7 @@ bench: $(BUILD)/bench_engine $(BUILD)/bench_tokenizer
 # libFuzzer harness for request parsing and validation (clang), e.g. make fuzz FUZZ_SECONDS=600
 FUZZ_SECONDS ?= 60
 $(BUILD)/fuzz_request: tests/fuzz_request.c server/openai.c server/openai_nul.c server/openai_response.c \
-                       server/openai_tools.c server/tool_parser.c engine/utf8.c
+                       server/openai_tools.c server/tool_parser.c engine/text/utf8.c
 	@mkdir -p $(@D)
 	clang -std=c17 -g -O1 -D_GNU_SOURCE -I. -Wall -Wextra -fsanitize=fuzzer,address,undefined \
 	      -fno-sanitize-recover=undefined -o $@ $^ -lcjson -lutf8proc -lm

@@ -11,7 +11,7 @@
 #include <string.h>
 #include <uv.h>
 
-#include "engine/chat_template.h"
+#include "engine/text/chat_template.h"
 #include "engine/elog.h"
 #include "engine/engine_core.h"
 #include "engine/grammar_cache.h"

@@ -11,8 +11,8 @@
 #include "engine/elog.h"
 #include "engine/grammar_cache.h"
 #include "engine/sampler.h"
-#include "engine/tokenizer.h"
-#include "engine/utf8.h"
+#include "engine/text/tokenizer.h"
+#include "engine/text/utf8.h"
 #include "engine/util.h"
 
 enum seq_state { SEQ_WAITING, SEQ_RUNNING, SEQ_DONE };

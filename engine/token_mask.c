@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "engine/grammar_impl.h"
-#include "engine/tokenizer.h"
+#include "engine/text/tokenizer.h"
 
 /* ---- the vocabulary trie ---------------------------------------------------------------- */
 

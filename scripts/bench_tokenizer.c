@@ -7,7 +7,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "engine/tokenizer.h"
+#include "engine/text/tokenizer.h"
 
 static double now(void) {
     struct timespec ts;

@@ -14,7 +14,7 @@
 #include <string.h>
 
 #include "engine/engine_core.h"
-#include "engine/tokenizer.h"
+#include "engine/text/tokenizer.h"
 #include "server/cli_text.h"
 #include "server/opt.h"
 #include "server/serve.h"

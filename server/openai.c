@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/utf8.h"
+#include "engine/text/utf8.h"
 
 /* ---- errors ---- */
 

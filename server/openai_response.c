@@ -7,7 +7,7 @@
 
 #include "server/openai.h"
 
-#include "engine/utf8.h"
+#include "engine/text/utf8.h"
 
 /* ---- choice accumulation ---- */
 

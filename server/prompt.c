@@ -5,9 +5,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/tokenizer.h"
-#if __has_include("engine/chat_template.h")
-#include "engine/chat_template.h"
+#include "engine/text/tokenizer.h"
+#if __has_include("engine/text/chat_template.h")
+#include "engine/text/chat_template.h"
 #define PROMPT_HAVE_CHAT_TEMPLATE 1
 #endif
 

@@ -10,8 +10,8 @@
 #include "engine/engine_core.h"
 #include "engine/safetensors.h"
 #include "engine/sampler.h"
-#include "engine/tokenizer.h"
-#include "engine/utf8.h"
+#include "engine/text/tokenizer.h"
+#include "engine/text/utf8.h"
 #include "engine/util.h"
 
 #define MAXC 4

@@ -14,7 +14,7 @@
 
 #include "engine/engine_core.h"
 #include "engine/grammar_cache.h"
-#include "engine/tokenizer.h"
+#include "engine/text/tokenizer.h"
 
 #define MAXC 4
 #define MAXG 600

@@ -13,7 +13,7 @@
 #include "engine/grammar.h"
 #include "engine/sampler.h"
 #include "engine/token_mask.h"
-#include "engine/tokenizer.h"
+#include "engine/text/tokenizer.h"
 
 static const char *const corpus[] = {
     /* 0: nested object, optional and nullable fields, bounded integer, fixed-length string */

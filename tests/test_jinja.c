@@ -1,4 +1,4 @@
-/* Tests of engine/jinja and engine/chat_template.
+/* Tests of engine/text/jinja and engine/text/chat_template.
  * Golden: every case of ../shared/chat-templates/expected_renders.json renders to its HF text
  * with the model's own template (DUO_SHARED overrides ../shared; skipped with a message when
  * the fixtures are missing). Unit tests: one per construct, expected strings taken from
@@ -19,8 +19,8 @@
 
 #include <cjson/cJSON.h>
 
-#include "engine/chat_template.h"
-#include "engine/jinja.h"
+#include "engine/text/chat_template.h"
+#include "engine/text/jinja.h"
 
 /* ---- helpers -------------------------------------------------------------------------- */
 

@@ -1,4 +1,4 @@
-/* Tests of engine/tokenizer: HF tokenizer.json BPE tokenizers and the incremental detokenizer.
+/* Tests of engine/text/tokenizer: HF tokenizer.json BPE tokenizers and the incremental detokenizer.
  *
  * Where the expected values come from (never from this code's own output):
  *  - ../shared/tokenizer-vectors and ../shared/chat-templates: ids produced by HF tokenizers;
@@ -13,9 +13,9 @@
 #include <cjson/cJSON.h>
 #include <stdbool.h>
 
-#include "engine/tokenizer.h"
-#include "engine/tokenizer_impl.h"
-#include "engine/utf8.h"
+#include "engine/text/tokenizer.h"
+#include "engine/text/tokenizer_impl.h"
+#include "engine/text/utf8.h"
 #include "tests/test_common.h"
 
 /* ---- helpers ---- */

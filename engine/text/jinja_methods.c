@@ -1,82 +1,14 @@
 /* jinja_methods: Python's str semantics (strip, split, replace, format, %, ...), the methods
- * templates may call on str, list, dict and loop values, and the argument helpers the
- * builtins share. Sandbox rules: no method mutates a list or dict. Case mapping is
+ * templates may call on str, list, dict and loop values (their names are in jinja_access.c,
+ * which resolves attributes). Sandbox rules: no method mutates a list or dict. Case mapping is
  * ASCII-only. */
-#include "engine/jinja_impl.h"
+#include "engine/text/jinja_impl.h"
 
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* ---- argument helpers ---------------------------------------------------------------- */
-
-const struct jv *jinja_arg(const struct jinja_callargs *a, int pos, const char *kw) {
-    if (pos >= 0 && (size_t)pos < a->n) return &a->pos[pos];
-    if (kw)
-        for (size_t i = 0; i < a->nkw; i++)
-            if (!strcmp(a->kw[i], kw)) return &a->kwv[i];
-    return NULL;
-}
-
-struct jv jinja_need_str(struct jinja_ctx *c, const struct jv *v, const char *what) {
-    if (!v || v->t != JT_STR)
-        jinja_fail(c, JINJA_ERR_RENDER, "%s must be a string, not %s", what,
-                   v ? jinja_type_name(*v) : "nothing");
-    return *v;
-}
-
-int64_t jinja_need_int(struct jinja_ctx *c, const struct jv *v, const char *what) {
-    if (v && v->t == JT_INT) return v->i;
-    if (v && v->t == JT_BOOL) return v->b;
-    jinja_fail(c, JINJA_ERR_RENDER, "%s must be an integer, not %s", what,
-               v ? jinja_type_name(*v) : "nothing");
-}
-
-const struct jv *jinja_need_arg(struct jinja_ctx *c, const struct jinja_callargs *a, int pos,
-                                const char *kw) {
-    const struct jv *v = jinja_arg(a, pos, kw);
-    if (!v) jinja_fail(c, JINJA_ERR_RENDER, "missing argument '%s'", kw);
-    return v;
-}
-
-bool jinja_arg_bool(const struct jinja_callargs *a, int pos, const char *kw, bool def) {
-    const struct jv *v = jinja_arg(a, pos, kw);
-    return v ? jinja_truthy(*v) : def;
-}
-
-const char *jinja_cstr(struct jinja_ctx *c, struct jv s) {
-    char *p = jinja_alloc(c, s.s.n + 1);
-    memcpy(p, s.s.p, s.s.n);
-    p[s.s.n] = 0;
-    return p;
-}
-
-void jinja_vec_push(struct jinja_ctx *c, struct jinja_vec *v, struct jv x) {
-    if (v->n == v->cap) {
-        size_t cap = v->cap ? v->cap * 2 : 8;
-        struct jv *nv = jinja_alloc(c, cap * sizeof *nv);
-        if (v->n) memcpy(nv, v->v, v->n * sizeof *nv);
-        v->v = nv;
-        v->cap = cap;
-    }
-    v->v[v->n++] = x;
-}
-
-struct jv jinja_vec_list(struct jinja_ctx *c, struct jinja_vec *v, bool tuple) {
-    struct jv l = jv_list_new(c, 0, tuple);
-    l.l->n = v->n;
-    l.l->v = v->v ? v->v : l.l->v;
-    return l;
-}
-
-struct jv jinja_pair(struct jinja_ctx *c, struct jv a, struct jv b) {
-    struct jv t = jv_list_new(c, 2, true);
-    t.l->v[0] = a;
-    t.l->v[1] = b;
-    return t;
-}
 
 static bool cp_in(uint32_t cp, const struct jv *chars) {
     if (!chars) return jinja_is_space(cp);
@@ -520,35 +452,6 @@ struct jv jinja_str_splitlines(struct jinja_ctx *c, struct jv s, bool keepends) 
 }
 
 /* ---- methods ------------------------------------------------------------------------- */
-
-static const char *const str_methods[] = {
-    "startswith", "endswith",     "strip",        "lstrip",  "rstrip",  "split",      "rsplit",
-    "splitlines", "replace",      "upper",        "lower",   "title",   "capitalize", "swapcase",
-    "casefold",   "find",         "rfind",        "index",   "rindex",  "count",      "join",
-    "isdigit",    "isnumeric",    "isdecimal",    "isalpha", "isalnum", "isspace",    "islower",
-    "isupper",    "removeprefix", "removesuffix", "format",  "center",  "ljust",      "rjust",
-    "zfill",      "partition",    "rpartition",   NULL};
-static const char *const list_methods[] = {"index",  "count",   "append", "extend", "insert", "pop",
-                                           "remove", "reverse", "sort",   "clear",  NULL};
-static const char *const dict_methods[] = {"items", "keys",    "values", "get",
-                                           "copy",  "pop",     "update", "setdefault",
-                                           "clear", "popitem", NULL};
-
-static bool in_names(const char *const *names, const char *name) {
-    for (int i = 0; names[i]; i++)
-        if (!strcmp(names[i], name)) return true;
-    return false;
-}
-
-bool jinja_has_method(struct jv self, const char *name) {
-    switch (self.t) {
-    case JT_STR: return in_names(str_methods, name);
-    case JT_LIST: return in_names(list_methods, name);
-    case JT_DICT: return in_names(dict_methods, name);
-    case JT_LOOP: return !strcmp(name, "cycle");
-    default: return false;
-    }
-}
 
 struct jv jinja_str_pad(struct jinja_ctx *c, struct jv s, int64_t width, int where,
                         const char *fill) {

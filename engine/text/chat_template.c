@@ -1,5 +1,5 @@
 /* chat_template: finds a model's chat template, parses it once, renders it per request. */
-#include "engine/chat_template.h"
+#include "engine/text/chat_template.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/jinja.h"
+#include "engine/text/jinja.h"
 #include "engine/util.h"
 
 struct chat_template {

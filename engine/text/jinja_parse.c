@@ -1,6 +1,6 @@
 /* jinja_parse: recursive-descent parser over jinja_lex's tokens, following jinja2's
  * parser.py (3.1) so that operator precedence and statement forms match. */
-#include "engine/jinja_impl.h"
+#include "engine/text/jinja_impl.h"
 
 #include <stdio.h>
 #include <stdlib.h>

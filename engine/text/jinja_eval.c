@@ -1,7 +1,8 @@
 /* jinja_eval: evaluates a parsed template. Python semantics for operators, Jinja's for
  * scoping (a for loop body is a fresh scope per iteration; if blocks are not scopes) and
- * for Undefined (falsey, "", empty iteration; an error when used as an object). */
-#include "engine/jinja_impl.h"
+ * for Undefined (falsey, "", empty iteration; an error when used as an object). Attribute,
+ * item and slice access are in jinja_access.c. */
+#include "engine/text/jinja_impl.h"
 
 #include <inttypes.h>
 #include <math.h>
@@ -55,241 +56,14 @@ static void frame_set(struct jinja_ctx *c, struct jinja_frame *f, const char *na
     f->v[f->n++] = v;
 }
 
-/* ---- attribute and item access ------------------------------------------------------- */
-
-_Noreturn static void fail_undefined(struct jinja_ctx *c, struct jv v) {
-    if (v.undef) jinja_fail(c, JINJA_ERR_RENDER, "'%s' is undefined", v.undef);
-    jinja_fail(c, JINJA_ERR_RENDER, "undefined value used");
-}
-
-static bool dict_find(const struct jinja_dict *d, struct jv key, size_t *idx) {
-    for (size_t i = 0; i < d->n; i++)
-        if (jinja_equal(d->k[i], key)) {
-            *idx = i;
-            return true;
-        }
-    return false;
-}
-
-static bool dict_find_str(const struct jinja_dict *d, const char *name, size_t *idx) {
-    size_t n = strlen(name);
-    for (size_t i = 0; i < d->n; i++)
-        if (d->k[i].t == JT_STR && d->k[i].s.n == n && memcmp(d->k[i].s.p, name, n) == 0) {
-            *idx = i;
-            return true;
-        }
-    return false;
-}
-
-static struct jv bound_method(struct jinja_ctx *c, struct jv self, const char *name) {
-    struct jinja_method *m = jinja_alloc(c, sizeof *m);
-    m->self = self;
-    m->name = name;
-    return (struct jv){.t = JT_METHOD, .m = m};
-}
-
-static struct jv loop_attr(struct jinja_ctx *c, struct jv v, const char *name) {
-    const struct jinja_loop *l = v.loop;
-    int64_t n = (int64_t)l->items->n, i = l->index0;
-    if (!strcmp(name, "index")) return jv_int(i + 1);
-    if (!strcmp(name, "index0")) return jv_int(i);
-    if (!strcmp(name, "revindex")) return jv_int(n - i);
-    if (!strcmp(name, "revindex0")) return jv_int(n - i - 1);
-    if (!strcmp(name, "first")) return jv_bool(i == 0);
-    if (!strcmp(name, "last")) return jv_bool(i == n - 1);
-    if (!strcmp(name, "length")) return jv_int(n);
-    if (!strcmp(name, "depth")) return jv_int(l->depth0 + 1);
-    if (!strcmp(name, "depth0")) return jv_int(l->depth0);
-    if (!strcmp(name, "previtem")) return i > 0 ? l->items->v[i - 1] : jv_undef("previtem");
-    if (!strcmp(name, "nextitem")) return i + 1 < n ? l->items->v[i + 1] : jv_undef("nextitem");
-    if (!strcmp(name, "cycle")) return bound_method(c, v, "cycle");
-    return jv_undef(name);
-}
-
-/* obj.name: Python attributes (methods) first, then items, as jinja's getattr does. */
-struct jv jinja_getattr(struct jinja_ctx *c, struct jv obj, const char *name) {
-    size_t i;
-    switch (obj.t) {
-    case JT_UNDEF: fail_undefined(c, obj);
-    case JT_DICT:
-        if (jinja_has_method(obj, name)) return bound_method(c, obj, name);
-        return dict_find_str(obj.d, name, &i) ? obj.d->v[i] : jv_undef(name);
-    case JT_NS: return dict_find_str(&obj.ns->d, name, &i) ? obj.ns->d.v[i] : jv_undef(name);
-    case JT_LOOP: return loop_attr(c, obj, name);
-    default:
-        if (jinja_has_method(obj, name)) return bound_method(c, obj, name);
-        return jv_undef(name);
-    }
-}
-
-/* Byte offset of code point index k in s (k <= count). */
-static size_t cp_offset(const char *p, size_t n, size_t k) {
-    size_t i = 0;
-    uint32_t cp;
-    while (k-- > 0 && i < n) i += jinja_utf8_decode(p + i, n - i, &cp);
-    return i;
-}
-
-static bool as_index(struct jv key, int64_t *out) {
-    if (key.t == JT_INT)
-        *out = key.i;
-    else if (key.t == JT_BOOL)
-        *out = key.b;
-    else
-        return false;
-    return true;
-}
-
-/* obj[key]: items first, then attributes (jinja's getitem). */
-struct jv jinja_getitem(struct jinja_ctx *c, struct jv obj, struct jv key) {
-    int64_t idx;
-    size_t i;
-    switch (obj.t) {
-    case JT_UNDEF: fail_undefined(c, obj);
-    case JT_LIST:
-        if (as_index(key, &idx)) {
-            int64_t n = (int64_t)obj.l->n;
-            if (idx < 0) idx += n;
-            return idx >= 0 && idx < n ? obj.l->v[idx] : jv_undef(NULL);
-        }
-        break;
-    case JT_STR:
-        if (as_index(key, &idx)) {
-            int64_t n = (int64_t)jinja_utf8_count(obj.s.p, obj.s.n);
-            if (idx < 0) idx += n;
-            if (idx < 0 || idx >= n) return jv_undef(NULL);
-            size_t a = cp_offset(obj.s.p, obj.s.n, (size_t)idx);
-            uint32_t cp;
-            size_t len = jinja_utf8_decode(obj.s.p + a, obj.s.n - a, &cp);
-            return jv_str(obj.s.p + a, len);
-        }
-        break;
-    case JT_DICT:
-        if (dict_find(obj.d, key, &i)) return obj.d->v[i];
-        break;
-    default: break;
-    }
-    if (key.t == JT_STR) {
-        char *name = jinja_alloc(c, key.s.n + 1);
-        memcpy(name, key.s.p, key.s.n);
-        name[key.s.n] = 0;
-        if (strlen(name) == key.s.n) return jinja_getattr(c, obj, name);
-    }
-    return jv_undef(NULL);
-}
-
-/* Python's slice.indices(): normalised start, stop, step for a sequence of length n. */
-static void slice_indices(struct jinja_ctx *c, struct jv vstart, struct jv vstop, struct jv vstep,
-                          int64_t n, int64_t *start, int64_t *stop, int64_t *step) {
-    int64_t st = 1;
-    if (vstep.t != JT_NONE && vstep.t != JT_UNDEF) {
-        if (!as_index(vstep, &st))
-            jinja_fail(c, JINJA_ERR_RENDER, "slice indices must be integers");
-        if (st == 0) jinja_fail(c, JINJA_ERR_RENDER, "slice step cannot be zero");
-    }
-    int64_t lo = st < 0 ? -1 : 0, hi = st < 0 ? n - 1 : n;
-    int64_t a = st < 0 ? hi : lo, b = st < 0 ? lo : hi;
-    struct jv bounds[2] = {vstart, vstop};
-    int64_t *dst[2] = {&a, &b};
-    for (int k = 0; k < 2; k++) {
-        if (bounds[k].t == JT_NONE || bounds[k].t == JT_UNDEF) continue;
-        int64_t x;
-        if (!as_index(bounds[k], &x))
-            jinja_fail(c, JINJA_ERR_RENDER, "slice indices must be integers");
-        if (x < 0) {
-            x += n;
-            if (x < lo) x = lo;
-        } else if (x > hi) {
-            x = hi;
-        }
-        *dst[k] = x;
-    }
-    *start = a;
-    *stop = b;
-    *step = st;
-}
-
-/* obj[a:b:s]. jinja compiles slices to plain Python subscripts, so unlike obj[key] a bad
- * slice is an error, not Undefined. */
-static struct jv do_slice(struct jinja_ctx *c, struct jv obj, struct jv a, struct jv b,
-                          struct jv s) {
-    int64_t start, stop, step;
-    if (obj.t == JT_UNDEF) fail_undefined(c, obj);
-    if (obj.t == JT_LIST) {
-        slice_indices(c, a, b, s, (int64_t)obj.l->n, &start, &stop, &step);
-        size_t cnt = 0;
-        for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) cnt++;
-        struct jv r = jv_list_new(c, cnt, obj.l->tuple);
-        size_t k = 0;
-        for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step)
-            r.l->v[k++] = obj.l->v[i];
-        return r;
-    }
-    if (obj.t == JT_STR) {
-        bool ascii = jinja_is_ascii(obj.s.p, obj.s.n);
-        size_t n = ascii ? obj.s.n : jinja_utf8_count(obj.s.p, obj.s.n);
-        size_t *off = NULL; // code point offsets, for non-ASCII strings
-        if (!ascii) {
-            off = jinja_alloc(c, (n + 1) * sizeof *off);
-            size_t i = 0, k = 0;
-            uint32_t cp;
-            while (i < obj.s.n) {
-                off[k++] = i;
-                i += jinja_utf8_decode(obj.s.p + i, obj.s.n - i, &cp);
-            }
-            off[k] = obj.s.n;
-        }
-        slice_indices(c, a, b, s, (int64_t)n, &start, &stop, &step);
-        if (step == 1) {
-            if (stop <= start) return jv_str("", 0);
-            size_t x = ascii ? (size_t)start : off[start], y = ascii ? (size_t)stop : off[stop];
-            return jv_str(obj.s.p + x, y - x);
-        }
-        struct jinja_buf buf = jinja_buf_tmp(c);
-        for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
-            size_t x = ascii ? (size_t)i : off[i], y = ascii ? (size_t)i + 1 : off[i + 1];
-            jinja_buf_put(c, &buf, obj.s.p + x, y - x);
-        }
-        return jinja_buf_value(&buf);
-    }
-    if (obj.t == JT_DICT) jinja_fail(c, JINJA_ERR_RENDER, "unhashable type: 'slice'");
-    jinja_fail(c, JINJA_ERR_RENDER, "'%s' object is not subscriptable", jinja_type_name(obj));
-}
-
-const struct jinja_list *jinja_iterate(struct jinja_ctx *c, struct jv v) {
-    static const struct jinja_list empty = {0};
-    switch (v.t) {
-    case JT_UNDEF: return &empty;
-    case JT_LIST: return v.l;
-    case JT_DICT: {
-        struct jv r = jv_list_new(c, v.d->n, false);
-        memcpy(r.l->v, v.d->k, v.d->n * sizeof *r.l->v);
-        return r.l;
-    }
-    case JT_STR: {
-        size_t n = jinja_utf8_count(v.s.p, v.s.n);
-        struct jv r = jv_list_new(c, n, false);
-        size_t i = 0;
-        for (size_t k = 0; k < n; k++) {
-            uint32_t cp;
-            size_t len = jinja_utf8_decode(v.s.p + i, v.s.n - i, &cp);
-            r.l->v[k] = jv_str(v.s.p + i, len);
-            i += len;
-        }
-        return r.l;
-    }
-    default: jinja_fail(c, JINJA_ERR_RENDER, "'%s' object is not iterable", jinja_type_name(v));
-    }
-}
-
 /* ---- operators ----------------------------------------------------------------------- */
 
 static int64_t num_int(struct jv v) { return v.t == JT_BOOL ? v.b : v.i; }
 static bool is_intlike(struct jv v) { return v.t == JT_INT || v.t == JT_BOOL; }
 
 _Noreturn static void fail_operands(struct jinja_ctx *c, const char *op, struct jv a, struct jv b) {
-    if (a.t == JT_UNDEF) fail_undefined(c, a);
-    if (b.t == JT_UNDEF) fail_undefined(c, b);
+    if (a.t == JT_UNDEF) jinja_fail_undefined(c, a);
+    if (b.t == JT_UNDEF) jinja_fail_undefined(c, b);
     jinja_fail(c, JINJA_ERR_RENDER, "unsupported operand type(s) for %s: '%s' and '%s'", op,
                jinja_type_name(a), jinja_type_name(b));
 }
@@ -431,7 +205,7 @@ static bool contains(struct jinja_ctx *c, struct jv hay, struct jv needle) {
         size_t i;
         if ((needle.t == JT_LIST && !needle.l->tuple) || needle.t == JT_DICT)
             jinja_fail(c, JINJA_ERR_RENDER, "unhashable type: '%s'", jinja_type_name(needle));
-        return dict_find(hay.d, needle, &i);
+        return jinja_dict_find(hay.d, needle, &i);
     }
     default:
         jinja_fail(c, JINJA_ERR_RENDER, "argument of type '%s' is not iterable",
@@ -447,8 +221,8 @@ static bool compare_op(struct jinja_ctx *c, enum jinja_cmpop op, struct jv a, st
     case JC_NOTIN: return !contains(c, b, a);
     default: break;
     }
-    if (a.t == JT_UNDEF) fail_undefined(c, a);
-    if (b.t == JT_UNDEF) fail_undefined(c, b);
+    if (a.t == JT_UNDEF) jinja_fail_undefined(c, a);
+    if (b.t == JT_UNDEF) jinja_fail_undefined(c, b);
     int r = jinja_compare(c, a, b);
     switch (op) {
     case JC_LT: return r < 0;
@@ -502,7 +276,7 @@ static struct jv eval_inner(struct jinja_ctx *c, const struct jinja_expr *e,
             if ((k.t == JT_LIST && !k.l->tuple) || k.t == JT_DICT || k.t == JT_UNDEF)
                 jinja_fail(c, JINJA_ERR_RENDER, "unhashable type: '%s'", jinja_type_name(k));
             size_t at;
-            if (dict_find(d.d, k, &at)) {
+            if (jinja_dict_find(d.d, k, &at)) {
                 d.d->v[at] = v;
             } else {
                 d.d->k[d.d->n] = k;
@@ -518,7 +292,7 @@ static struct jv eval_inner(struct jinja_ctx *c, const struct jinja_expr *e,
         struct jv a = e->slice.start ? eval(c, e->slice.start, f) : jv_none();
         struct jv b = e->slice.stop ? eval(c, e->slice.stop, f) : jv_none();
         struct jv s = e->slice.step ? eval(c, e->slice.step, f) : jv_none();
-        return do_slice(c, obj, a, b, s);
+        return jinja_slice(c, obj, a, b, s);
     }
     case JE_CALL: {
         struct jinja_callargs a;
@@ -560,7 +334,7 @@ static struct jv eval_inner(struct jinja_ctx *c, const struct jinja_expr *e,
     case JE_NEG:
     case JE_POS: {
         struct jv v = eval(c, e->un, f);
-        if (v.t == JT_UNDEF) fail_undefined(c, v);
+        if (v.t == JT_UNDEF) jinja_fail_undefined(c, v);
         if (is_intlike(v)) {
             int64_t x = num_int(v);
             if (e->kind == JE_POS) return jv_int(x);
@@ -635,7 +409,7 @@ static void assign(struct jinja_ctx *c, const struct jinja_target *t, struct jin
             jinja_fail(c, JINJA_ERR_RENDER, "cannot assign attribute on non-namespace object");
         struct jinja_ns *n = ns.ns;
         size_t i;
-        if (dict_find_str(&n->d, t->attr, &i)) {
+        if (jinja_dict_find_str(&n->d, t->attr, &i)) {
             n->d.v[i] = v;
             return;
         }
@@ -719,7 +493,7 @@ struct jv jinja_call(struct jinja_ctx *c, struct jv fn, const struct jinja_calla
     case JT_FUNC: return jinja_call_global(c, fn.fn, a);
     case JT_METHOD: return jinja_call_method(c, fn.m->self, fn.m->name, a);
     case JT_MACRO: return call_macro(c, fn.macro, a);
-    case JT_UNDEF: fail_undefined(c, fn);
+    case JT_UNDEF: jinja_fail_undefined(c, fn);
     default: jinja_fail(c, JINJA_ERR_RENDER, "'%s' object is not callable", jinja_type_name(fn));
     }
 }

@@ -17,7 +17,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "engine/jinja.h"
+#include "engine/text/jinja.h"
 
 /* ---- arena --------------------------------------------------------------------------- */
 
@@ -349,6 +349,8 @@ void *jinja_alloc(struct jinja_ctx *c, size_t n);
 void jinja_depth_enter(struct jinja_ctx *c);
 static inline void jinja_depth_leave(struct jinja_ctx *c) { c->depth--; }
 void jinja_step(struct jinja_ctx *c);
+/* Fails for an undefined value used as an object or operand, naming it when known. */
+_Noreturn void jinja_fail_undefined(struct jinja_ctx *c, struct jv v);
 
 /* jinja.c: value helpers */
 static inline struct jv jv_undef(const char *name) {
@@ -365,6 +367,18 @@ struct jv jv_str_copy(struct jinja_ctx *c, const char *p, size_t n);
 struct jv jv_cstr(const char *s); // borrowed, static or arena-lived
 struct jv jv_list_new(struct jinja_ctx *c, size_t n, bool tuple); // n items, set by caller
 struct jv jv_dict_new(struct jinja_ctx *c, size_t n);
+
+/* A growable array of values, in the render arena. */
+struct jinja_vec {
+    struct jv *v;
+    size_t n, cap;
+};
+void jinja_vec_push(struct jinja_ctx *c, struct jinja_vec *v, struct jv x);
+struct jv jinja_vec_list(struct jinja_ctx *c, struct jinja_vec *v, bool tuple);
+struct jv jinja_pair(struct jinja_ctx *c, struct jv a, struct jv b); // a 2-tuple
+/* The index of key (by ==) or of the string name among d's keys. */
+bool jinja_dict_find(const struct jinja_dict *d, struct jv key, size_t *idx);
+bool jinja_dict_find_str(const struct jinja_dict *d, const char *name, size_t *idx);
 
 const char *jinja_type_name(struct jv v);
 bool jinja_truthy(struct jv v);
@@ -403,25 +417,28 @@ bool jinja_is_space(uint32_t cp); // Python str.isspace
 size_t jinja_utf8_encode(uint32_t cp, char out[4]);
 
 /* jinja_eval.c */
-struct jv jinja_getattr(struct jinja_ctx *c, struct jv obj, const char *name);
-struct jv jinja_getitem(struct jinja_ctx *c, struct jv obj, struct jv key);
-/* The items of an iterable (list, tuple, str, dict keys; undefined = empty). */
-const struct jinja_list *jinja_iterate(struct jinja_ctx *c, struct jv v);
 struct jv jinja_call(struct jinja_ctx *c, struct jv fn, const struct jinja_callargs *a);
 
-/* jinja_builtins.c */
+/* jinja_builtins.c: filters and tests by name; NULL when unknown. */
 jinja_filter_fn jinja_find_filter(const char *name);
 jinja_test_fn jinja_find_test(const char *name);
+
+/* jinja_globals.c */
 int jinja_find_global(const char *name); // enum jinja_global or -1
 struct jv jinja_call_global(struct jinja_ctx *c, int fn, const struct jinja_callargs *a);
 
-/* jinja_methods.c: methods of str, list, dict and loop values */
+/* jinja_access.c: attributes, items, slices, iteration; call arguments. */
+struct jv jinja_getattr(struct jinja_ctx *c, struct jv obj, const char *name);
+struct jv jinja_getitem(struct jinja_ctx *c, struct jv obj, struct jv key);
+/* obj[a:b:s] (each bound may be none/undefined); a bad slice fails. */
+struct jv jinja_slice(struct jinja_ctx *c, struct jv obj, struct jv a, struct jv b, struct jv s);
+/* The items of an iterable (list, tuple, str, dict keys; undefined = empty). */
+const struct jinja_list *jinja_iterate(struct jinja_ctx *c, struct jv v);
+/* True when name is a method of self's type (jinja_methods.c implements it). */
 bool jinja_has_method(struct jv self, const char *name);
-struct jv jinja_call_method(struct jinja_ctx *c, struct jv self, const char *name,
-                            const struct jinja_callargs *a);
 
-/* jinja_methods.c: arguments. jinja_arg gives the argument at position pos or keyword kw
- * (either may be -1/NULL), NULL if absent; the need_ forms fail with a message instead. */
+/* jinja_arg gives the argument at position pos or keyword kw (either may be -1/NULL), NULL if
+ * absent; the need_ forms fail with a message instead. */
 const struct jv *jinja_arg(const struct jinja_callargs *a, int pos, const char *kw);
 const struct jv *jinja_need_arg(struct jinja_ctx *c, const struct jinja_callargs *a, int pos,
                                 const char *kw);
@@ -431,14 +448,9 @@ bool jinja_arg_bool(const struct jinja_callargs *a, int pos, const char *kw, boo
 static inline bool jinja_given(const struct jv *v) { return v && v->t != JT_NONE; }
 const char *jinja_cstr(struct jinja_ctx *c, struct jv s); // NUL-terminated copy
 
-/* A growable array of values, in the render arena. */
-struct jinja_vec {
-    struct jv *v;
-    size_t n, cap;
-};
-void jinja_vec_push(struct jinja_ctx *c, struct jinja_vec *v, struct jv x);
-struct jv jinja_vec_list(struct jinja_ctx *c, struct jinja_vec *v, bool tuple);
-struct jv jinja_pair(struct jinja_ctx *c, struct jv a, struct jv b); // a 2-tuple
+/* jinja_methods.c: methods of str, list, dict and loop values */
+struct jv jinja_call_method(struct jinja_ctx *c, struct jv self, const char *name,
+                            const struct jinja_callargs *a);
 
 /* jinja_methods.c: Python str operations */
 enum jinja_case {

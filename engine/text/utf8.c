@@ -1,4 +1,4 @@
-#include "engine/utf8.h"
+#include "engine/text/utf8.h"
 
 #include <string.h>
 #include <utf8proc.h>

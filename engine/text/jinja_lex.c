@@ -1,7 +1,7 @@
 /* jinja_lex: the tokenizer, following jinja2's lexer.py (3.1): tags, comments, raw blocks,
  * and the whitespace rules (-/+ markers, trim_blocks, lstrip_blocks) that decide which
  * template text reaches the output. */
-#include "engine/jinja_impl.h"
+#include "engine/text/jinja_impl.h"
 
 #include <ctype.h>
 #include <errno.h>

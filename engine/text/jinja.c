@@ -1,7 +1,8 @@
 /* jinja: arena, values and their Python-compatible text forms (str, repr, json.dumps).
- * Parsing is in jinja_parse.c, evaluation in jinja_eval.c, filters/tests/methods in
- * jinja_builtins.c. */
-#include "engine/jinja_impl.h"
+ * Parsing is in jinja_lex.c and jinja_parse.c, evaluation in jinja_eval.c, access to
+ * attributes, items and arguments in jinja_access.c, str/list/dict methods in jinja_methods.c,
+ * filters and tests in jinja_builtins.c, global functions in jinja_globals.c. */
+#include "engine/text/jinja_impl.h"
 
 #include <inttypes.h>
 #include <math.h>
@@ -109,6 +110,11 @@ void jinja_fail(struct jinja_ctx *c, int status, const char *fmt, ...) {
     longjmp(c->jmp, status);
 }
 
+void jinja_fail_undefined(struct jinja_ctx *c, struct jv v) {
+    if (v.undef) jinja_fail(c, JINJA_ERR_RENDER, "'%s' is undefined", v.undef);
+    jinja_fail(c, JINJA_ERR_RENDER, "undefined value used");
+}
+
 void *jinja_alloc(struct jinja_ctx *c, size_t n) {
     void *p = jinja_arena_alloc(&c->arena, n);
     if (!p) {
@@ -203,6 +209,50 @@ struct jv jv_dict_new(struct jinja_ctx *c, size_t n) {
     d->k = jinja_alloc(c, (n ? n : 1) * sizeof(struct jv));
     d->v = jinja_alloc(c, (n ? n : 1) * sizeof(struct jv));
     return (struct jv){.t = JT_DICT, .d = d};
+}
+
+void jinja_vec_push(struct jinja_ctx *c, struct jinja_vec *v, struct jv x) {
+    if (v->n == v->cap) {
+        size_t cap = v->cap ? v->cap * 2 : 8;
+        struct jv *nv = jinja_alloc(c, cap * sizeof *nv);
+        if (v->n) memcpy(nv, v->v, v->n * sizeof *nv);
+        v->v = nv;
+        v->cap = cap;
+    }
+    v->v[v->n++] = x;
+}
+
+struct jv jinja_vec_list(struct jinja_ctx *c, struct jinja_vec *v, bool tuple) {
+    struct jv l = jv_list_new(c, 0, tuple);
+    l.l->n = v->n;
+    l.l->v = v->v ? v->v : l.l->v;
+    return l;
+}
+
+struct jv jinja_pair(struct jinja_ctx *c, struct jv a, struct jv b) {
+    struct jv t = jv_list_new(c, 2, true);
+    t.l->v[0] = a;
+    t.l->v[1] = b;
+    return t;
+}
+
+bool jinja_dict_find(const struct jinja_dict *d, struct jv key, size_t *idx) {
+    for (size_t i = 0; i < d->n; i++)
+        if (jinja_equal(d->k[i], key)) {
+            *idx = i;
+            return true;
+        }
+    return false;
+}
+
+bool jinja_dict_find_str(const struct jinja_dict *d, const char *name, size_t *idx) {
+    size_t n = strlen(name);
+    for (size_t i = 0; i < d->n; i++)
+        if (d->k[i].t == JT_STR && d->k[i].s.n == n && memcmp(d->k[i].s.p, name, n) == 0) {
+            *idx = i;
+            return true;
+        }
+    return false;
 }
 
 const char *jinja_type_name(struct jv v) {

@@ -8,8 +8,8 @@
 #include <string.h>
 #include <utf8proc.h>
 
-#include "engine/tokenizer_impl.h"
-#include "engine/utf8.h"
+#include "engine/text/tokenizer_impl.h"
+#include "engine/text/utf8.h"
 
 /* ---- regex ---- */
 

@@ -6,8 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/tokenizer_impl.h"
-#include "engine/utf8.h"
+#include "engine/text/tokenizer_impl.h"
+#include "engine/text/utf8.h"
 
 /* Longest pattern starting at s[0..n): its added index (or -1) and length. */
 static int32_t trie_longest(const struct tok_trie *t, const char *s, size_t n, size_t *len) {

@@ -1,7 +1,8 @@
 /* tokenizer_impl: the tokenizer's private structures, shared by tokenizer*.c only.
- * tokenizer.c: loading and lookups;
+ * tokenizer.c: loading;
+ * tokenizer_vocab.c: the vocabulary map and the lookups of tokenizer.h;
  * tokenizer_encode.c: the encode driver (added tokens, normalize, pre-tokenize, post-processor);
- * tokenizer_bpe.c: vocabulary/merge hash maps and the BPE merge loop;
+ * tokenizer_bpe.c: buffers, the merge hash map and the BPE merge loop;
  * tokenizer_pretok.c: normalizers and pre-tokenizers (PCRE2, utf8proc);
  * tokenizer_decode.c: the decoder chain and the incremental detokenizer. */
 #ifndef DUO_TOKENIZER_IMPL_H
@@ -13,7 +14,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "engine/tokenizer.h"
+#include "engine/text/tokenizer.h"
 
 /* ---- growable buffers ---- */
 struct tok_buf {
@@ -35,7 +36,12 @@ struct tok_str_map {
     uint32_t *hash; // [cap] hash of the slot's key
     size_t cap;     // power of two
 };
-uint32_t tokenizer_hash(const char *s, size_t n);
+/* Capacity of an open-addressing table: the first power of two >= n (at least 16). */
+static inline size_t tokenizer_pow2_at_least(size_t n) {
+    size_t c = 16;
+    while (c < n) c *= 2;
+    return c;
+}
 
 /* (left id, right id) -> (rank, merged id) */
 struct tok_merge {
@@ -223,9 +229,11 @@ void tokenizer_enc_free(struct tok_enc *e);
 int tokenizer_pretokenize(const struct tokenizer *tok, const char *text, size_t len,
                           int (*cb)(void *ctx, const char *s, size_t n), void *ctx);
 
-/* tokenizer_bpe.c */
+/* tokenizer_vocab.c: the string -> id map of the model vocabulary; -1 when s is not in it. */
 int tokenizer_vocab_build(struct tokenizer *tok);
 int32_t tokenizer_vocab_get(const struct tokenizer *tok, const char *s, size_t n);
+
+/* tokenizer_bpe.c */
 int tokenizer_merge_put(struct tok_merge_map *m, int32_t a, int32_t b, uint32_t rank, int32_t id);
 int tokenizer_merge_init(struct tok_merge_map *m, size_t n);
 const struct tok_merge *tokenizer_merge_get(const struct tok_merge_map *m, int32_t a, int32_t b);

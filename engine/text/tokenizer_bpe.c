@@ -1,4 +1,4 @@
-/* tokenizer_bpe: vocabulary and merge hash maps, and the BPE model of HF `tokenizers`
+/* tokenizer_bpe: the merge hash map and the BPE model of HF `tokenizers`
  * (models/bpe/model.rs merge_word + word.rs merge_all): a word is split into characters, each
  * looked up in the vocabulary (with byte fallback or unk when missing), then the pair with the
  * lowest merge rank (leftmost on ties) is merged repeatedly, using a binary heap over a linked
@@ -6,8 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/tokenizer_impl.h"
-#include "engine/utf8.h"
+#include "engine/text/tokenizer_impl.h"
+#include "engine/text/utf8.h"
 
 /* ---- buffers ---- */
 
@@ -42,70 +42,6 @@ int tokenizer_ids_push(struct tok_ids *v, int32_t id) {
     return 0;
 }
 
-/* ---- hashing ---- */
-
-uint32_t tokenizer_hash(const char *s, size_t n) {
-    uint64_t h = 0x9E3779B97F4A7C15ull ^ (uint64_t)n;
-    while (n >= 8) {
-        uint64_t w;
-        memcpy(&w, s, 8);
-        h = (h ^ w) * 0xBF58476D1CE4E5B9ull;
-        h ^= h >> 31;
-        s += 8;
-        n -= 8;
-    }
-    uint64_t w = 0;
-    if (n) memcpy(&w, s, n);
-    h = (h ^ w) * 0x94D049BB133111EBull;
-    h ^= h >> 29;
-    h *= 0xBF58476D1CE4E5B9ull;
-    h ^= h >> 32;
-    return (uint32_t)h;
-}
-
-static size_t pow2_at_least(size_t n) {
-    size_t c = 16;
-    while (c < n) c *= 2;
-    return c;
-}
-
-/* ---- vocabulary: string -> id ---- */
-
-int tokenizer_vocab_build(struct tokenizer *tok) {
-    struct tok_str_map *m = &tok->vocab;
-    m->cap = pow2_at_least((size_t)tok->n_model * 2);
-    m->slot = malloc(m->cap * sizeof *m->slot);
-    m->hash = malloc(m->cap * sizeof *m->hash);
-    if (!m->slot || !m->hash) return TOKENIZER_ERR_NOMEM;
-    memset(m->slot, 0xff, m->cap * sizeof *m->slot);
-    size_t mask = m->cap - 1;
-    for (int32_t id = 0; id < tok->n_model; id++) {
-        if (tok->piece_len[id] == UINT32_MAX) continue;
-        const char *s = tok->arena + tok->piece_off[id];
-        size_t n = tok->piece_len[id];
-        uint32_t h = tokenizer_hash(s, n);
-        size_t i = h & mask;
-        for (; m->slot[i] >= 0; i = (i + 1) & mask) {
-            int32_t o = m->slot[i];
-            if (m->hash[i] == h && tok->piece_len[o] == n && !memcmp(tok->arena + tok->piece_off[o], s, n)) break;
-        }
-        m->slot[i] = id; // a repeated string keeps the last id, as a JSON map would
-        m->hash[i] = h;
-    }
-    return 0;
-}
-
-int32_t tokenizer_vocab_get(const struct tokenizer *tok, const char *s, size_t n) {
-    const struct tok_str_map *m = &tok->vocab;
-    uint32_t h = tokenizer_hash(s, n);
-    size_t mask = m->cap - 1;
-    for (size_t i = h & mask; m->slot[i] >= 0; i = (i + 1) & mask) {
-        int32_t o = m->slot[i];
-        if (m->hash[i] == h && tok->piece_len[o] == n && !memcmp(tok->arena + tok->piece_off[o], s, n)) return o;
-    }
-    return -1;
-}
-
 /* ---- merges: (left, right) -> (rank, id) ---- */
 
 static inline size_t merge_slot(uint64_t key, size_t mask) {
@@ -113,7 +49,7 @@ static inline size_t merge_slot(uint64_t key, size_t mask) {
 }
 
 int tokenizer_merge_init(struct tok_merge_map *m, size_t n) {
-    m->cap = pow2_at_least(n + n / 2 + 1);
+    m->cap = tokenizer_pow2_at_least(n + n / 2 + 1);
     m->slot = malloc(m->cap * sizeof *m->slot);
     if (!m->slot) return TOKENIZER_ERR_NOMEM;
     for (size_t i = 0; i < m->cap; i++) m->slot[i].key = UINT64_MAX;
@@ -306,7 +242,7 @@ int tokenizer_pairs_build(struct tokenizer *tok) {
     for (int32_t id = 0; id < tok->n_model; id++)
         if (tok->piece_len[id] != UINT32_MAX) total += tok->piece_len[id];
     struct tok_pair_set *p = &tok->pairs;
-    p->cap = pow2_at_least(2 * total + 1);
+    p->cap = tokenizer_pow2_at_least(2 * total + 1);
     p->slot = malloc(p->cap * sizeof *p->slot);
     if (!p->slot) {
         p->cap = 0;

@@ -1,5 +1,5 @@
 /* tokenizer: loading tokenizer.json (+ tokenizer_config.json, config.json,
- * generation_config.json) into the structures of tokenizer_impl.h, and lookups. */
+ * generation_config.json) into the structures of tokenizer_impl.h. */
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -10,8 +10,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "engine/tokenizer_impl.h"
-#include "engine/utf8.h"
+#include "engine/text/tokenizer_impl.h"
+#include "engine/text/utf8.h"
 
 const char *tokenizer_strerror(int status) {
     switch (status) {
@@ -747,59 +747,4 @@ void tokenizer_free(struct tokenizer *tok) {
     free(tok->post_suffix);
     free(tok->eos);
     free(tok);
-}
-
-/* ---- lookups ---- */
-
-size_t tokenizer_vocab_size(const struct tokenizer *tok) {
-    return (size_t)tok->n_vocab;
-}
-
-const char *tokenizer_id_to_piece(const struct tokenizer *tok, int32_t id, size_t *len) {
-    if (id < 0 || id >= tok->n_vocab) return NULL;
-    int32_t a = tok->added_of_id[id];
-    if (a >= 0) {
-        if (len) *len = tok->added[a].len;
-        return tok->added[a].content;
-    }
-    if (id >= tok->n_model || tok->piece_len[id] == UINT32_MAX) return NULL;
-    if (len) *len = tok->piece_len[id];
-    return tok->arena + tok->piece_off[id];
-}
-
-int tokenizer_piece_to_id(const struct tokenizer *tok, const char *piece, size_t len, int32_t *id) {
-    for (size_t i = 0; i < tok->n_added; i++)
-        if (tok->added[i].len == len && !memcmp(tok->added[i].content, piece, len)) {
-            *id = tok->added[i].id;
-            return 0;
-        }
-    int32_t v = tokenizer_vocab_get(tok, piece, len);
-    if (v < 0) return TOKENIZER_ERR_NOT_FOUND;
-    *id = v;
-    return 0;
-}
-
-int32_t tokenizer_bos_id(const struct tokenizer *tok) {
-    return tok->bos_id;
-}
-
-int32_t tokenizer_eos_id(const struct tokenizer *tok) {
-    return tok->n_eos ? tok->eos[0] : -1;
-}
-
-size_t tokenizer_eos_ids(const struct tokenizer *tok, const int32_t **ids) {
-    *ids = tok->eos;
-    return tok->n_eos;
-}
-
-bool tokenizer_is_eos(const struct tokenizer *tok, int32_t id) {
-    for (size_t i = 0; i < tok->n_eos; i++)
-        if (tok->eos[i] == id) return true;
-    return false;
-}
-
-bool tokenizer_is_special(const struct tokenizer *tok, int32_t id) {
-    if (id < 0 || id >= tok->n_vocab) return false;
-    int32_t a = tok->added_of_id[id];
-    return a >= 0 && tok->added[a].special;
 }
