@@ -15,6 +15,7 @@
 // a fixup kernel adds them in chunk order.
 #include <cuda.h>
 #include <cudaTypedefs.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cuda/gemm_common.cuh"
@@ -23,14 +24,13 @@
 
 #define WG_BM 128       // weight rows a tile (two consumer warpgroups of 64)
 #define WG_THREADS 384  // producer warpgroup + two consumers
-#define WG_BK 128       // k a stage
 
-// BN tokens x WG_BK k a stage: two token boxes of 64 k (128-byte swizzled rows) and the weight
+// BN tokens x BK k a stage: BK / 64 token boxes of 64 k (128-byte swizzled rows) and the weight
 // rows' 8 packed 16 x 16 blocks of each of 8 strips
-template <int BN> struct wg_cfg {
-    static constexpr int X_BYTES = BN * WG_BK * 2;
-    static constexpr int W_BYTES = WG_BM / 16 * WG_BK / 16 * 512;
-    static constexpr int STAGES = 196608 / (X_BYTES + W_BYTES) < 8 ? 196608 / (X_BYTES + W_BYTES) : 8;
+template <int BN, int BK> struct wg_cfg {
+    static constexpr int X_BYTES = BN * BK * 2;
+    static constexpr int W_BYTES = WG_BM / 16 * BK / 16 * 512;
+    static constexpr int STAGES = 229376 / (X_BYTES + W_BYTES) < 8 ? 229376 / (X_BYTES + W_BYTES) : 8;
     static constexpr size_t SMEM = 1024 + (size_t)STAGES * (X_BYTES + W_BYTES) + 2 * STAGES * 8;
 };
 
@@ -114,11 +114,11 @@ struct wg_args {
     int sk;    // stream-K
 };
 
-template <int BN, typename OUT, bool SW>
+template <int BN, int BK, typename OUT, bool SW>
 __global__ void __launch_bounds__(WG_THREADS, 1)
     gemm_wg_kernel(const wg_args p, const __grid_constant__ CUtensorMap xmap, const __grid_constant__ CUtensorMap wmap) {
-    using C = wg_cfg<BN>;
-    constexpr int ST = C::STAGES, BK = WG_BK, KS = BK / 16, KTC = GEMM_KC / BK; // k blocks a stage, stages a chunk
+    using C = wg_cfg<BN, BK>;
+    constexpr int ST = C::STAGES, KS = BK / 16, KTC = GEMM_KC / BK; // k blocks a stage, stages a chunk
     extern __shared__ unsigned char smem_raw[];
     const uint32_t base = (smem_u32(smem_raw) + 1023) & ~1023u;
     auto xs = [&](int s) { return base + s * C::X_BYTES; };
@@ -305,18 +305,20 @@ static int weight_map(CUtensorMap *map, const void *w, int N, int K, int bk, int
     return encode(map, 3, w, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_NONE);
 }
 
-template <int BN, typename OUT, bool SW>
-static int wg_launch(OUT *y, const void *x, const void *w, const void *bias, int M, int N, int K,
+template <int BN, int BK, typename OUT, bool SW>
+static int wg_launch(OUT *y, const void *x, const void *w, const void *bias, int M, int N, int K, int split,
                      const struct gemm_wg_env *env, cudaStream_t s) {
     CUtensorMap xm, wm;
-    if (token_map(&xm, x, M, K, BN) || weight_map(&wm, w, N, K, WG_BK, WG_BM / 16)) return -2;
+    if (token_map(&xm, x, M, K, BN) || weight_map(&wm, w, N, K, BK, WG_BM / 16)) return -2;
     const unsigned chunks = (unsigned)((K + GEMM_KC - 1) / GEMM_KC);
     const unsigned tiles = (unsigned)((N + WG_BM - 1) / WG_BM) * (unsigned)((M + BN - 1) / BN);
-    // decode batch sizes with fewer tiles than SMs: stream-K over (tile, chunk) units, when the partials fit
-    const bool sk = M <= 128 && tiles < (unsigned)env->sms && chunks > 1 && (size_t)chunks * M * N <= GEMM_WS_FLOATS;
+    // stream-K over (tile, chunk) units, when the partials fit: split < 0: decode batch sizes
+    // with fewer tiles than SMs; 0: never; 1: whenever the tiles are fewer than the SMs
+    const bool fits = tiles < (unsigned)env->sms && chunks > 1 && (size_t)chunks * M * N <= GEMM_WS_FLOATS;
+    const bool sk = fits && (split > 0 || (split < 0 && M <= 128));
     const unsigned grid = sk ? (unsigned)min((size_t)env->sms, (size_t)tiles * chunks) : min(tiles, (unsigned)env->sms);
     const wg_args a = {y, (const __nv_bfloat16 *)bias, M, N, K, env->ws, sk};
-    CUDA_CHECK(cuda_launch(gemm_wg_kernel<BN, OUT, SW>, dim3(grid), dim3(WG_THREADS), wg_cfg<BN>::SMEM, s, a, xm, wm));
+    CUDA_CHECK(cuda_launch(gemm_wg_kernel<BN, BK, OUT, SW>, dim3(grid), dim3(WG_THREADS), wg_cfg<BN, BK>::SMEM, s, a, xm, wm));
     if (sk) {
         const size_t outs = (size_t)M * (SW ? N / 2 : N);
         CUDA_CHECK(cuda_launch(gemm_wg_fixup_kernel<OUT, SW>, dim3(cuda_blocks(outs, 256)), dim3(256), 0, s, a, BN, (int)grid));
@@ -324,11 +326,11 @@ static int wg_launch(OUT *y, const void *x, const void *w, const void *bias, int
     return 0;
 }
 
-template <int BN> static int wg_allow() {
-    const int smem = (int)wg_cfg<BN>::SMEM;
-    CUDA_CHECK(cudaFuncSetAttribute(gemm_wg_kernel<BN, __nv_bfloat16, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    CUDA_CHECK(cudaFuncSetAttribute(gemm_wg_kernel<BN, float, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    CUDA_CHECK(cudaFuncSetAttribute(gemm_wg_kernel<BN, __nv_bfloat16, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+template <int BN, int BK> static int wg_allow() {
+    const int smem = (int)wg_cfg<BN, BK>::SMEM;
+    CUDA_CHECK(cudaFuncSetAttribute(gemm_wg_kernel<BN, BK, __nv_bfloat16, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    CUDA_CHECK(cudaFuncSetAttribute(gemm_wg_kernel<BN, BK, float, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    CUDA_CHECK(cudaFuncSetAttribute(gemm_wg_kernel<BN, BK, __nv_bfloat16, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     return 0;
 }
 
@@ -341,14 +343,24 @@ int gemm_wg_init(void) {
         return -2;
     }
     g_encode = (PFN_cuTensorMapEncodeTiled_v12000)fn;
-    return wg_allow<64>() | wg_allow<128>();
+    return wg_allow<64, 128>() | wg_allow<128, 128>() | wg_allow<192, 64>();
 }
 
+// EXPERIMENT (run 39): DUOSERVE_WG_PLAN = t64 | t128 | t192 | sk64 | sk128 forces a tile width
+// and the stream-K choice, for gemmbench's A/B; unset: the default rule
 template <typename OUT, bool SW>
 static int wg_gemm(OUT *y, const void *x, const void *w, const void *bias, int M, int N, int K,
                    const struct gemm_wg_env *env, cudaStream_t s) {
-    if (M <= 64) return wg_launch<64, OUT, SW>(y, x, w, bias, M, N, K, env, s);
-    return wg_launch<128, OUT, SW>(y, x, w, bias, M, N, K, env, s);
+    const char *plan = getenv("DUOSERVE_WG_PLAN");
+    if (plan && *plan) {
+        const bool skp = !strncmp(plan, "sk", 2);
+        const int bn = atoi(plan + (skp ? 2 : 1)), split = skp ? 1 : 0;
+        if (bn == 64) return wg_launch<64, 128, OUT, SW>(y, x, w, bias, M, N, K, split, env, s);
+        if (bn == 192) return wg_launch<192, 64, OUT, SW>(y, x, w, bias, M, N, K, split, env, s);
+        return wg_launch<128, 128, OUT, SW>(y, x, w, bias, M, N, K, split, env, s);
+    }
+    if (M <= 64) return wg_launch<64, 128, OUT, SW>(y, x, w, bias, M, N, K, -1, env, s);
+    return wg_launch<128, 128, OUT, SW>(y, x, w, bias, M, N, K, -1, env, s);
 }
 
 int gemm_wg_bf16(__nv_bfloat16 *y, const void *x, const void *w, const void *bias, int M, int N, int K, bool swiglu,

@@ -325,6 +325,12 @@ class Result:
         self.end = 0.0
 
 
+# --structured-body's default: one string field, so the text runs until the model closes the string
+STRUCTURED_BODY = {"response_format": {"type": "json_schema", "json_schema": {
+    "name": "answer", "schema": {"type": "object", "properties": {"answer": {"type": "string"}},
+                                 "required": ["answer"], "additionalProperties": False}}}}
+
+
 def run_request(server, args, model, req, run_deadline, stop):
     res = Result(req)
     chat = args.backend == "openai-chat"
@@ -340,6 +346,8 @@ def run_request(server, args, model, req, run_deadline, stop):
         body["ignore_eos"] = True
     if args.extra_body:
         body.update(args.extra_body)
+    if req.get("structured"):
+        body.update(args.structured_body)
     payload = json.dumps(body).encode()
 
     st = time.perf_counter()
@@ -630,6 +638,10 @@ def print_report(args, run, interrupted):
     if run["goodput"] is not None:
         print(num("Request goodput (req/s):", run["goodput"], w=w))
     print(num("Output token throughput (tok/s):", run["total_out"] / dur, w=w))
+    st_ok = [r for r in run["ok"] if r.req.get("structured")]
+    if any(r.req.get("structured") for r in run["results"]):
+        print(line("Structured requests (ok):", len(st_ok), w=w))
+        print(line("Structured output tokens:", sum(r.output_tokens for r in st_ok), w=w))
     print(num("Total Token throughput (tok/s):", (run["total_in"] + run["total_out"]) / dur, w=w))
     for key, (name, title) in METRICS.items():
         if key not in args.percentile_metrics:
@@ -752,6 +764,11 @@ def parse_args():
     ap.add_argument("--ignore-eos", action="store_true", help='send "ignore_eos": true (exact output lengths)')
     ap.add_argument("--temperature", type=float, default=0.0, help="(default %(default)s)")
     ap.add_argument("--extra-body", type=json.loads, default=None, help="JSON object merged into every request")
+    ap.add_argument("--structured-fraction", type=float, default=0.0, metavar="F",
+                    help="share of the requests (spread evenly) sent with --structured-body (default 0)")
+    ap.add_argument("--structured-body", type=json.loads, default=STRUCTURED_BODY, metavar="JSON",
+                    help="JSON object merged into the structured requests (default: a response_format json_schema "
+                         "of one string field)")
     ap.add_argument("--request-timeout", type=float, default=600.0, help="seconds per request (default %(default)s)")
     ap.add_argument("--max-duration", type=float, default=3600.0,
                     help="seconds for the whole run; then outstanding requests are abandoned (default %(default)s)")
@@ -781,6 +798,10 @@ def parse_args():
         ap.error("--max-concurrency must be >= 1")
     if args.request_timeout <= 0 or args.max_duration <= 0:
         ap.error("--request-timeout and --max-duration must be > 0")
+    if not 0.0 <= args.structured_fraction <= 1.0:
+        ap.error("--structured-fraction must be in [0, 1]")
+    if not isinstance(args.structured_body, dict):
+        ap.error("--structured-body must be a JSON object")
     if args.extra_body is not None and not isinstance(args.extra_body, dict):
         ap.error("--extra-body must be a JSON object")
     if args.endpoint is None:
@@ -838,6 +859,12 @@ def main():
           f"{dropped['prompt_too_long']} prompt too long, {dropped['total_too_long']} total too long)")
     if not reqs:
         raise SystemExit("bench_serving: no prompt passed the filter")
+    n_structured = 0
+    for i, rq in enumerate(reqs):  # request i is structured when the running share passes a whole one
+        rq["structured"] = int((i + 1) * args.structured_fraction) > int(i * args.structured_fraction)
+        n_structured += rq["structured"]
+    if n_structured:
+        print(f"Structured output: {n_structured} of {len(reqs)} requests carry {json.dumps(args.structured_body)}")
     if len(reqs) < args.num_prompts:
         print(f"bench_serving: warning: only {len(reqs)} of the {args.num_prompts} requested prompts "
               "passed the filter; sending those", file=sys.stderr)

@@ -148,19 +148,22 @@ if has serving; then
   kill -TERM $pid; wait $pid
   grep -iE "throughput|ttft|tpot|success|fail" $L/serving.log | head -12
 fi
-# issue 20's trace: the ShareGPT prompts, 900 sent at once, ignore_eos, the server's default flags
-# (SHAREGPT_GEMM="invariant cublas": one server each)
+# issue 20's trace: the ShareGPT prompts, 900 sent at once, ignore_eos, the server's default flags.
+# SHAREGPT_RUNS="name:gemm:VAR=v,...:--arg,v,... ..." (default "invariant:invariant::"): one server
+# each, with those environment variables and extra bench_serving arguments (e.g.
+# "st10:invariant::--structured-fraction,0.1" or "tp1:invariant:DUOSERVE_TP_GROUP=1:")
 if has sharegpt; then
-  for gm in ${SHAREGPT_GEMM:-invariant}; do
-    $B/duoserve serve -m $M --device cuda --port 18432 --gemm $gm > $L/server_sg_$gm.log 2>&1 &
+  for spec in ${SHAREGPT_RUNS:-invariant:invariant::}; do
+    IFS=: read -r name gm envs extra <<< "$spec"
+    env $(echo "$envs" | tr ',' ' ') $B/duoserve serve -m $M --device cuda --port 18432 --gemm $gm > $L/server_sg_$name.log 2>&1 &
     pid=$!; ts=$SECONDS
     for _ in $(seq 1 600); do curl -sf http://127.0.0.1:18432/health >/dev/null 2>&1 && break; sleep 0.5; done
-    echo "== sharegpt $gm: ready after $((SECONDS-ts)) s"; grep -iE "warm-up|KV cache|sequences" $L/server_sg_$gm.log | head -4 | cut -c1-300
+    echo "== sharegpt $name: ready after $((SECONDS-ts)) s"; grep -iE "warm-up|KV cache|sequences" $L/server_sg_$name.log | head -4 | cut -c1-300
     timeout -s INT 300 python3 scripts/bench_serving.py --base-url http://127.0.0.1:18432 --dataset $SHARED/traces/ShareGPT_V3_filtered_1000_prompts_only.json \
       --output-lens-csv $SHARED/traces/sharegpt_8k_filtered_stats_llama2_tokenizer.csv --ignore-eos --num-prompts 900 --server-tokenize \
-      --percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,99 > $L/sharegpt_$gm.log 2>&1
+      --percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,99 $(echo "$extra" | tr ',' ' ') > $L/sharegpt_$name.log 2>&1
     kill -TERM $pid; wait $pid
-    grep -iE "throughput|ttft|tpot|success|fail|duration" $L/sharegpt_$gm.log | head -20
+    grep -iE "throughput|ttft|tpot|success|fail|duration|structured" $L/sharegpt_$name.log | head -20
   done
 fi
 # tensor parallelism: the usual checks through the NCCL path on one GPU (DUOSERVE_TP_GROUP=1: a

@@ -814,12 +814,19 @@ static void gemm_bench(void) {
     struct backend *blas = backend_cuda_create(0, BACKEND_CUDA_CUBLAS, err, sizeof err);
     int shapes[][2] = {{6144, 4096}, {4096, 4096}, {28672, 4096}, {4096, 14336}};
     const char *names[] = {"qkv", "o", "gate|up", "down"};
-    int Ms[] = {64, 128, 256, 512, 2048, 8192};
+    int Ms[] = {64, 128, 256, 384, 512, 1024, 2048, 8192};
     const char *ms_env = getenv("GEMMBENCH_MS"); /* "2048,8192": only these M */
+    /* GEMMBENCH_PLANS="t64,sk128": the default kernels again under each DUOSERVE_WG_PLAN */
     struct {
-        const char *name;
-    } v[] = {{"default"}};
-    const int nv = (int)(sizeof v / sizeof v[0]);
+        char name[16];
+    } v[8] = {{"default"}};
+    int nv = 1;
+    const char *plans = getenv("GEMMBENCH_PLANS");
+    for (const char *c = plans; c && *c && nv < 7;) {
+        size_t n = strcspn(c, ",");
+        snprintf(v[nv++].name, sizeof v[0].name, "%.*s", (int)n, c);
+        c += n + (c[n] == ',');
+    }
     /* GEMMBENCH_ONLY="gate|up,2048,default": one shape, M and kernel (default or cublas: for a profiler) */
     const char *only = getenv("GEMMBENCH_ONLY");
     char o_shape[32] = "", o_var[32] = "";
@@ -855,6 +862,8 @@ static void gemm_bench(void) {
                 struct backend *b = k < nv ? gpu : blas;
                 if (!b || (only && strcmp(o_var, k < nv ? v[k].name : "cublas"))) { us[k] = 0; continue; }
                 void *o = k < nv ? og : ob, *xx = k < nv ? xg : xb, *ww = k < nv ? wg : wb;
+                if (k > 0 && k < nv) setenv("DUOSERVE_WG_PLAN", v[k].name, 1);
+                else unsetenv("DUOSERVE_WG_PLAN");
                 for (int r = 0; r < 2; r++) b->ops->matmul(b, o, xx, ww, NULL, M, N, K);
                 int e = b->ops->sync(b);
                 double t0 = util_now();
