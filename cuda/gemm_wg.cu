@@ -114,7 +114,7 @@ struct wg_args {
     int sk;    // stream-K
 };
 
-template <int BN, int BK, typename OUT, bool SW>
+template <int BN, int BK, int PIPE, typename OUT, bool SW>
 __global__ void __launch_bounds__(WG_THREADS, 1)
     gemm_wg_kernel(const wg_args p, const __grid_constant__ CUtensorMap xmap, const __grid_constant__ CUtensorMap wmap) {
     using C = wg_cfg<BN, BK>;
@@ -138,7 +138,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
     pdl_wait();
 
     if (threadIdx.x < 128) { // producer
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
         if (threadIdx.x == 0) {
             int s = 0, ph = 0;
             wg_walk walk(sk, T, CH);
@@ -158,7 +158,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
             }
         }
     } else { // consumers: warpgroup cw (0, 1) holds weight rows cw * 64 .. + 63 of the tile; warp wq of it strip wq
-        asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
         const int cw = threadIdx.x / 128 - 1, wq = threadIdx.x / 32 % 4, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
         const int cwarp = cw * 4 + wq; // 0..7
         float acc[BN / 2], total[BN / 2];
@@ -185,6 +185,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
             const int kt_beg = sg.c_lo * KTC, kt_end = min(KT, sg.c_hi * KTC);
 #pragma unroll
             for (int j = 0; j < BN / 2; j++) total[j] = 0.0f;
+            if constexpr (PIPE == 2) { // EXPERIMENT (run 39): the loop before, with a conditional wait
             int prev = -1; // the stage whose wgmma group may still be in flight
             // one k tile: its A fragments, the wgmma group, then the group before it done: its stage
             // is released; at a chunk's end its sum goes into total (the prefix's chunks) or to a
@@ -224,6 +225,49 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
                     }
                 }
                 if (++s == ST) s = 0, ph ^= 1;
+            }
+            } else {
+            // chunk by chunk; in a chunk, each k tile: its A fragments, the wgmma group, then the
+            // group before it done, so its stage is released. The chunk's sum is read only after
+            // the wait for its last group, on every path (a conditional wait there makes ptxas
+            // serialize every wgmma of the kernel), into total (the prefix's chunks) or a partial.
+            for (int c = sg.c_lo; c < sg.c_hi; c++) {
+                const int k0 = c * KTC, k1 = min(KT, k0 + KTC);
+                int prev = s;
+                for (int kt = k0; kt < k1; kt++) {
+                    mbar_wait(full0 + 8 * s, ph);
+                    const uint4 *wa = reinterpret_cast<const uint4 *>(gbase + (wsm(s) - base) + cwarp * KS * 512) + lane;
+                    uint32_t a[KS][4];
+#pragma unroll
+                    for (int kk = 0; kk < KS; kk++) {
+                        const uint4 v = wa[kk * 32];
+                        a[kk][0] = v.x, a[kk][1] = v.y, a[kk][2] = v.z, a[kk][3] = v.w;
+                    }
+                    wgmma_fence();
+                    // the chunk's first step starts from zero (scale_d 0: only wgmma defines acc, so
+                    // the groups pipeline)
+                    const int keep = kt != k0;
+#pragma unroll
+                    for (int kk = 0; kk < KS; kk++)
+                        wgmma_rs<BN>(acc, a[kk], sw128_desc(xs(s) + (kk / 4) * BN * 128 + (kk % 4) * 32), kk ? 1 : keep);
+                    wgmma_commit();
+                    if constexpr (PIPE == 1) wgmma_wait<1>();
+                    else wgmma_wait<0>();
+                    if (keep) release(prev); // its group is done
+                    prev = s;
+                    if (++s == ST) s = 0, ph ^= 1;
+                }
+                wgmma_wait<0>();
+                wgmma_hold<BN / 2>(acc);
+                release(prev);
+                if (prefix) {
+#pragma unroll
+                    for (int j = 0; j < BN / 2; j++) total[j] += acc[j];
+                } else { // a chunk of a split tile past its prefix: a partial of its own
+                    float *part = p.ws + (size_t)c * M * N;
+                    each_out(acc, [&](int n, int t, float &v) { part[(size_t)t * N + n] = v; });
+                }
+            }
             }
             if (!whole) { // a split tile: the prefix's total out (the fixup kernel adds the rest in chunk order)
                 if (prefix) {
@@ -305,7 +349,7 @@ static int weight_map(CUtensorMap *map, const void *w, int N, int K, int bk, int
     return encode(map, 3, w, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_NONE);
 }
 
-template <int BN, int BK, typename OUT, bool SW>
+template <int BN, int BK, int PIPE, typename OUT, bool SW>
 static int wg_launch(OUT *y, const void *x, const void *w, const void *bias, int M, int N, int K, int split,
                      const struct gemm_wg_env *env, cudaStream_t s) {
     CUtensorMap xm, wm;
@@ -318,7 +362,7 @@ static int wg_launch(OUT *y, const void *x, const void *w, const void *bias, int
     const bool sk = fits && (split > 0 || (split < 0 && M <= 128));
     const unsigned grid = sk ? (unsigned)min((size_t)env->sms, (size_t)tiles * chunks) : min(tiles, (unsigned)env->sms);
     const wg_args a = {y, (const __nv_bfloat16 *)bias, M, N, K, env->ws, sk};
-    CUDA_CHECK(cuda_launch(gemm_wg_kernel<BN, BK, OUT, SW>, dim3(grid), dim3(WG_THREADS), wg_cfg<BN, BK>::SMEM, s, a, xm, wm));
+    CUDA_CHECK(cuda_launch(gemm_wg_kernel<BN, BK, PIPE, OUT, SW>, dim3(grid), dim3(WG_THREADS), wg_cfg<BN, BK>::SMEM, s, a, xm, wm));
     if (sk) {
         const size_t outs = (size_t)M * (SW ? N / 2 : N);
         CUDA_CHECK(cuda_launch(gemm_wg_fixup_kernel<OUT, SW>, dim3(cuda_blocks(outs, 256)), dim3(256), 0, s, a, BN, (int)grid));
@@ -326,11 +370,11 @@ static int wg_launch(OUT *y, const void *x, const void *w, const void *bias, int
     return 0;
 }
 
-template <int BN, int BK> static int wg_allow() {
+template <int BN, int BK, int PIPE> static int wg_allow() {
     const int smem = (int)wg_cfg<BN, BK>::SMEM;
-    CUDA_CHECK(cudaFuncSetAttribute(gemm_wg_kernel<BN, BK, __nv_bfloat16, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    CUDA_CHECK(cudaFuncSetAttribute(gemm_wg_kernel<BN, BK, float, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    CUDA_CHECK(cudaFuncSetAttribute(gemm_wg_kernel<BN, BK, __nv_bfloat16, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    CUDA_CHECK(cudaFuncSetAttribute(gemm_wg_kernel<BN, BK, PIPE, __nv_bfloat16, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    CUDA_CHECK(cudaFuncSetAttribute(gemm_wg_kernel<BN, BK, PIPE, float, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    CUDA_CHECK(cudaFuncSetAttribute(gemm_wg_kernel<BN, BK, PIPE, __nv_bfloat16, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     return 0;
 }
 
@@ -343,24 +387,31 @@ int gemm_wg_init(void) {
         return -2;
     }
     g_encode = (PFN_cuTensorMapEncodeTiled_v12000)fn;
-    return wg_allow<64, 128>() | wg_allow<128, 128>() | wg_allow<192, 64>();
+    return wg_allow<64, 128, 2>() | wg_allow<64, 128, 1>() | wg_allow<64, 128, 0>() | wg_allow<64, 64, 1>() |
+           wg_allow<64, 64, 0>() | wg_allow<128, 128, 2>() | wg_allow<128, 128, 1>() |
+           wg_allow<128, 128, 0>() | wg_allow<128, 64, 1>() | wg_allow<128, 64, 0>() | wg_allow<192, 64, 0>();
 }
 
-// EXPERIMENT (run 39): DUOSERVE_WG_PLAN = t64 | t128 | t192 | sk64 | sk128 forces a tile width
-// and the stream-K choice, for gemmbench's A/B; unset: the default rule
+// EXPERIMENT (run 39): DUOSERVE_WG_PLAN = [a|t|sk]BN.BK.PIPE (e.g. t128.128.1, sk64.128.2) forces a
+// tile (BN 0: by M, as the default), its k a stage, the wait (2: the conditional wait before; 1:
+// one group in flight; 0: none) and stream-K (a: the default rule, t: never, sk: when tiles < SMs), for gemmbench's A/B; unset: the default rule
 template <typename OUT, bool SW>
 static int wg_gemm(OUT *y, const void *x, const void *w, const void *bias, int M, int N, int K,
                    const struct gemm_wg_env *env, cudaStream_t s) {
     const char *plan = getenv("DUOSERVE_WG_PLAN");
+    int split = -1, bn = 0, bk = 128, pipe = 1;
     if (plan && *plan) {
-        const bool skp = !strncmp(plan, "sk", 2);
-        const int bn = atoi(plan + (skp ? 2 : 1)), split = skp ? 1 : 0;
-        if (bn == 64) return wg_launch<64, 128, OUT, SW>(y, x, w, bias, M, N, K, split, env, s);
-        if (bn == 192) return wg_launch<192, 64, OUT, SW>(y, x, w, bias, M, N, K, split, env, s);
-        return wg_launch<128, 128, OUT, SW>(y, x, w, bias, M, N, K, split, env, s);
+        split = plan[0] == 'a' ? -1 : strncmp(plan, "sk", 2) ? 0 : 1;
+        sscanf(plan + (split > 0 ? 2 : 1), "%d.%d.%d", &bn, &bk, &pipe);
     }
-    if (M <= 64) return wg_launch<64, 128, OUT, SW>(y, x, w, bias, M, N, K, -1, env, s);
-    return wg_launch<128, 128, OUT, SW>(y, x, w, bias, M, N, K, -1, env, s);
+    if (bn == 0) bn = M <= 64 ? 64 : 128;
+#define WG_PLAN(BN_, BK_, P_) \
+    if (bn == BN_ && bk == BK_ && pipe == P_) return wg_launch<BN_, BK_, P_, OUT, SW>(y, x, w, bias, M, N, K, split, env, s);
+    WG_PLAN(64, 128, 2) WG_PLAN(64, 128, 1) WG_PLAN(64, 128, 0) WG_PLAN(64, 64, 1) WG_PLAN(64, 64, 0) WG_PLAN(128, 128, 2) WG_PLAN(128, 128, 1) WG_PLAN(128, 128, 0)
+    WG_PLAN(128, 64, 1) WG_PLAN(128, 64, 0) WG_PLAN(192, 64, 0)
+#undef WG_PLAN
+    fprintf(stderr, "duoserve: DUOSERVE_WG_PLAN=%s: no such plan\n", plan ? plan : "");
+    return -2;
 }
 
 int gemm_wg_bf16(__nv_bfloat16 *y, const void *x, const void *w, const void *bias, int M, int N, int K, bool swiglu,

@@ -50,7 +50,7 @@ if has gemm; then
     grep -E "FAIL" $f | head -12; grep -E "^(ok|FAIL) (qkv|o|gate|down|LM)" $f | cut -c1-150
     grep -q " 0 failed" $f || fail=1
   done
-  [ $fail = 0 ] || { echo "GEMM op test failed: no benchmarks"; tar czf $OUT/run.tgz -C /tmp r; exit 1; }
+  [ $fail = 0 ] || [ -n "${GEMM_NOFAIL:-}" ] || { echo "GEMM op test failed: no benchmarks"; tar czf $OUT/run.tgz -C /tmp r; exit 1; }
 fi
 # each Llama-3-8B GEMM alone under the wgmma tiles' speed choices and cuBLAS (no model needed)
 if has gemmab; then
