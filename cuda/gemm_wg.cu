@@ -234,10 +234,13 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
             for (int c = sg.c_lo; c < sg.c_hi; c++) {
                 const int k0 = c * KTC, k1 = min(KT, k0 + KTC);
                 int prev = s;
-                for (int kt = k0; kt < k1; kt++) {
+                // PIPE 1: one group stays in flight while the next is issued; wgmma reads its A
+                // registers until it completes, so two fragment sets alternate, and each is kept
+                // alive (an empty asm reading it) until the wait that completes its group
+                uint32_t a0[KS][4], a1[KS][4];
+                auto step = [&](uint32_t(&a)[KS][4], uint32_t(&other)[KS][4], int kt) {
                     mbar_wait(full0 + 8 * s, ph);
                     const uint4 *wa = reinterpret_cast<const uint4 *>(gbase + (wsm(s) - base) + cwarp * KS * 512) + lane;
-                    uint32_t a[KS][4];
 #pragma unroll
                     for (int kk = 0; kk < KS; kk++) {
                         const uint4 v = wa[kk * 32];
@@ -251,14 +254,28 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
                     for (int kk = 0; kk < KS; kk++)
                         wgmma_rs<BN>(acc, a[kk], sw128_desc(xs(s) + (kk / 4) * BN * 128 + (kk % 4) * 32), kk ? 1 : keep);
                     wgmma_commit();
-                    if constexpr (PIPE == 1) wgmma_wait<1>();
-                    else wgmma_wait<0>();
+                    if constexpr (PIPE == 1) {
+                        wgmma_wait<1>();
+#pragma unroll
+                        for (int kk = 0; kk < KS; kk++)
+                            asm volatile("" ::"r"(other[kk][0]), "r"(other[kk][1]), "r"(other[kk][2]), "r"(other[kk][3]));
+                    } else {
+                        wgmma_wait<0>();
+                    }
                     if (keep) release(prev); // its group is done
                     prev = s;
                     if (++s == ST) s = 0, ph ^= 1;
+                };
+                for (int kt = k0; kt < k1; kt += 2) {
+                    step(a0, a1, kt);
+                    if (kt + 1 < k1) step(a1, a0, kt + 1);
                 }
                 wgmma_wait<0>();
                 wgmma_hold<BN / 2>(acc);
+#pragma unroll
+                for (int kk = 0; kk < KS; kk++)
+                    asm volatile("" ::"r"(a0[kk][0]), "r"(a0[kk][1]), "r"(a0[kk][2]), "r"(a0[kk][3]), "r"(a1[kk][0]),
+                                 "r"(a1[kk][1]), "r"(a1[kk][2]), "r"(a1[kk][3]));
                 release(prev);
                 if (prefix) {
 #pragma unroll
@@ -387,9 +404,8 @@ int gemm_wg_init(void) {
         return -2;
     }
     g_encode = (PFN_cuTensorMapEncodeTiled_v12000)fn;
-    return wg_allow<64, 128, 2>() | wg_allow<64, 128, 1>() | wg_allow<64, 128, 0>() | wg_allow<64, 64, 1>() |
-           wg_allow<64, 64, 0>() | wg_allow<128, 128, 2>() | wg_allow<128, 128, 1>() |
-           wg_allow<128, 128, 0>() | wg_allow<128, 64, 1>() | wg_allow<128, 64, 0>() | wg_allow<192, 64, 0>();
+    return wg_allow<64, 128, 2>() | wg_allow<64, 128, 0>() | wg_allow<64, 64, 0>() | wg_allow<128, 128, 2>() |
+           wg_allow<128, 128, 0>() | wg_allow<128, 64, 0>();
 }
 
 // EXPERIMENT (run 39): DUOSERVE_WG_PLAN = [a|t|sk]BN.BK.PIPE (e.g. t128.128.1, sk64.128.2) forces a
@@ -399,16 +415,16 @@ template <typename OUT, bool SW>
 static int wg_gemm(OUT *y, const void *x, const void *w, const void *bias, int M, int N, int K,
                    const struct gemm_wg_env *env, cudaStream_t s) {
     const char *plan = getenv("DUOSERVE_WG_PLAN");
-    int split = -1, bn = 0, bk = 128, pipe = 1;
+    int split = -1, bn = 0, bk = 0, pipe = 0;
     if (plan && *plan) {
         split = plan[0] == 'a' ? -1 : strncmp(plan, "sk", 2) ? 0 : 1;
         sscanf(plan + (split > 0 ? 2 : 1), "%d.%d.%d", &bn, &bk, &pipe);
     }
     if (bn == 0) bn = M <= 64 ? 64 : 128;
+    if (bk == 0) bk = M <= 64 || M > 4096 ? 128 : 64;
 #define WG_PLAN(BN_, BK_, P_) \
     if (bn == BN_ && bk == BK_ && pipe == P_) return wg_launch<BN_, BK_, P_, OUT, SW>(y, x, w, bias, M, N, K, split, env, s);
-    WG_PLAN(64, 128, 2) WG_PLAN(64, 128, 1) WG_PLAN(64, 128, 0) WG_PLAN(64, 64, 1) WG_PLAN(64, 64, 0) WG_PLAN(128, 128, 2) WG_PLAN(128, 128, 1) WG_PLAN(128, 128, 0)
-    WG_PLAN(128, 64, 1) WG_PLAN(128, 64, 0) WG_PLAN(192, 64, 0)
+    WG_PLAN(64, 128, 2) WG_PLAN(64, 128, 0) WG_PLAN(64, 64, 0) WG_PLAN(128, 128, 2) WG_PLAN(128, 128, 0) WG_PLAN(128, 64, 0)
 #undef WG_PLAN
     fprintf(stderr, "duoserve: DUOSERVE_WG_PLAN=%s: no such plan\n", plan ? plan : "");
     return -2;
