@@ -827,10 +827,7 @@ static struct backend_ops make_ops(void) {
     o.logits = cu_logits;
     o.argmax = cu_argmax;
     o.sample = cu_sample;
-    // cuda/sampling.cu applies sample_row.allow, but on the H200 (run 38) one draw of 64 in the
-    // op test's random rows differed from the CPU pipeline: until that is found, constrained rows
-    // sample on the host (the CPU pipeline itself)
-    o.sample_allow = false;
+    o.sample_allow = true; // cuda/sampling.cu applies sample_row.allow (structured output)
     o.sync = cu_sync;
     o.destroy = cu_destroy;
     o.graph_begin = cu_graph_begin;

@@ -70,7 +70,12 @@ __device__ __forceinline__ float key_float(uint32_t k) {
     return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
 }
 
-__device__ __forceinline__ u64 prob_fx(float p) { return (u64)((double)p * SAMP_FX_ONE); }
+// at least one unit for a kept probability: an id the CPU's draw can reach (u = 0 takes the first
+// id of non-zero mass, however small) must not round away
+__device__ __forceinline__ u64 prob_fx(float p) {
+    const u64 m = (u64)((double)p * SAMP_FX_ONE);
+    return p > 0.0f && m == 0 ? 1 : m;
+}
 
 __device__ __forceinline__ u64 warp_sum_u64(u64 v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

@@ -18,9 +18,10 @@ export LD_LIBRARY_PATH=$B:$LD_LIBRARY_PATH
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
 M=/tmp/llama8b
 mk=
-needs_8b() { for st in bench gemmprof gemmbench stamps ab trace optime serving; do has $st && return 0; done; return 1; }
+needs_8b() { for st in bench gemmprof gemmbench stamps ab trace optime serving sharegpt; do has $st && return 0; done; return 1; }
 if needs_8b; then
-  ( python3 scripts/make_llama8b.py $M --tokenizer .device/tokenizers/llama3 > $L/mk8b.log 2>&1 ) &
+  rm -f $M.ready
+  ( python3 scripts/make_llama8b.py $M --tokenizer .device/tokenizers/llama3 > $L/mk8b.log 2>&1; touch $M.ready ) &
   mk=$!
 fi
 t0=$SECONDS
@@ -75,7 +76,9 @@ if has checks; then
   done
   echo "checks done at $((SECONDS-t0)) s"
 fi
-if [ -n "$mk" ]; then wait $mk; tail -1 $L/mk8b.log; echo "8b ready at $((SECONDS-t0)) s"; fi
+# (a poll, not wait: the stages run in subshells of their own)
+wait_8b() { [ -n "$mk" ] || return 0; for _ in $(seq 1 600); do [ -f $M.ready ] && break; sleep 0.5; done; }
+if [ -n "$mk" ]; then wait_8b; tail -1 $L/mk8b.log; echo "8b ready at $((SECONDS-t0)) s"; fi
 bg() { timeout 100 $B/bench_gpu $M cuda "$@"; }
 if has bench; then
   bg --decode 1,8,64,256 --prefill 2048,32768 > $L/bench.log 2>&1; grep -E "decode|prefill" $L/bench.log | sed -E 's/ +/ /g'
@@ -153,11 +156,12 @@ fi
 # each, with those environment variables and extra bench_serving arguments (e.g.
 # "st10:invariant::--structured-fraction,0.1" or "tp1:invariant:DUOSERVE_TP_GROUP=1:")
 if has sharegpt; then
+  wait_8b
   for spec in ${SHAREGPT_RUNS:-invariant:invariant::}; do
     IFS=: read -r name gm envs extra <<< "$spec"
     env $(echo "$envs" | tr ',' ' ') $B/duoserve serve -m $M --device cuda --port 18432 --gemm $gm > $L/server_sg_$name.log 2>&1 &
     pid=$!; ts=$SECONDS
-    for _ in $(seq 1 600); do curl -sf http://127.0.0.1:18432/health >/dev/null 2>&1 && break; sleep 0.5; done
+    for _ in $(seq 1 600); do curl -sf http://127.0.0.1:18432/health >/dev/null 2>&1 && break; kill -0 $pid 2>/dev/null || break; sleep 0.5; done
     echo "== sharegpt $name: ready after $((SECONDS-ts)) s"; grep -iE "warm-up|KV cache|sequences" $L/server_sg_$name.log | head -4 | cut -c1-300
     timeout -s INT 300 python3 scripts/bench_serving.py --base-url http://127.0.0.1:18432 --dataset $SHARED/traces/ShareGPT_V3_filtered_1000_prompts_only.json \
       --output-lens-csv $SHARED/traces/sharegpt_8k_filtered_stats_llama2_tokenizer.csv --ignore-eos --num-prompts 900 --server-tokenize \
