@@ -234,48 +234,28 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
             for (int c = sg.c_lo; c < sg.c_hi; c++) {
                 const int k0 = c * KTC, k1 = min(KT, k0 + KTC);
                 int prev = s;
-                // PIPE 1: one group stays in flight while the next is issued; wgmma reads its A
-                // registers until it completes, so two fragment sets alternate, and each is kept
-                // alive (an empty asm reading it) until the wait that completes its group
-                uint32_t a0[KS][4], a1[KS][4];
-                auto step = [&](uint32_t(&a)[KS][4], uint32_t(&other)[KS][4], int kt) {
+                for (int kt = k0; kt < k1; kt++) {
                     mbar_wait(full0 + 8 * s, ph);
                     const uint4 *wa = reinterpret_cast<const uint4 *>(gbase + (wsm(s) - base) + cwarp * KS * 512) + lane;
+                    uint32_t a[KS][4];
 #pragma unroll
                     for (int kk = 0; kk < KS; kk++) {
                         const uint4 v = wa[kk * 32];
                         a[kk][0] = v.x, a[kk][1] = v.y, a[kk][2] = v.z, a[kk][3] = v.w;
                     }
                     wgmma_fence();
-                    // the chunk's first step starts from zero (scale_d 0: only wgmma defines acc, so
-                    // the groups pipeline)
+                    // the chunk's first step starts from zero (scale_d 0)
                     const int keep = kt != k0;
 #pragma unroll
                     for (int kk = 0; kk < KS; kk++)
                         wgmma_rs<BN>(acc, a[kk], sw128_desc(xs(s) + (kk / 4) * BN * 128 + (kk % 4) * 32), kk ? 1 : keep);
                     wgmma_commit();
-                    if constexpr (PIPE == 1) {
-                        wgmma_wait<1>();
-#pragma unroll
-                        for (int kk = 0; kk < KS; kk++)
-                            asm volatile("" ::"r"(other[kk][0]), "r"(other[kk][1]), "r"(other[kk][2]), "r"(other[kk][3]));
-                    } else {
-                        wgmma_wait<0>();
-                    }
-                    if (keep) release(prev); // its group is done
+                    wgmma_wait<0>();
+                    if (keep) release(prev); // the stage before (its group finished earlier)
                     prev = s;
                     if (++s == ST) s = 0, ph ^= 1;
-                };
-                for (int kt = k0; kt < k1; kt += 2) {
-                    step(a0, a1, kt);
-                    if (kt + 1 < k1) step(a1, a0, kt + 1);
                 }
-                wgmma_wait<0>();
                 wgmma_hold<BN / 2>(acc);
-#pragma unroll
-                for (int kk = 0; kk < KS; kk++)
-                    asm volatile("" ::"r"(a0[kk][0]), "r"(a0[kk][1]), "r"(a0[kk][2]), "r"(a0[kk][3]), "r"(a1[kk][0]),
-                                 "r"(a1[kk][1]), "r"(a1[kk][2]), "r"(a1[kk][3]));
                 release(prev);
                 if (prefix) {
 #pragma unroll
@@ -367,16 +347,12 @@ static int weight_map(CUtensorMap *map, const void *w, int N, int K, int bk, int
 }
 
 template <int BN, int BK, int PIPE, typename OUT, bool SW>
-static int wg_launch(OUT *y, const void *x, const void *w, const void *bias, int M, int N, int K, int split,
+static int wg_launch(OUT *y, const void *x, const void *w, const void *bias, int M, int N, int K, bool sk,
                      const struct gemm_wg_env *env, cudaStream_t s) {
     CUtensorMap xm, wm;
     if (token_map(&xm, x, M, K, BN) || weight_map(&wm, w, N, K, BK, WG_BM / 16)) return -2;
     const unsigned chunks = (unsigned)((K + GEMM_KC - 1) / GEMM_KC);
     const unsigned tiles = (unsigned)((N + WG_BM - 1) / WG_BM) * (unsigned)((M + BN - 1) / BN);
-    // stream-K over (tile, chunk) units, when the partials fit: split < 0: decode batch sizes
-    // with fewer tiles than SMs; 0: never; 1: whenever the tiles are fewer than the SMs
-    const bool fits = tiles < (unsigned)env->sms && chunks > 1 && (size_t)chunks * M * N <= GEMM_WS_FLOATS;
-    const bool sk = fits && (split > 0 || (split < 0 && M <= 128));
     const unsigned grid = sk ? (unsigned)min((size_t)env->sms, (size_t)tiles * chunks) : min(tiles, (unsigned)env->sms);
     const wg_args a = {y, (const __nv_bfloat16 *)bias, M, N, K, env->ws, sk};
     CUDA_CHECK(cuda_launch(gemm_wg_kernel<BN, BK, PIPE, OUT, SW>, dim3(grid), dim3(WG_THREADS), wg_cfg<BN, BK>::SMEM, s, a, xm, wm));
@@ -408,26 +384,52 @@ int gemm_wg_init(void) {
            wg_allow<128, 128, 0>() | wg_allow<128, 64, 0>();
 }
 
-// EXPERIMENT (run 39): DUOSERVE_WG_PLAN = [a|t|sk]BN.BK.PIPE (e.g. t128.128.1, sk64.128.2) forces a
-// tile (BN 0: by M, as the default), its k a stage, the wait (2: the conditional wait before; 1:
-// one group in flight; 0: none) and stream-K (a: the default rule, t: never, sk: when tiles < SMs), for gemmbench's A/B; unset: the default rule
+// The tile and the split for M x N x K (runs 39-40: each Llama-3-8B GEMM alone at M 64..8192):
+// - 64-token tiles up to M 64, and above it where their waves cost less: a 64-token tile takes
+//   ~0.73 of a 128-token one's time (o and down at M 256, one wave either way: 22.3 and 67.2 us
+//   against 30.6 and 92.3);
+// - stream-K over (tile, chunk) units when the tiles fill at most a quarter of the SMs (o and down
+//   at M 64, 32 tiles: 17.0 and 51.7 us against 22.0 and 67.0 whole; at 48 tiles, qkv, and at
+//   M 128, whole tiles were faster) and the partials fit;
+// - 64 k a stage at 64 < M <= 4096 (3-10% faster at M 256-2048 than 128), 128 otherwise.
+struct wg_plan {
+    int bn, bk;
+    bool sk;
+};
+static wg_plan wg_choose(int M, int N, int K, int sms) {
+    const long nt = (N + WG_BM - 1) / WG_BM, t64 = nt * ((M + 63) / 64), t128 = nt * ((M + 127) / 128);
+    const long w64 = (t64 + sms - 1) / sms, w128 = (t128 + sms - 1) / sms;
+    wg_plan pl;
+    pl.bn = M <= 64 || 73 * w64 < 100 * w128 ? 64 : 128;
+    const long tiles = pl.bn == 64 ? t64 : t128, chunks = (K + GEMM_KC - 1) / GEMM_KC;
+    pl.sk = 4 * tiles <= sms && chunks > 1 && (size_t)chunks * M * N <= GEMM_WS_FLOATS;
+    pl.bk = M <= 64 || M > 4096 || pl.sk ? 128 : 64;
+    return pl;
+}
+
 template <typename OUT, bool SW>
 static int wg_gemm(OUT *y, const void *x, const void *w, const void *bias, int M, int N, int K,
                    const struct gemm_wg_env *env, cudaStream_t s) {
+    wg_plan pl = wg_choose(M, N, K, env->sms);
+    int pipe = 0;
+    // EXPERIMENT (runs 39-41): DUOSERVE_WG_PLAN=old: run 36's kernels and rule (every wgmma
+    // serialized by ptxas); r40: run 40's rule (128-token tiles above M 64, stream-K at M <= 128)
     const char *plan = getenv("DUOSERVE_WG_PLAN");
-    int split = -1, bn = 0, bk = 0, pipe = 0;
-    if (plan && *plan) {
-        split = plan[0] == 'a' ? -1 : strncmp(plan, "sk", 2) ? 0 : 1;
-        sscanf(plan + (split > 0 ? 2 : 1), "%d.%d.%d", &bn, &bk, &pipe);
+    if (plan && (!strcmp(plan, "old") || !strcmp(plan, "r40"))) {
+        const bool old = plan[0] == 'o';
+        const unsigned tiles = (unsigned)((N + WG_BM - 1) / WG_BM) * (unsigned)((M + (M <= 64 ? 63 : 127)) / (M <= 64 ? 64 : 128));
+        const unsigned chunks = (unsigned)((K + GEMM_KC - 1) / GEMM_KC);
+        pl.bn = M <= 64 ? 64 : 128;
+        pl.bk = old || M <= 64 || M > 4096 ? 128 : 64;
+        pl.sk = M <= 128 && tiles < (unsigned)env->sms && chunks > 1 && (size_t)chunks * M * N <= GEMM_WS_FLOATS;
+        pipe = old ? 2 : 0;
     }
-    if (bn == 0) bn = M <= 64 ? 64 : 128;
-    if (bk == 0) bk = M <= 64 || M > 4096 ? 128 : 64;
-#define WG_PLAN(BN_, BK_, P_) \
-    if (bn == BN_ && bk == BK_ && pipe == P_) return wg_launch<BN_, BK_, P_, OUT, SW>(y, x, w, bias, M, N, K, split, env, s);
-    WG_PLAN(64, 128, 2) WG_PLAN(64, 128, 0) WG_PLAN(64, 64, 0) WG_PLAN(128, 128, 2) WG_PLAN(128, 128, 0) WG_PLAN(128, 64, 0)
-#undef WG_PLAN
-    fprintf(stderr, "duoserve: DUOSERVE_WG_PLAN=%s: no such plan\n", plan ? plan : "");
-    return -2;
+    if (pl.bn == 64 && pl.bk == 128) return pipe ? wg_launch<64, 128, 2, OUT, SW>(y, x, w, bias, M, N, K, pl.sk, env, s)
+                                                 : wg_launch<64, 128, 0, OUT, SW>(y, x, w, bias, M, N, K, pl.sk, env, s);
+    if (pl.bn == 64) return wg_launch<64, 64, 0, OUT, SW>(y, x, w, bias, M, N, K, pl.sk, env, s);
+    if (pl.bk == 128) return pipe ? wg_launch<128, 128, 2, OUT, SW>(y, x, w, bias, M, N, K, pl.sk, env, s)
+                                  : wg_launch<128, 128, 0, OUT, SW>(y, x, w, bias, M, N, K, pl.sk, env, s);
+    return wg_launch<128, 64, 0, OUT, SW>(y, x, w, bias, M, N, K, pl.sk, env, s);
 }
 
 int gemm_wg_bf16(__nv_bfloat16 *y, const void *x, const void *w, const void *bias, int M, int N, int K, bool swiglu,
