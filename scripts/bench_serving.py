@@ -43,6 +43,25 @@ Report (as vLLM): --percentile-metrics picks which of ttft, tpot, itl, e2el are 
 --goodput ttft:500 tpot:50 e2el:1000 (milliseconds; any subset) adds the request goodput:
 requests per second that met every objective (a one-token request's TPOT counts as 0).
 
+Multi-turn replay (--multi-turn), as chat clients send a conversation: each ShareGPT
+conversation becomes a chat session over /v1/chat/completions (the openai-chat backend, the
+default with this flag). Turn k sends every earlier user turn and the server's own earlier
+answers (not the trace's) as messages, then the k-th user turn; the turns of a conversation go
+strictly one after the other, conversations run concurrently. --num-prompts counts
+conversations, --max-turns N keeps the first N turns of each, --request-rate is the rate at which
+conversations start and --max-concurrency caps the conversations (and so the requests) in
+flight. A turn's max_completion_tokens is --output-len, else the token count of the trace's
+answer to it. The filter applies to each turn with the history estimated from the earlier user
+turns and output lengths (the chat template's tokens not counted): a conversation is cut before
+its first turn that fails (a reference answer under 4 tokens counts as failing), and dropped when
+that is its first. A turn that fails ends its conversation; its later turns are counted as not
+sent. The report adds the conversations and turns, TTFT of first and of later turns, and the
+prefix cache hit rate: the sum of usage.prompt_tokens_details.cached_tokens over the sum of
+prompt tokens of the answers that carry it, and the change of the server's /metrics counters
+prefix_cache_hits / prefix_cache_queries (duoserve:, vllm: or gpu_ prefixed, _total or not) over
+the run; "n/a" when the server reports neither. Not with --output-lens-csv (one length per
+first-turn prompt), --structured-fraction or a completions backend.
+
 Bounds: each request has --request-timeout (default 600 s, total, enforced on every socket
 read); the whole run has --max-duration (default 3600 s), after which requests still in flight
 are abandoned (their connections closed) and requests not yet sent are skipped; both are
@@ -65,6 +84,7 @@ import math
 import os
 import queue
 import random
+import re
 import socket
 import sys
 import threading
@@ -101,6 +121,21 @@ class Server:
         if self.api_key:
             h["Authorization"] = "Bearer " + self.api_key
         return h
+
+    def text_call(self, path):
+        """GET path; returns the body as text or raises RuntimeError."""
+        conn = self.connect(self.timeout)
+        try:
+            conn.request("GET", self.prefix + path, headers=self.headers())
+            resp = conn.getresponse()
+            data = resp.read()
+            if resp.status != 200:
+                raise RuntimeError(f"GET {path}: HTTP {resp.status}: {error_message(data)}")
+            return data.decode("utf-8", "replace")
+        except (OSError, http.client.HTTPException) as e:
+            raise RuntimeError(f"GET {path}: {type(e).__name__}: {e}")
+        finally:
+            conn.close()
 
     def json_call(self, method, path, obj=None):
         """One non-streaming request; returns the decoded JSON or raises RuntimeError."""
@@ -301,12 +336,100 @@ def sample_requests(args, items, out_lens_csv, counter):
     return chosen, dropped, len(cands)
 
 
+def is_turn(t, roles):
+    return isinstance(t, dict) and t.get("from") in roles and isinstance(t.get("value"), str)
+
+
+def load_conversations(path):
+    """--multi-turn: ShareGPT JSON -> list (file order) of conversations, each a list of
+    (user text, reference answer or None) from the first human turn on, while human and gpt
+    turns alternate; None for a conversation with no human turn."""
+    with open(path, "rb") as f:
+        text = f.read().decode("utf-8")
+    if not text.lstrip().startswith("["):
+        raise SystemExit(f"bench_serving: --multi-turn needs a ShareGPT JSON dataset (a list of conversations); "
+                         f"{path} is not one")
+    convs = []
+    for conv in json.loads(text):
+        turns = (conv.get("conversations") or conv.get("conversation") or []) if isinstance(conv, dict) else []
+        i = 0
+        while i < len(turns) and not is_turn(turns[i], HUMAN_ROLES):
+            i += 1
+        pairs = []
+        while i < len(turns) and is_turn(turns[i], HUMAN_ROLES):
+            nxt = turns[i + 1] if i + 1 < len(turns) else None
+            if not is_turn(nxt, GPT_ROLES):
+                pairs.append((turns[i]["value"], None))
+                break
+            pairs.append((turns[i]["value"], nxt["value"]))
+            i += 2
+        convs.append(pairs or None)
+    return convs
+
+
+def sample_conversations(args, convs, counter):
+    """--multi-turn's sampling: shuffle the conversations (unless --no-shuffle), keep each one's
+    first --max-turns turns that have an output length, then the filter turn by turn with the
+    history estimated from the earlier user turns and output lengths; the first --num-prompts
+    conversations with a turn left. -> (conversations: lists of turn dicts, conversations dropped
+    by reason, turns cut by the filter, usable conversations)."""
+    cands = []
+    for idx, pairs in enumerate(convs):
+        if not pairs:
+            continue
+        if args.max_turns:
+            pairs = pairs[:args.max_turns]
+        if args.output_len is None and pairs[-1][1] is None:
+            pairs = pairs[:-1]  # the conversation ends in an unanswered question: no length for it
+        if pairs:
+            cands.append((idx, pairs))
+    if not cands:
+        raise SystemExit("bench_serving: no conversation in the dataset has an answered human turn; "
+                         "pass --output-len for prompts without reference answers")
+    if not args.no_shuffle:
+        random.Random(args.seed).shuffle(cands)
+
+    chosen, dropped, turns_cut = [], {"too_short": 0, "prompt_too_long": 0, "total_too_long": 0}, 0
+    pos = 0
+    batch = max(16, args.num_prompts)
+    while pos < len(cands) and len(chosen) < args.num_prompts:
+        part = cands[pos:pos + batch]
+        pos += len(part)
+        texts = [t for _, pairs in part for u, a in pairs for t in ((u,) if args.output_len is not None else (u, a))]
+        counts = iter(counter.count_many(texts))
+        for idx, pairs in part:
+            lens = [(next(counts), args.output_len if args.output_len is not None else next(counts))
+                    for _ in pairs]
+            if len(chosen) >= args.num_prompts:
+                break
+            turns, ctx, reason = [], 0, None
+            for k, ((user, _), (ulen, olen)) in enumerate(zip(pairs, lens)):
+                plen = ctx + ulen  # earlier user turns and answers (at most their output lengths), then this one
+                if (k == 0 and plen < 4) or (olen < 4 and args.output_len is None):
+                    reason = "too_short"
+                elif plen > args.max_prompt_len:
+                    reason = "prompt_too_long"
+                elif plen + olen > args.max_total_len:
+                    reason = "total_too_long"
+                if reason:
+                    break
+                turns.append({"index": idx, "conv": len(chosen), "turn": k, "prompt": user,
+                              "prompt_len": plen, "output_len": olen})
+                ctx = plen + olen
+            if not turns:
+                dropped[reason] += 1
+                continue
+            turns_cut += len(pairs) - len(turns)
+            chosen.append(turns)
+    return chosen, dropped, turns_cut, len(cands)
+
+
 # ----------------------------------------------------------------------------- one request
 
 
 class Result:
     __slots__ = ("ok", "status", "error", "ttft", "latency", "itl", "output_tokens", "prompt_tokens",
-                 "usage_seen", "chunks", "text", "start", "end", "req")
+                 "usage_seen", "cached_tokens", "chunks", "text", "start", "end", "sent", "req")
 
     def __init__(self, req):
         self.req = req
@@ -319,10 +442,12 @@ class Result:
         self.output_tokens = 0
         self.prompt_tokens = None
         self.usage_seen = False
+        self.cached_tokens = None  # usage.prompt_tokens_details.cached_tokens, when the server sends it
         self.chunks = 0
         self.text = []
         self.start = 0.0
         self.end = 0.0
+        self.sent = False  # the request went out on the wire
 
 
 # --structured-body's default: one string field, so the text runs until the model closes the string
@@ -331,12 +456,14 @@ STRUCTURED_BODY = {"response_format": {"type": "json_schema", "json_schema": {
                                  "required": ["answer"], "additionalProperties": False}}}}
 
 
-def run_request(server, args, model, req, run_deadline, stop):
+def run_request(server, args, model, req, run_deadline, stop, messages=None):
+    """One streamed request; chat requests send `messages` (--multi-turn: the conversation so
+    far), else the prompt as one user message."""
     res = Result(req)
     chat = args.backend == "openai-chat"
     body = {"model": model}
     if chat:  # as vLLM's async_request_openai_chat_completions
-        body["messages"] = [{"role": "user", "content": req["prompt"]}]
+        body["messages"] = messages if messages is not None else [{"role": "user", "content": req["prompt"]}]
         body["max_completion_tokens"] = req["output_len"]
     else:
         body["prompt"] = req["prompt"]
@@ -364,6 +491,7 @@ def run_request(server, args, model, req, run_deadline, stop):
             raise socket.timeout()
         conn = server.connect(max(0.001, remaining()))
         conn.request("POST", server.prefix + args.endpoint, body=payload, headers=server.headers(True))
+        res.sent = True
         # the socket itself: http.client drops conn.sock once a response says Connection: close
         sock = conn.sock
         sock.settimeout(max(0.001, remaining()))
@@ -420,6 +548,9 @@ def run_request(server, args, model, req, run_deadline, stop):
                     res.usage_seen = True
                 if isinstance(usage.get("prompt_tokens"), int):
                     res.prompt_tokens = usage["prompt_tokens"]
+                details = usage.get("prompt_tokens_details")
+                if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
+                    res.cached_tokens = details["cached_tokens"]
         res.end = time.perf_counter()
         if res.chunks == 0:
             res.status, res.error = "failed", "stream ended without any completion chunk"
@@ -509,10 +640,14 @@ def meets_slos(r, slos):
     return all(got[k] <= v for k, v in slos.items())
 
 
-def benchmark(server, args, model, reqs):
-    n = len(reqs)
-    conc = args.max_concurrency if args.max_concurrency else n
-    conc = max(1, min(conc, n))
+def benchmark(server, args, model, jobs):
+    """Sends the jobs (each a list of turns: one request, or a --multi-turn conversation whose
+    turns go one after the other, each with the answers so far) and collects a Result a turn.
+    -> (results, duration, turns not sent, turns unfinished at the cut-off, interrupted)."""
+    n_jobs = len(jobs)
+    n = sum(len(j) for j in jobs)
+    conc = args.max_concurrency if args.max_concurrency else n_jobs
+    conc = max(1, min(conc, n_jobs))
     rate = args.request_rate
     rng = random.Random(args.seed)
     stop = threading.Event()
@@ -520,40 +655,65 @@ def benchmark(server, args, model, reqs):
     results = []
     lock = threading.Lock()
     done_cv = threading.Condition(lock)
+    count = {"jobs_started": 0, "jobs_done": 0, "turns_started": 0}
     t0 = time.perf_counter()
     run_deadline = t0 + args.max_duration
     progress_every = max(1, n // 10)
+    what = "turns" if args.multi_turn else "requests"
 
-    def worker():
-        while True:
-            item = work.get()
-            if item is None:
+    def run_job(job):
+        history = []
+        for k, rq in enumerate(job):
+            # a later turn waits for the answer before it; none starts past the deadline
+            if k > 0 and (stop.is_set() or time.perf_counter() >= run_deadline):
                 return
+            messages = history + [{"role": "user", "content": rq["prompt"]}] if args.multi_turn else None
+            with lock:
+                count["turns_started"] += 1
             try:
-                r = run_request(server, args, model, item, run_deadline, stop)
+                r = run_request(server, args, model, rq, run_deadline, stop, messages)
             except Exception as e:  # noqa: BLE001 (a bug must not leave the run waiting for this answer)
-                r = Result(item)
+                r = Result(rq)
                 r.status, r.error, r.end = "failed", f"{type(e).__name__}: {e}", time.perf_counter()
             with done_cv:
                 results.append(r)
-                k = len(results)
+                k_done = len(results)
                 done_cv.notify_all()
-            if not args.quiet and (k % progress_every == 0 or k == n):
-                print(f"  {k}/{n} requests done ({time.perf_counter() - t0:.1f} s)", file=sys.stderr, flush=True)
+            if not args.quiet and (k_done % progress_every == 0 or k_done == n):
+                print(f"  {k_done}/{n} {what} done ({time.perf_counter() - t0:.1f} s)", file=sys.stderr, flush=True)
+            if not r.ok:
+                return  # the conversation cannot go on without this answer
+            if messages is not None:
+                history = messages + [{"role": "assistant", "content": "".join(r.text)}]
+
+    def worker():
+        while True:
+            job = work.get()
+            if job is None:
+                return
+            with lock:
+                count["jobs_started"] += 1
+            try:
+                run_job(job)
+            finally:
+                with done_cv:
+                    count["jobs_done"] += 1
+                    done_cv.notify_all()
 
     threads = [threading.Thread(target=worker, daemon=True, name=f"bench-{i}") for i in range(conc)]
     for t in threads:
         t.start()
 
-    sent = 0
+    queued = 0
     interrupted = False
     try:
         # Arrivals as vLLM's get_request: the first at once, then gamma(burstiness) gaps with
         # mean 1/rate (exponential, i.e. Poisson arrivals, for burstiness 1). With
-        # --max-concurrency the arrived requests wait (FIFO) for a free slot; their TTFT
-        # is measured from when they are actually sent.
+        # --max-concurrency the arrived jobs wait (FIFO) for a free slot; their TTFT
+        # is measured from when they are actually sent. A --multi-turn conversation arrives
+        # as a whole: its later turns follow its answers, not the clock.
         next_t = t0
-        for i, rq in enumerate(reqs):
+        for i, job in enumerate(jobs):
             if i > 0 and not math.isinf(rate):
                 theta = 1.0 / (rate * args.burstiness)
                 next_t += rng.gammavariate(args.burstiness, theta)
@@ -564,14 +724,14 @@ def benchmark(server, args, model, reqs):
                     time.sleep(min(next_t, run_deadline) - now)
             if time.perf_counter() >= run_deadline:
                 break
-            work.put(rq)
-            sent += 1
+            work.put(job)
+            queued += 1
         for _ in threads:
             work.put(None)
         # Wait for the answers; the workers enforce the deadlines on every socket read, the
         # grace here only covers a connect or a read already in progress.
         with done_cv:
-            while len(results) < sent:
+            while count["jobs_done"] < queued:
                 left = run_deadline + 2.0 - time.perf_counter()
                 if left <= 0:
                     break
@@ -582,15 +742,17 @@ def benchmark(server, args, model, reqs):
     stop.set()
     with lock:
         final = list(results)
+        # unfinished: turns in flight at the cut-off, and the first turn of each queued job no
+        # worker took up; the other turns never went out
+        n_unfinished = count["turns_started"] - len(final) + queued - count["jobs_started"]
     # benchmark duration: first request sent to last one finished (or to the cut-off)
     end = max([r.end for r in final], default=t0)
-    if len(final) < sent or any(r.status == "abandoned" for r in final):
+    if n_unfinished or any(r.status == "abandoned" for r in final):
         end = max(end, min(time.perf_counter(), run_deadline))
     duration = max(end - t0, 1e-9)
-    finished_ids = {id(r.req) for r in final}
-    n_unsent = n - sent
-    n_queued_or_running = sum(1 for i, rq in enumerate(reqs[:sent]) if id(rq) not in finished_ids)
-    return final, duration, n_unsent, n_queued_or_running, interrupted
+    n_unsent = n - len(final) - n_unfinished
+    turns_sent = count["turns_started"] - sum(1 for r in final if not r.sent)
+    return final, duration, n_unsent, n_unfinished, interrupted, turns_sent
 
 
 def summarize(args, results, duration, n_unsent, n_unfinished):
@@ -620,7 +782,65 @@ def summarize(args, results, duration, n_unsent, n_unfinished):
     }
 
 
-def print_report(args, run, interrupted):
+def cache_hit_rate(results):
+    """Sum of usage cached_tokens over the sum of prompt tokens of the answers that carry it; None if none does."""
+    rs = [r for r in results if r.cached_tokens is not None and r.prompt_tokens is not None]
+    prompt = sum(r.prompt_tokens for r in rs)
+    return sum(r.cached_tokens for r in rs) / prompt if prompt else None
+
+
+def summarize_multi_turn(args, run, jobs, turns_sent, cache_before, cache_after):
+    """--multi-turn's numbers: conversations, turns, TTFT of first and later turns, prefix cache hit rates."""
+    ok = run["ok"]
+    ok_turns = {}
+    for r in ok:
+        ok_turns[r.req["conv"]] = ok_turns.get(r.req["conv"], 0) + 1
+    first = [r.ttft for r in ok if r.req["turn"] == 0]
+    later = [r.ttft for r in ok if r.req["turn"] > 0]
+    metrics = None
+    if cache_before and cache_after and cache_after["queries"] > cache_before["queries"]:
+        metrics = (cache_after["hits"] - cache_before["hits"]) / (cache_after["queries"] - cache_before["queries"])
+    return {
+        "conversations": len(jobs),
+        "conversations_completed": sum(1 for j in jobs if ok_turns.get(j[0]["conv"], 0) == len(j)),
+        "turns_planned": sum(len(j) for j in jobs),
+        "turns_sent": turns_sent,
+        "turns_first": len(first), "turns_later": len(later),
+        "ttft_first": stats_ms(first, args.metric_percentiles) if first else None,
+        "ttft_later": stats_ms(later, args.metric_percentiles) if later else None,
+        "cached_usage": sum(1 for r in ok if r.cached_tokens is not None),
+        "hit_rate_usage": cache_hit_rate(ok),
+        "hit_rate_usage_later": cache_hit_rate([r for r in ok if r.req["turn"] > 0]),
+        "cache_counters": (None if not (cache_before and cache_after) else
+                           {k: cache_after[k] - cache_before[k] for k in ("queries", "hits")}),
+        "hit_rate_metrics": metrics,
+    }
+
+
+# /metrics counters of prefix cache lookups, in tokens (vLLM's vllm:prefix_cache_queries / _hits)
+PREFIX_CACHE_RE = re.compile(r"^(?:[A-Za-z_][A-Za-z0-9_]*:)?(?:gpu_)?prefix_cache_(queries|hits)(?:_total)?"
+                             r"(?:\{[^}]*\})?\s+(\S+)")
+
+
+def prefix_cache_counters(server):
+    """The server's prefix cache counters from GET /metrics, each summed over its label sets:
+    {"queries": q, "hits": h}, or None when the server has no such counters or no /metrics."""
+    try:
+        text = server.text_call("/metrics")
+    except RuntimeError:
+        return None
+    got = {}
+    for line in text.splitlines():
+        m = PREFIX_CACHE_RE.match(line)
+        if m:
+            try:
+                got[m.group(1)] = got.get(m.group(1), 0.0) + float(m.group(2))
+            except ValueError:
+                continue
+    return got if len(got) == 2 else None
+
+
+def print_report(args, run, interrupted, mt=None):
     w, dur = 40, run["duration"]
     line = "{:<{w}} {:<10}".format
     num = "{:<{w}} {:<10.2f}".format
@@ -630,7 +850,8 @@ def print_report(args, run, interrupted):
         print(line("Failed requests:", len(run["failed"]), w=w))
     if run["n_abandoned"] or run["n_unsent"]:
         print(line("Abandoned requests (unfinished at end):", run["n_abandoned"], w=w))
-        print(line("Requests not sent (time ran out):", run["n_unsent"], w=w))
+        print(line("Requests not sent (time ran out):" if mt is None else
+                   "Turns not sent (time, or a turn failed):", run["n_unsent"], w=w))
     print(num("Benchmark duration (s):", dur, w=w))
     print(line("Total input tokens:", run["total_in"], w=w))
     print(line("Total generated tokens:", run["total_out"], w=w))
@@ -652,6 +873,8 @@ def print_report(args, run, interrupted):
         print(num(f"Median {name} (ms):", st["median"], w=w))
         for p, v in st["percentiles"]:
             print(num(f"P{percentile_name(p)} {name} (ms):", v, w=w))
+    if mt is not None:
+        print_multi_turn(mt, w)
     print("=" * 50)
     if run["prompt_est"]:
         print(f"note: {run['prompt_est']} requests had no usage.prompt_tokens; "
@@ -664,7 +887,35 @@ def print_report(args, run, interrupted):
         print("note: the run was interrupted (Ctrl-C)")
 
 
-def write_result_json(args, run, model, reqs, dropped, use_server_tok, interrupted):
+def print_multi_turn(mt, w):
+    line = "{:<{w}} {:<10}".format
+    num = "{:<{w}} {:<10.2f}".format
+
+    def rate(x):
+        return "n/a" if x is None else f"{x:.4f}"
+
+    print("{s:{c}^{n}}".format(s="Multi-turn Conversations", n=50, c="-"))
+    print(line("Conversations:", mt["conversations"], w=w))
+    print(line("Conversations completed (every turn):", mt["conversations_completed"], w=w))
+    print(line("Turns sent:", mt["turns_sent"], w=w))
+    print(line("Turns ok (first / later):", f"{mt['turns_first']} / {mt['turns_later']}", w=w))
+    for key, title in (("ttft_first", "first turns"), ("ttft_later", "later turns")):
+        st = mt[key]
+        if st is None:
+            print(line(f"TTFT of {title} (ms):", "n/a", w=w))
+            continue
+        print(num(f"Mean TTFT {title} (ms):", st["mean"], w=w))
+        print(num(f"Median TTFT {title} (ms):", st["median"], w=w))
+        for p, v in st["percentiles"]:
+            print(num(f"P{percentile_name(p)} TTFT {title} (ms):", v, w=w))
+    print(line("Prefix cache hit rate (usage):", rate(mt["hit_rate_usage"]), w=w))
+    print(line("  later turns only:", rate(mt["hit_rate_usage_later"]), w=w))
+    print(line("Prefix cache hit rate (/metrics):", rate(mt["hit_rate_metrics"]), w=w))
+    if mt["hit_rate_usage"] is not None and mt["cached_usage"] < mt["turns_first"] + mt["turns_later"]:
+        print(f"note: only {mt['cached_usage']} answers carried usage.prompt_tokens_details.cached_tokens")
+
+
+def write_result_json(args, run, model, reqs, dropped, use_server_tok, interrupted, mt=None):
     ok, dur = run["ok"], run["duration"]
     res = {
         "date": datetime.datetime.now().strftime("%Y%m%d-%H%M%S"),
@@ -713,6 +964,24 @@ def write_result_json(args, run, model, reqs, dropped, use_server_tok, interrupt
             res[f"{name}_{key}_ms"] = st[name]
         for p, v in st["percentiles"]:
             res[f"p{percentile_name(p)}_{key}_ms"] = v
+    res["multi_turn"] = mt is not None
+    if mt is not None:
+        res.update({"conversations": mt["conversations"], "conversations_completed": mt["conversations_completed"],
+                    "max_turns": args.max_turns, "turns_planned": mt["turns_planned"],
+                    "turns_cut_by_filter": mt["turns_cut"], "turns_sent": mt["turns_sent"],
+                    "turns_not_sent": run["n_unsent"], "turns_ok_first": mt["turns_first"],
+                    "turns_ok_later": mt["turns_later"]})
+        for key, prefix in (("ttft_first", "first_turn"), ("ttft_later", "later_turns")):
+            st = mt[key]
+            for name in ("mean", "median", "std"):
+                res[f"{prefix}_{name}_ttft_ms"] = st[name] if st else None
+            for p in args.metric_percentiles:
+                res[f"{prefix}_p{percentile_name(p)}_ttft_ms"] = dict(st["percentiles"])[p] if st else None
+        res.update({"prefix_cache_hit_rate_usage": mt["hit_rate_usage"],
+                    "prefix_cache_hit_rate_usage_later_turns": mt["hit_rate_usage_later"],
+                    "answers_with_cached_tokens": mt["cached_usage"],
+                    "prefix_cache_hit_rate_metrics": mt["hit_rate_metrics"],
+                    "prefix_cache_counters_delta": mt["cache_counters"]})
     if args.save_detailed:
         res["input_lens"] = run["in_lens"]
         res["output_lens"] = run["out_lens"]
@@ -721,6 +990,10 @@ def write_result_json(args, run, model, reqs, dropped, use_server_tok, interrupt
         res["itls"] = [r.itl for r in ok]
         res["e2els"] = run["samples"]["e2el"]
         res["generated_texts"] = ["".join(r.text) for r in ok]
+        if mt is not None:
+            res["turns"] = [[r.req["conv"], r.req["turn"]] for r in ok]  # (conversation, turn) of each above
+            res["prompt_tokens"] = [r.prompt_tokens for r in ok]
+            res["cached_tokens"] = [r.cached_tokens for r in ok]
         res["errors"] = [r.error for r in sorted(run["results"], key=lambda r: r.start) if not r.ok]
     tmp = args.result_json + ".tmp"
     with open(tmp, "w") as f:
@@ -733,16 +1006,22 @@ def write_result_json(args, run, model, reqs, dropped, use_server_tok, interrupt
 def parse_args():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--base-url", default="http://127.0.0.1:8000", help="server root (default %(default)s)")
-    ap.add_argument("--backend", default="openai", choices=("openai", "vllm", "openai-chat"),
+    ap.add_argument("--backend", default=None, choices=("openai", "vllm", "openai-chat"),
                     help="openai (or vllm): streaming /v1/completions; openai-chat: streaming /v1/chat/completions, "
-                         "the prompt as one user message (default %(default)s)")
+                         "the prompt as one user message (default openai; openai-chat with --multi-turn)")
     ap.add_argument("--endpoint", default=None,
                     help="API path (default /v1/completions, /v1/chat/completions for openai-chat)")
     ap.add_argument("--model", help="model id (default: the first id from GET /v1/models)")
     ap.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"),
                     help="sent as Authorization: Bearer KEY (default $OPENAI_API_KEY)")
     ap.add_argument("--dataset", required=True, help="ShareGPT JSON or JSONL of {prompt, max_tokens}")
-    ap.add_argument("--num-prompts", type=int, default=1000, help="requests to send (default %(default)s)")
+    ap.add_argument("--num-prompts", type=int, default=1000,
+                    help="requests to send; with --multi-turn, conversations (default %(default)s)")
+    ap.add_argument("--multi-turn", action="store_true",
+                    help="replay each ShareGPT conversation as a chat session: its turns in order, each with the "
+                         "server's earlier answers (see above)")
+    ap.add_argument("--max-turns", type=int, default=None, metavar="N",
+                    help="--multi-turn: the first N turns of each conversation (default: all)")
     ap.add_argument("--output-lens-csv", help="CSV whose --output-lens-column gives max_tokens per prompt")
     ap.add_argument("--output-lens-column", default="num_decode_tokens", help="(default %(default)s)")
     ap.add_argument("--output-len", type=int, help="fixed max_tokens for every request (overrides the rest)")
@@ -788,6 +1067,24 @@ def parse_args():
 
     if args.num_prompts < 1:
         ap.error("--num-prompts must be >= 1")
+    if args.max_turns is not None and not args.multi_turn:
+        ap.error("--max-turns needs --multi-turn")
+    if args.max_turns is not None and args.max_turns < 1:
+        ap.error("--max-turns must be >= 1")
+    if args.multi_turn:
+        if args.backend is None:
+            args.backend = "openai-chat"
+        elif args.backend != "openai-chat":
+            ap.error(f"--multi-turn sends chat messages: it needs --backend openai-chat, not {args.backend} "
+                     "(a completions endpoint has no conversation)")
+        if args.output_lens_csv:
+            ap.error("--multi-turn does not take --output-lens-csv (one length per first-turn prompt); each turn's "
+                     "length is its reference answer's, or --output-len")
+        if args.structured_fraction > 0:
+            ap.error("--multi-turn does not take --structured-fraction (structured answers would become the "
+                     "conversation's history)")
+    if args.backend is None:
+        args.backend = "openai"
     if args.output_len is not None and args.output_len < 1:
         ap.error("--output-len must be >= 1")
     if not (args.request_rate > 0):
@@ -825,7 +1122,7 @@ def parse_args():
         args.goodput = parse_goodput(args.goodput or [])
     except ValueError as e:
         ap.error(str(e))
-    args.keep_text = args.save_detailed
+    args.keep_text = args.save_detailed or args.multi_turn  # --multi-turn sends the answers back
     return args
 
 
@@ -846,41 +1143,63 @@ def main():
             hint = "pass --api-key" if "HTTP 401" in str(e) else "is the server up? or pass --model"
             raise SystemExit(f"bench_serving: cannot find the model at {args.base_url}/v1/models ({e}); {hint}")
 
-    items = load_dataset(args.dataset)
-    out_lens = load_output_lens(args.output_lens_csv, args.output_lens_column) if args.output_lens_csv else None
     counter = TokenCounter(server, model, use_server_tok, workers=16)
-    reqs, dropped, n_cands = sample_requests(args, items, out_lens, counter)
     tok_note = ("token counts from the server's /tokenize" if use_server_tok
                 else "token counts ESTIMATED as characters/4 (pass --tokenizer-dir for exact counts)")
     print(f"Model: {model}   server: {args.base_url}{args.endpoint} ({args.backend})")
-    print(f"Dataset: {args.dataset}: {n_cands} usable prompts; {tok_note}")
-    print(f"Filter: prompt <= {args.max_prompt_len}, prompt + output <= {args.max_total_len}, both >= 4: "
-          f"kept {len(reqs)}, dropped {sum(dropped.values())} ({dropped['too_short']} too short, "
-          f"{dropped['prompt_too_long']} prompt too long, {dropped['total_too_long']} total too long)")
-    if not reqs:
-        raise SystemExit("bench_serving: no prompt passed the filter")
+    out_lens = None
+    if args.multi_turn:
+        jobs, dropped, turns_cut, n_cands = sample_conversations(args, load_conversations(args.dataset), counter)
+        reqs = [rq for job in jobs for rq in job]
+        print(f"Dataset: {args.dataset}: {n_cands} usable conversations; {tok_note}")
+        print(f"Filter (each turn, the history estimated): prompt <= {args.max_prompt_len}, prompt + output <= "
+              f"{args.max_total_len}, first prompt and answers >= 4: kept {len(jobs)} conversations of {len(reqs)} "
+              f"turns ({turns_cut} later turns cut), dropped {sum(dropped.values())} ({dropped['too_short']} too "
+              f"short, {dropped['prompt_too_long']} prompt too long, {dropped['total_too_long']} total too long)")
+        if not jobs:
+            raise SystemExit("bench_serving: no conversation passed the filter")
+        if len(jobs) < args.num_prompts:
+            print(f"bench_serving: warning: only {len(jobs)} of the {args.num_prompts} requested conversations "
+                  "passed the filter; sending those", file=sys.stderr)
+    else:
+        items = load_dataset(args.dataset)
+        out_lens = load_output_lens(args.output_lens_csv, args.output_lens_column) if args.output_lens_csv else None
+        reqs, dropped, n_cands = sample_requests(args, items, out_lens, counter)
+        jobs = [[rq] for rq in reqs]
+        print(f"Dataset: {args.dataset}: {n_cands} usable prompts; {tok_note}")
+        print(f"Filter: prompt <= {args.max_prompt_len}, prompt + output <= {args.max_total_len}, both >= 4: "
+              f"kept {len(reqs)}, dropped {sum(dropped.values())} ({dropped['too_short']} too short, "
+              f"{dropped['prompt_too_long']} prompt too long, {dropped['total_too_long']} total too long)")
+        if not reqs:
+            raise SystemExit("bench_serving: no prompt passed the filter")
     n_structured = 0
     for i, rq in enumerate(reqs):  # request i is structured when the running share passes a whole one
         rq["structured"] = int((i + 1) * args.structured_fraction) > int(i * args.structured_fraction)
         n_structured += rq["structured"]
     if n_structured:
         print(f"Structured output: {n_structured} of {len(reqs)} requests carry {json.dumps(args.structured_body)}")
-    if len(reqs) < args.num_prompts:
+    if not args.multi_turn and len(reqs) < args.num_prompts:
         print(f"bench_serving: warning: only {len(reqs)} of the {args.num_prompts} requested prompts "
               "passed the filter; sending those", file=sys.stderr)
     out_src = ("--output-len" if args.output_len is not None else
                "--output-lens-csv" if out_lens is not None else "the dataset")
     print(f"Output lengths from {out_src}; ignore_eos={'true' if args.ignore_eos else 'not sent'}; "
-          f"request rate {args.request_rate:g}/s (burstiness {args.burstiness:g}); "
-          f"max concurrency {args.max_concurrency or 'unlimited'}; seed {args.seed}")
+          f"{'conversation' if args.multi_turn else 'request'} rate {args.request_rate:g}/s "
+          f"(burstiness {args.burstiness:g}); max concurrency {args.max_concurrency or 'unlimited'}; seed {args.seed}")
     print("TTFT is measured to the first chunk carrying a choice (as vLLM), even if its text is empty.")
     sys.stdout.flush()
 
-    results, duration, n_unsent, n_unfinished, interrupted = benchmark(server, args, model, reqs)
+    cache_before = prefix_cache_counters(server) if args.multi_turn else None
+    results, duration, n_unsent, n_unfinished, interrupted, turns_sent = benchmark(server, args, model, jobs)
     run = summarize(args, results, duration, n_unsent, n_unfinished)
-    print_report(args, run, interrupted)
+    mt = None
+    if args.multi_turn:
+        cache_after = prefix_cache_counters(server) if cache_before else None
+        mt = summarize_multi_turn(args, run, jobs, turns_sent, cache_before, cache_after)
+        mt["turns_cut"] = turns_cut
+    print_report(args, run, interrupted, mt)
     if args.result_json:
-        write_result_json(args, run, model, reqs, dropped, use_server_tok, interrupted)
+        write_result_json(args, run, model, reqs, dropped, use_server_tok, interrupted, mt)
     return 0 if run["ok"] else 1
 
 
