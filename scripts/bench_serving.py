@@ -643,7 +643,8 @@ def meets_slos(r, slos):
 def benchmark(server, args, model, jobs):
     """Sends the jobs (each a list of turns: one request, or a --multi-turn conversation whose
     turns go one after the other, each with the answers so far) and collects a Result a turn.
-    -> (results, duration, turns not sent, turns unfinished at the cut-off, interrupted)."""
+    -> (results, duration, turns not sent, turns unfinished at the cut-off, interrupted,
+    turns that went out on the wire)."""
     n_jobs = len(jobs)
     n = sum(len(j) for j in jobs)
     conc = args.max_concurrency if args.max_concurrency else n_jobs
