@@ -20,7 +20,8 @@
 
 struct engine_handle {
     struct engine *e;
-    struct engine_request req; // deep copy, owned
+    struct engine_request *req; // the request's one copy, until the core takes it (admission)
+    int n_choices;
     void (*notify)(void *ud);
     void *ud;
     pthread_mutex_t notify_mu; // held while notify runs; release takes it, so no notify follows release
@@ -59,21 +60,6 @@ static const double latency_bounds[] = ENGINE_LATENCY_BOUNDS;
 static const double tpot_bounds[] = ENGINE_TOKEN_TIME_BOUNDS;
 /* vLLM's iteration_tokens_total bounds (it uses its CUDA-graph batch sizes when it has them) */
 static const double iteration_bounds[] = {1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384};
-
-void engine_hist_init(struct engine_hist *h, const double *bounds, int n_bounds) {
-    memset(h, 0, sizeof *h);
-    h->n_bounds = n_bounds < ENGINE_HIST_MAX_BOUNDS ? n_bounds : ENGINE_HIST_MAX_BOUNDS;
-    memcpy(h->bounds, bounds, sizeof(double) * h->n_bounds);
-}
-
-void engine_hist_observe(struct engine_hist *h, double v) {
-    if (!(v >= 0)) v = 0;
-    int b = 0;
-    while (b < h->n_bounds && v > h->bounds[b]) b++;
-    h->counts[b]++;
-    h->sum += v;
-    h->count++;
-}
 
 /* vLLM's build_1_2_5_buckets: 1, 2, 5, 10, 20, 50, ... up to max. Returns the count. */
 static int bounds_1_2_5(double *out, int cap, int max) {
@@ -123,17 +109,7 @@ static void handle_unref_locked(struct engine_handle *h) {
     pthread_mutex_destroy(&h->notify_mu);
     for (int i = 0; i < h->q_len; i++) free(h->q[(h->q_head + i) % h->q_cap].text);
     free(h->q);
-    free((void *)h->req.prompt);
-    free((void *)h->req.sp.logit_bias_ids);
-    free((void *)h->req.sp.logit_bias_vals);
-    free((void *)h->req.sp.stop_ids);
-    for (int i = 0; h->req.sp.stop && i < h->req.sp.n_stop; i++) free(h->req.sp.stop[i]);
-    free((void *)h->req.sp.stop);
-    free((void *)h->req.sp.stop_len);
-    struct engine_grammar *g = &h->req.sp.grammar;
-    free((void *)g->schema);
-    free((void *)g->wrap.begin), free((void *)g->wrap.end), free((void *)g->wrap.sep);
-    free((void *)g->wrap.item_begin), free((void *)g->wrap.item_end);
+    engine_request_free(h->req);
     free(h);
 }
 
@@ -158,13 +134,11 @@ static void on_event_stats(void *ud, const struct engine_event *ev, bool stats) 
     if (h->q_len < h->q_cap) {
         struct engine_event *slot = &h->q[(h->q_head + h->q_len) % h->q_cap];
         *slot = *ev;
-        /* the core's copy of the stop strings dies with its request: point at ours */
-        slot->stop_reason_str = ev->stop_index >= 0 ? h->req.sp.stop[ev->stop_index] : NULL;
         h->q_len++;
     } else {
         free(ev->text);
     }
-    if (ev->type == ENGINE_EVENT_FINISH && ++h->n_finished == h->req.sp.n) {
+    if (ev->type == ENGINE_EVENT_FINISH && ++h->n_finished == h->n_choices) {
         h->done = true;
         h->cr = NULL; /* the core frees its request after this event */
         e->n_active--;
@@ -207,8 +181,8 @@ static void process_inbox(struct engine *e) {
     for (struct engine_handle *h = in, *nx; h; h = nx) {
         nx = h->next;
         char err[256];
-        int rc = core_add(e->core, &h->req, core_event, h, &h->cr, err, sizeof err);
-        grammar_cache_release(core_grammar_cache(e->core), h->ge); /* the core holds its own now */
+        int rc = core_add_owned(e->core, h->req, h->ge, core_event, h, &h->cr, err, sizeof err); /* takes both */
+        h->req = NULL;
         h->ge = NULL;
         h->added = true;
         h->next = e->live;
@@ -217,7 +191,7 @@ static void process_inbox(struct engine *e) {
             struct engine_event ev = {.type = ENGINE_EVENT_ERROR};
             snprintf(ev.message, sizeof ev.message, "%s", err);
             on_event(h, &ev);
-            for (int i = 0; i < h->req.sp.n; i++) {
+            for (int i = 0; i < h->n_choices; i++) {
                 struct engine_event f = {.type = ENGINE_EVENT_FINISH, .choice = i, .finish = ENGINE_FINISH_ABORT};
                 on_event(h, &f);
             }
@@ -259,7 +233,7 @@ static void update_stats(struct engine *e, int n_step) {
     memcpy(&e->stats, &st, offsetof(struct engine_stats, cache)); /* the rest is ours */
     if (n_step > 0) engine_hist_observe(&e->stats.hist[ENGINE_HIST_ITERATION_TOKENS], n_step);
     core_queue_state(e->core, &e->q_unseated, &e->q_seats_left);
-    for (struct engine_handle *h = e->inbox; h; h = h->next) queue_count(e, h->req.sp.n);
+    for (struct engine_handle *h = e->inbox; h; h = h->next) queue_count(e, h->n_choices);
     pthread_mutex_unlock(&e->mu);
 }
 
@@ -311,14 +285,17 @@ static void on_wake(uv_async_t *a) {
 
 static void cache_info(struct engine *e, const struct engine_config *cfg) {
     const struct kv_cache *kv = core_kv(e->core);
+    struct kv_cache_usage u;
+    kv_cache_usage(kv, &u);
     e->stats.cache = (struct engine_cache_info){
-        .block_size = kv->block_size,
-        .num_gpu_blocks = kv_cache_has_full(kv) ? kv->n_blocks : 0,
-        .num_streaming_slots = kv_cache_has_stream(kv) ? kv->n_slots : 0,
-        .sink_tokens = kv->sink,
-        .recent_tokens = kv->recent,
+        .block_size = kv_cache_block_size(kv),
+        .num_gpu_blocks = kv_cache_has_full(kv) ? u.n_blocks : 0,
+        .num_streaming_slots = kv_cache_has_stream(kv) ? u.n_slots : 0,
+        .sink_tokens = core_config(e->core)->sink_tokens,
+        .recent_tokens = core_config(e->core)->recent_tokens,
         .gpu_memory_utilization = cfg->gpu_memory_utilization > 0 ? cfg->gpu_memory_utilization : 0.9f,
-        .cache_dtype_bytes = (int)kv->b->ops->act_size,
+        .cache_dtype_bytes = core_kv_dtype_bytes(e->core),
+        .enable_prefix_caching = kv_cache_prefix_caching(kv),
     };
 }
 
@@ -400,33 +377,6 @@ void engine_destroy(struct engine *e) {
     free(e);
 }
 
-static void *dup_mem(const void *p, size_t n) {
-    void *d = malloc(n ? n : 1);
-    if (d && n) memcpy(d, p, n);
-    return d;
-}
-
-/* A copy of s (NULL stays NULL); *ok turns false when out of memory. */
-static const char *dup_opt(const char *s, bool *ok) {
-    if (!s) return NULL;
-    char *d = strdup(s);
-    if (!d) *ok = false;
-    return d;
-}
-
-/* h's own copies of the grammar's texts. */
-static bool copy_grammar(struct engine_grammar *g, const struct engine_grammar *from) {
-    bool ok = true;
-    *g = *from;
-    g->schema = dup_opt(from->schema, &ok);
-    g->wrap.begin = dup_opt(from->wrap.begin, &ok);
-    g->wrap.end = dup_opt(from->wrap.end, &ok);
-    g->wrap.sep = dup_opt(from->wrap.sep, &ok);
-    g->wrap.item_begin = dup_opt(from->wrap.item_begin, &ok);
-    g->wrap.item_end = dup_opt(from->wrap.item_end, &ok);
-    return ok;
-}
-
 int engine_submit(struct engine *e, const struct engine_request *req, void (*notify)(void *ud), void *ud,
                   struct engine_handle **out, char *err, size_t errlen) {
     *out = NULL;
@@ -440,24 +390,9 @@ int engine_submit(struct engine *e, const struct engine_request *req, void (*not
     h->ud = ud;
     h->refs = 2;
     pthread_mutex_init(&h->notify_mu, NULL);
-    h->req = *req;
-    h->req.prompt = dup_mem(req->prompt, sizeof(int32_t) * req->n_prompt);
-    h->req.sp.logit_bias_ids = dup_mem(sp->logit_bias_ids, sizeof(int32_t) * sp->n_logit_bias);
-    h->req.sp.logit_bias_vals = dup_mem(sp->logit_bias_vals, sizeof(float) * sp->n_logit_bias);
-    h->req.sp.stop_ids = dup_mem(sp->stop_ids, sizeof(int32_t) * sp->n_stop_ids);
-    char **stop = calloc((size_t)sp->n_stop + 1, sizeof *stop);
-    size_t *stop_len = malloc(sizeof *stop_len * ((size_t)sp->n_stop + 1));
-    bool ok = h->req.prompt && h->req.sp.logit_bias_ids && h->req.sp.logit_bias_vals && h->req.sp.stop_ids && stop && stop_len;
-    for (int i = 0; ok && i < sp->n_stop; i++) {
-        stop_len[i] = sp->stop_len ? sp->stop_len[i] : strlen(sp->stop[i]);
-        if ((ok = (stop[i] = malloc(stop_len[i] + 1)) != NULL)) {
-            memcpy(stop[i], sp->stop[i], stop_len[i]);
-            stop[i][stop_len[i]] = 0;
-        }
-    }
-    h->req.sp.stop = stop;
-    h->req.sp.stop_len = stop_len;
-    ok &= copy_grammar(&h->req.sp.grammar, &sp->grammar);
+    h->n_choices = sp->n;
+    h->req = engine_request_clone(req);
+    bool ok = h->req != NULL;
     /* structured output: compiled here, on the submitting thread, so a schema that does not
      * compile is refused at once */
     if (ok && sp->grammar.kind != ENGINE_GRAMMAR_NONE) {
@@ -559,17 +494,3 @@ int engine_vocab_size(const struct engine *e) { return core_model(e->core)->cfg.
 int engine_max_model_len(const struct engine *e) { return core_max_model_len(e->core); }
 int engine_max_num_seqs(const struct engine *e) { return core_max_num_seqs(e->core); }
 const char *engine_model_dir(const struct engine *e) { return core_model_dir(e->core); }
-
-const char *engine_strerror(int status) {
-    switch (status) {
-    case ENGINE_OK: return "ok";
-    case ENGINE_ERR_INVALID: return "invalid request";
-    case ENGINE_ERR_TOO_LONG: return "context length exceeded";
-    case ENGINE_ERR_QUEUE_FULL: return "queue full";
-    case ENGINE_ERR_DRAINING: return "shutting down";
-    case ENGINE_ERR_OOM: return "out of memory";
-    case ENGINE_ERR_FATAL: return "the backend failed";
-    case ENGINE_ERR_GRAMMAR: return "the structured-output schema cannot be used";
-    }
-    return "unknown error";
-}

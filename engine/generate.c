@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/kv_cache_impl.h"
 #include "engine/sampler.h"
 #include "engine/util.h"
 

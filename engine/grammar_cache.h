@@ -16,7 +16,7 @@
 
 #include <stddef.h>
 
-#include "engine/engine.h"
+#include "engine/request.h"
 #include "engine/grammar.h"
 #include "engine/token_mask.h"
 

@@ -1,9 +1,35 @@
-#include "engine/kv_cache.h"
+#include "engine/kv_cache_impl.h"
 
 #include <assert.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* A snapshot of a sequence that left: the first n_full * block_size + n_tail tokens. */
+struct kv_snap {
+    uint64_t base;    // chain hash of its last full block (the salt when it has none)
+    int n_full, n_tail;
+    int32_t *tail;    // [block_size] the tokens of its partial block
+    int32_t block;    // its partial block (held), or -1 when n_tail is 0
+    int32_t slot;     // its streaming slot (held), or -1
+    uint64_t used;    // last use (clock), for least-recently-used eviction
+};
+
+struct kv_prefix {
+    uint64_t salt;
+    uint64_t *hash, *parent;   // [n_blocks] a registered block's chain hash and its parent's
+    int32_t *tokens;           // [n_blocks * block_size] its tokens
+    uint8_t *reg;              // [n_blocks] registered
+    int32_t *bucket, *chain;   // hash table: [n_buckets] first block, [n_blocks] next block (-1 ends)
+    int n_buckets;             // a power of two
+    int32_t *prev, *next;      // [n_blocks] cached blocks nobody holds, least recently used first
+    int32_t head, tail;
+    int n_idle;
+    int n_reg;
+    struct kv_snap *snaps;
+    int n_snaps, max_snaps;
+    uint64_t clock, queries, hits;
+};
 
 static size_t sum_heads(const int *h, int n) {
     size_t s = 0;
@@ -17,6 +43,13 @@ size_t kv_cache_block_bytes(const struct kv_geometry *g, size_t es) {
 
 size_t kv_cache_slot_bytes(const struct kv_geometry *g, size_t es) {
     return 2 * sum_heads(g->n_stream, g->n_layers) * (size_t)(g->sink + g->recent) * g->head_dim * es;
+}
+
+struct kv_cache *kv_cache_new(void) { return calloc(1, sizeof(struct kv_cache)); }
+
+void kv_cache_delete(struct kv_cache *kv) {
+    kv_cache_free(kv);
+    free(kv);
 }
 
 int kv_cache_init(struct kv_cache *kv, struct backend *b, const struct kv_geometry *g, int n_blocks, int n_slots) {
@@ -91,11 +124,16 @@ int kv_cache_init_shards(struct kv_cache *kv, int n, struct backend *const *b, c
     kv->n_free_blocks = n_blocks;
     for (int i = 0; i < n_slots; i++) kv->free_slots[i] = n_slots - 1 - i;
     kv->n_free_slots = n_slots;
+    kv->has_full = kv_cache_has_full(kv);
+    kv->has_stream = kv_cache_has_stream(kv);
     return KV_STATUS_OK;
 }
 
+static void prefix_free(struct kv_prefix *pc);
+
 void kv_cache_free(struct kv_cache *kv) {
     if (!kv || !kv->b) return;
+    prefix_free(kv->pc);
     for (int r = 0; kv->shards && r < kv->n_shards; r++)
         if (kv->shards[r].b) shard_free(&kv->shards[r], kv->n_layers);
     free(kv->shards);
@@ -106,7 +144,19 @@ void kv_cache_free(struct kv_cache *kv) {
     memset(kv, 0, sizeof *kv);
 }
 
+static bool evict_block(struct kv_cache *kv);
+static int evict_snapshot(struct kv_cache *kv, bool want_slot, int keep);
+static void idle_remove(struct kv_prefix *pc, int32_t id);
+static void idle_push(struct kv_prefix *pc, int32_t id);
+
 enum kv_status kv_cache_alloc(struct kv_cache *kv, int n, int32_t *out) {
+    if (kv->pc) { /* the free stack first, then cached blocks nobody holds, then snapshots' blocks */
+        struct kv_cache_usage u;
+        kv_cache_usage(kv, &u);
+        if (n > u.n_free_blocks) return KV_STATUS_NO_SPACE;
+        while (kv->n_free_blocks < n && (evict_block(kv) || evict_snapshot(kv, false, -1) >= 0)) {
+        }
+    }
     if (n > kv->n_free_blocks) return KV_STATUS_NO_SPACE;
     for (int i = 0; i < n; i++) {
         int32_t id = kv->free_blocks[--kv->n_free_blocks];
@@ -118,7 +168,8 @@ enum kv_status kv_cache_alloc(struct kv_cache *kv, int n, int32_t *out) {
 }
 
 void kv_cache_ref(struct kv_cache *kv, int32_t id) {
-    assert(id >= 0 && id < kv->n_blocks && kv->ref[id] > 0);
+    assert(id >= 0 && id < kv->n_blocks && (kv->ref[id] > 0 || (kv->pc && kv->pc->reg[id])));
+    if (kv->ref[id] == 0) idle_remove(kv->pc, id); /* a cached block back in use */
     kv->ref[id]++;
 }
 
@@ -126,7 +177,9 @@ void kv_cache_release(struct kv_cache *kv, const int32_t *ids, int n) {
     for (int i = 0; i < n; i++) {
         int32_t id = ids[i];
         assert(id >= 0 && id < kv->n_blocks && kv->ref[id] > 0);
-        if (--kv->ref[id] == 0) kv->free_blocks[kv->n_free_blocks++] = id;
+        if (--kv->ref[id] > 0) continue;
+        if (kv->pc && kv->pc->reg[id]) idle_push(kv->pc, id); /* stays cached until the room is needed */
+        else kv->free_blocks[kv->n_free_blocks++] = id;
     }
 }
 
@@ -144,6 +197,8 @@ void kv_cache_copy_block(struct kv_cache *kv, int32_t dst, int32_t src) {
 }
 
 enum kv_status kv_cache_alloc_slot(struct kv_cache *kv, int32_t *slot) {
+    while (kv->n_free_slots == 0 && kv->pc && evict_snapshot(kv, true, -1) >= 0) {
+    }
     if (kv->n_free_slots == 0) return KV_STATUS_NO_SPACE;
     *slot = kv->free_slots[--kv->n_free_slots];
     assert(!kv->slot_used[*slot]);
@@ -185,3 +240,391 @@ int kv_cache_has_stream(const struct kv_cache *kv) {
             if (kv->shards[r].n_stream[l]) return 1;
     return 0;
 }
+
+void kv_cache_usage(const struct kv_cache *kv, struct kv_cache_usage *u) {
+    *u = (struct kv_cache_usage){kv->n_blocks, kv->n_free_blocks, kv->n_slots, kv->n_free_slots};
+    if (!kv->pc) return;
+    /* what eviction gives back counts as free: idle cached blocks, snapshots' slots and the partial
+     * blocks only a snapshot holds */
+    u->n_free_blocks += kv->pc->n_idle;
+    for (int i = 0; i < kv->pc->n_snaps; i++) {
+        const struct kv_snap *sn = &kv->pc->snaps[i];
+        u->n_free_blocks += sn->block >= 0 && kv->ref[sn->block] == 1;
+        u->n_free_slots += sn->slot >= 0;
+    }
+}
+
+int kv_cache_block_size(const struct kv_cache *kv) { return kv->block_size; }
+
+int kv_cache_capacity_tokens(const struct kv_cache *kv) {
+    if (!kv->has_full) return INT_MAX;
+    long long t = (long long)kv->n_blocks * kv->block_size;
+    return t > INT_MAX ? INT_MAX : (int)t;
+}
+
+void kv_seq_init(struct kv_seq *t) { *t = (struct kv_seq){.slot = -1}; }
+
+void kv_seq_free(struct kv_seq *t) {
+    assert(t->n_blocks == 0 && t->slot < 0);
+    free(t->blocks);
+    free(t->hash);
+    kv_seq_init(t);
+}
+
+static bool seq_table_grow(struct kv_seq *t, int need) {
+    if (need <= t->cap) return true;
+    int nc = t->cap ? t->cap : 16;
+    while (nc < need) nc *= 2;
+    int32_t *nb = realloc(t->blocks, sizeof(int32_t) * (size_t)nc);
+    if (nb) t->blocks = nb;
+    uint64_t *nh = realloc(t->hash, sizeof(uint64_t) * (size_t)nc);
+    if (nh) t->hash = nh;
+    if (!nb || !nh) return false;
+    t->cap = nc;
+    return true;
+}
+
+enum kv_status kv_cache_seq_ensure(struct kv_cache *kv, struct kv_seq *t, int from, int upto) {
+    if (!kv->has_full) return KV_STATUS_OK;
+    int bs = kv->block_size;
+    int need = (upto + bs - 1) / bs;
+    int first_write = from / bs;
+    bool cow = first_write < t->n_blocks && kv->ref[t->blocks[first_write]] > 1;
+    int new_blocks = (need > t->n_blocks ? need - t->n_blocks : 0) + (cow ? 1 : 0);
+    struct kv_cache_usage u;
+    kv_cache_usage(kv, &u);
+    if (new_blocks > u.n_free_blocks) return KV_STATUS_NO_SPACE;
+    if (!seq_table_grow(t, need + 1)) return KV_STATUS_OOM;
+    if (cow) {
+        int32_t nb;
+        kv_cache_alloc(kv, 1, &nb);
+        kv_cache_copy_block(kv, nb, t->blocks[first_write]);
+        kv_cache_release(kv, &t->blocks[first_write], 1);
+        t->blocks[first_write] = nb;
+    }
+    if (need > t->n_blocks) {
+        kv_cache_alloc(kv, need - t->n_blocks, t->blocks + t->n_blocks);
+        t->n_blocks = need;
+    }
+    return KV_STATUS_OK;
+}
+
+enum kv_status kv_cache_seq_slot(struct kv_cache *kv, struct kv_seq *t) {
+    assert(t->slot < 0);
+    return kv_cache_alloc_slot(kv, &t->slot);
+}
+
+enum kv_status kv_cache_seq_fork(struct kv_cache *kv, struct kv_seq *dst, const struct kv_seq *src) {
+    assert(dst->n_blocks == 0 && dst->slot < 0);
+    if (!seq_table_grow(dst, src->n_blocks + 1)) return KV_STATUS_OOM;
+    if (src->slot >= 0) {
+        enum kv_status st = kv_cache_alloc_slot(kv, &dst->slot);
+        if (st != KV_STATUS_OK) return st;
+        kv_cache_copy_slot(kv, dst->slot, src->slot);
+    }
+    memcpy(dst->blocks, src->blocks, sizeof(int32_t) * (size_t)src->n_blocks);
+    dst->n_blocks = src->n_blocks;
+    memcpy(dst->hash, src->hash, sizeof(uint64_t) * (size_t)src->n_hashed);
+    dst->n_hashed = src->n_hashed;
+    for (int i = 0; i < dst->n_blocks; i++) kv_cache_ref(kv, dst->blocks[i]);
+    return KV_STATUS_OK;
+}
+
+void kv_cache_seq_release(struct kv_cache *kv, struct kv_seq *t) {
+    if (t->n_blocks) kv_cache_release(kv, t->blocks, t->n_blocks);
+    t->n_blocks = 0;
+    t->n_hashed = 0;
+    if (t->slot >= 0) kv_cache_release_slot(kv, t->slot);
+    t->slot = -1;
+}
+
+/* ---- prefix caching ---- */
+
+static uint64_t mix64(uint64_t x) { /* splitmix64's finalizer */
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ull;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+static uint64_t chain_hash(uint64_t parent, const int32_t *tokens, int n) {
+    uint64_t h = mix64(parent ^ 0x9e3779b97f4a7c15ull);
+    for (int i = 0; i < n; i++) h = mix64(h ^ (uint32_t)tokens[i]);
+    return h;
+}
+
+static void prefix_free(struct kv_prefix *pc) {
+    if (!pc) return;
+    free(pc->hash), free(pc->parent), free(pc->tokens), free(pc->reg);
+    free(pc->bucket), free(pc->chain), free(pc->prev), free(pc->next);
+    for (int i = 0; i < pc->n_snaps; i++) free(pc->snaps[i].tail);
+    free(pc->snaps);
+    free(pc);
+}
+
+int kv_cache_enable_prefix_caching(struct kv_cache *kv, uint64_t salt) {
+    if (kv->pc || !kv->has_full) return 0;
+    struct kv_prefix *pc = calloc(1, sizeof *pc);
+    if (!pc) return -1;
+    size_t nb = (size_t)kv->n_blocks;
+    pc->n_buckets = 16;
+    while ((size_t)pc->n_buckets < 2 * nb) pc->n_buckets *= 2;
+    pc->salt = salt;
+    pc->hash = malloc(sizeof(uint64_t) * nb);
+    pc->parent = malloc(sizeof(uint64_t) * nb);
+    pc->tokens = malloc(sizeof(int32_t) * nb * (size_t)kv->block_size);
+    pc->reg = calloc(nb, 1);
+    pc->bucket = malloc(sizeof(int32_t) * (size_t)pc->n_buckets);
+    pc->chain = malloc(sizeof(int32_t) * nb);
+    pc->prev = malloc(sizeof(int32_t) * nb);
+    pc->next = malloc(sizeof(int32_t) * nb);
+    /* a snapshot per slot at most, and some for sequences without streaming heads (partial blocks) */
+    pc->max_snaps = kv->n_slots > 0 ? kv->n_slots : 256;
+    pc->snaps = calloc((size_t)pc->max_snaps, sizeof *pc->snaps);
+    pc->head = pc->tail = -1;
+    if (!pc->hash || !pc->parent || !pc->tokens || !pc->reg || !pc->bucket || !pc->chain || !pc->prev || !pc->next ||
+        !pc->snaps) {
+        prefix_free(pc);
+        return -1;
+    }
+    for (int i = 0; i < pc->n_buckets; i++) pc->bucket[i] = -1;
+    kv->pc = pc;
+    return 0;
+}
+
+bool kv_cache_prefix_caching(const struct kv_cache *kv) { return kv->pc != NULL; }
+
+/* ---- the table of registered blocks ---- */
+
+static int32_t table_find(const struct kv_cache *kv, uint64_t parent, uint64_t h, const int32_t *tokens) {
+    const struct kv_prefix *pc = kv->pc;
+    int bs = kv->block_size;
+    for (int32_t id = pc->bucket[h & (uint64_t)(pc->n_buckets - 1)]; id >= 0; id = pc->chain[id])
+        if (pc->hash[id] == h && pc->parent[id] == parent &&
+            !memcmp(pc->tokens + (size_t)id * bs, tokens, sizeof(int32_t) * (size_t)bs))
+            return id;
+    return -1;
+}
+
+static void table_insert(struct kv_cache *kv, int32_t id, uint64_t parent, uint64_t h, const int32_t *tokens) {
+    struct kv_prefix *pc = kv->pc;
+    size_t b = h & (uint64_t)(pc->n_buckets - 1);
+    pc->hash[id] = h;
+    pc->parent[id] = parent;
+    memcpy(pc->tokens + (size_t)id * kv->block_size, tokens, sizeof(int32_t) * (size_t)kv->block_size);
+    pc->reg[id] = 1;
+    pc->chain[id] = pc->bucket[b];
+    pc->bucket[b] = id;
+    pc->n_reg++;
+}
+
+static void table_remove(struct kv_cache *kv, int32_t id) {
+    struct kv_prefix *pc = kv->pc;
+    for (int32_t *p = &pc->bucket[pc->hash[id] & (uint64_t)(pc->n_buckets - 1)]; *p >= 0; p = &pc->chain[*p])
+        if (*p == id) {
+            *p = pc->chain[id];
+            break;
+        }
+    pc->reg[id] = 0;
+    pc->n_reg--;
+}
+
+/* ---- cached blocks nobody holds, least recently used first ---- */
+
+static void idle_push(struct kv_prefix *pc, int32_t id) {
+    pc->prev[id] = pc->tail;
+    pc->next[id] = -1;
+    if (pc->tail >= 0) pc->next[pc->tail] = id;
+    else pc->head = id;
+    pc->tail = id;
+    pc->n_idle++;
+}
+
+static void idle_remove(struct kv_prefix *pc, int32_t id) {
+    if (pc->prev[id] >= 0) pc->next[pc->prev[id]] = pc->next[id];
+    else pc->head = pc->next[id];
+    if (pc->next[id] >= 0) pc->prev[pc->next[id]] = pc->prev[id];
+    else pc->tail = pc->prev[id];
+    pc->n_idle--;
+}
+
+/* The least recently used idle cached block goes back to the free stack. */
+static bool evict_block(struct kv_cache *kv) {
+    struct kv_prefix *pc = kv->pc;
+    int32_t id = pc->head;
+    if (id < 0) return false;
+    idle_remove(pc, id);
+    table_remove(kv, id);
+    kv->free_blocks[kv->n_free_blocks++] = id;
+    return true;
+}
+
+/* ---- snapshots ---- */
+
+static void snap_drop(struct kv_cache *kv, int i) {
+    struct kv_prefix *pc = kv->pc;
+    struct kv_snap *sn = &pc->snaps[i];
+    if (sn->block >= 0) kv_cache_release(kv, &sn->block, 1);
+    if (sn->slot >= 0) kv_cache_release_slot(kv, sn->slot);
+    free(sn->tail);
+    pc->snaps[i] = pc->snaps[--pc->n_snaps];
+}
+
+/* Drops the least recently used snapshot (one holding a slot when want_slot) but snapshot `keep`,
+ * and returns its index (where the last snapshot moved), or -1 when there is none to drop. */
+static int evict_snapshot(struct kv_cache *kv, bool want_slot, int keep) {
+    struct kv_prefix *pc = kv->pc;
+    int best = -1;
+    for (int i = 0; i < pc->n_snaps; i++) {
+        const struct kv_snap *sn = &pc->snaps[i];
+        if (i == keep || (want_slot && sn->slot < 0)) continue;
+        if (best < 0 || sn->used < pc->snaps[best].used) best = i;
+    }
+    if (best >= 0) snap_drop(kv, best);
+    return best;
+}
+
+/* ---- what sequences do ---- */
+
+void kv_cache_seq_commit(struct kv_cache *kv, struct kv_seq *t, const int32_t *tokens, int n_computed) {
+    struct kv_prefix *pc = kv->pc;
+    if (!pc) return;
+    int bs = kv->block_size, full = n_computed / bs;
+    if (full > t->n_blocks) full = t->n_blocks;
+    for (int i = t->n_hashed; i < full; i++) {
+        uint64_t parent = i ? t->hash[i - 1] : pc->salt;
+        uint64_t h = chain_hash(parent, tokens + (size_t)i * bs, bs);
+        t->hash[i] = h;
+        int32_t id = t->blocks[i];
+        /* a block computed twice (two sequences at once) is cached once: the first one stays */
+        if (!pc->reg[id] && table_find(kv, parent, h, tokens + (size_t)i * bs) < 0) table_insert(kv, id, parent, h, tokens + (size_t)i * bs);
+    }
+    if (full > t->n_hashed) t->n_hashed = full;
+}
+
+void kv_cache_seq_retire(struct kv_cache *kv, struct kv_seq *t, const int32_t *tokens, int n_computed) {
+    struct kv_prefix *pc = kv->pc;
+    if (!pc || n_computed <= 0) {
+        kv_cache_seq_release(kv, t);
+        return;
+    }
+    kv_cache_seq_commit(kv, t, tokens, n_computed);
+    int bs = kv->block_size, n_full = n_computed / bs, n_tail = n_computed % bs;
+    bool keep = n_full <= t->n_hashed && (n_tail > 0 || t->slot >= 0) && (n_tail == 0 || n_full < t->n_blocks);
+    /* a snapshot of the same tokens replaces the older one */
+    uint64_t base = n_full ? t->hash[n_full - 1] : pc->salt;
+    for (int i = 0; keep && i < pc->n_snaps; i++) {
+        struct kv_snap *sn = &pc->snaps[i];
+        if (sn->base == base && sn->n_full == n_full && sn->n_tail == n_tail &&
+            !memcmp(sn->tail, tokens + (size_t)n_full * bs, sizeof(int32_t) * (size_t)n_tail)) {
+            snap_drop(kv, i);
+            break;
+        }
+    }
+    int32_t *tail = keep ? malloc(sizeof(int32_t) * (size_t)bs) : NULL;
+    if (tail && (pc->n_snaps < pc->max_snaps || evict_snapshot(kv, false, -1) >= 0)) {
+        memcpy(tail, tokens + (size_t)n_full * bs, sizeof(int32_t) * (size_t)n_tail);
+        struct kv_snap *sn = &pc->snaps[pc->n_snaps++];
+        *sn = (struct kv_snap){.base = base, .n_full = n_full, .n_tail = n_tail, .tail = tail, .block = -1,
+                               .slot = t->slot, .used = ++pc->clock};
+        if (n_tail) { /* the partial block moves to the snapshot */
+            sn->block = t->blocks[n_full];
+            t->blocks[n_full] = t->blocks[--t->n_blocks]; /* the rest is released below, in any order */
+        }
+        t->slot = -1;
+    } else {
+        free(tail);
+    }
+    kv_cache_seq_release(kv, t);
+}
+
+int kv_cache_seq_match(struct kv_cache *kv, struct kv_seq *t, const int32_t *tokens, int n) {
+    struct kv_prefix *pc = kv->pc;
+    if (!pc || n < 2) return 0;
+    assert(t->n_blocks == 0 && t->slot < 0);
+    int bs = kv->block_size, max = n - 1; /* the last token is computed: its logits are needed */
+    if (!seq_table_grow(t, max / bs + 2)) return 0;
+    pc->queries += (uint64_t)n;
+    /* the chain of cached blocks */
+    int depth = 0;
+    uint64_t parent = pc->salt;
+    while ((depth + 1) * bs <= max) {
+        uint64_t h = chain_hash(parent, tokens + (size_t)depth * bs, bs);
+        int32_t id = table_find(kv, parent, h, tokens + (size_t)depth * bs);
+        if (id < 0) break;
+        t->blocks[depth] = id;
+        t->hash[depth++] = h;
+        parent = h;
+    }
+    /* the longest snapshot on it */
+    struct kv_snap *best = NULL;
+    for (int i = 0; i < pc->n_snaps; i++) {
+        struct kv_snap *sn = &pc->snaps[i];
+        int len = sn->n_full * bs + sn->n_tail;
+        if (sn->n_full > depth || len > max || (best && len <= best->n_full * bs + best->n_tail)) continue;
+        if (sn->base != (sn->n_full ? t->hash[sn->n_full - 1] : pc->salt)) continue;
+        if (kv->has_stream && sn->slot < 0) continue;
+        if (memcmp(sn->tail, tokens + (size_t)sn->n_full * bs, sizeof(int32_t) * (size_t)sn->n_tail)) continue;
+        best = sn;
+    }
+    int n_full = best ? best->n_full : kv->has_stream ? 0 : depth;
+    if (best && !kv->has_stream && best->n_full * bs + best->n_tail <= depth * bs) { /* the chain is longer */
+        best = NULL;
+        n_full = depth;
+    }
+    if (!best && kv->has_stream) return 0; /* the streaming heads' rows need a snapshot */
+    if (best) {
+        best->used = ++pc->clock;
+        if (best->slot >= 0) {
+            int32_t slot;
+            int bi = (int)(best - pc->snaps);
+            while (kv->n_free_slots == 0) { /* room for a copy: other snapshots go first */
+                int last = pc->n_snaps - 1, d = evict_snapshot(kv, true, bi);
+                if (d < 0) break;
+                if (bi == last) bi = d;
+            }
+            best = &pc->snaps[bi];
+            if (kv_cache_alloc_slot(kv, &slot) == KV_STATUS_OK) {
+                kv_cache_copy_slot(kv, slot, best->slot);
+                t->slot = slot;
+            } else { /* the snapshot's own slot is the only one left: take it over */
+                t->slot = best->slot;
+                best->slot = -1;
+            }
+        }
+    }
+    for (int i = 0; i < n_full; i++) kv_cache_ref(kv, t->blocks[i]);
+    t->n_blocks = t->n_hashed = n_full;
+    int found = n_full * bs;
+    if (best && best->n_tail) {
+        kv_cache_ref(kv, best->block); /* shared: the first write copies it */
+        t->blocks[t->n_blocks++] = best->block;
+        found += best->n_tail;
+    }
+    if (best && best->slot < 0 && kv->has_stream) { /* its slot was taken over: nothing left to restore */
+        int i = (int)(best - pc->snaps);
+        snap_drop(kv, i);
+    }
+    pc->hits += (uint64_t)found;
+    return found;
+}
+
+void kv_cache_prefix_stats(const struct kv_cache *kv, struct kv_prefix_stats *st) {
+    *st = (struct kv_prefix_stats){0};
+    if (!kv->pc) return;
+    st->queries = kv->pc->queries;
+    st->hits = kv->pc->hits;
+    st->cached_blocks = kv->pc->n_reg;
+    st->snapshots = kv->pc->n_snaps;
+}
+
+void kv_cache_snapshot_holders(const struct kv_cache *kv, int *holders, int *slot_holders) {
+    for (int i = 0; kv->pc && i < kv->pc->n_snaps; i++) {
+        const struct kv_snap *sn = &kv->pc->snaps[i];
+        if (sn->block >= 0) holders[sn->block]++;
+        if (sn->slot >= 0) slot_holders[sn->slot]++;
+    }
+}
+
+bool kv_cache_block_cached(const struct kv_cache *kv, int32_t id) { return kv->pc && kv->pc->reg[id]; }

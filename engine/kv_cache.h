@@ -13,6 +13,8 @@
 #ifndef DUO_KV_CACHE_H
 #define DUO_KV_CACHE_H
 
+#include <limits.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -27,31 +29,25 @@ struct kv_geometry {
     int sink, recent;    // streaming slot rows: sink + recent
 };
 
-/* One rank's arrays: its heads of every layer. */
-struct kv_shard {
-    struct backend *b;
-    int *n_full, *n_stream;       // [n_layers] this rank's retrieval / streaming KV heads
-    void **k_full, **v_full;      // [n_layers] backend arrays (NULL when the rank has no retrieval head there)
-    void **k_stream, **v_stream;  // [n_layers] backend arrays (NULL when it has no streaming head there)
-};
+struct kv_cache;
 
-struct kv_cache {
-    struct backend *b; // shards[0].b
-    int n_layers, head_dim, block_size, sink, recent;
-    int n_blocks, n_slots;
-    int n_shards;             // tensor-parallel ranks; 1 without tensor parallelism
-    struct kv_shard *shards;  // [n_shards]
-    int32_t *ref;                 // [n_blocks] reference counts (0 = free)
-    int32_t *free_blocks;         // stack
-    int n_free_blocks;
-    int32_t *free_slots;          // stack
-    uint8_t *slot_used;           // [n_slots]
-    int n_free_slots;
+/* A sequence's KV: its full-pool block table (block i holds positions [i * block_size, (i + 1) *
+ * block_size)) and its streaming slot (-1: none). Owned by the sequence, changed by the cache. */
+struct kv_seq {
+    int32_t *blocks;
+    int n_blocks, cap;
+    int32_t slot;
+    uint64_t *hash; // [cap] prefix caching: the chain hash of each full block (n_hashed of them)
+    int n_hashed;
 };
 
 /* Bytes one full-pool block and one streaming slot take across all layers (K and V). */
 size_t kv_cache_block_bytes(const struct kv_geometry *g, size_t elem_size);
 size_t kv_cache_slot_bytes(const struct kv_geometry *g, size_t elem_size);
+
+/* A zeroed cache for kv_cache_init(_shards) / model_kv_cache_init; kv_cache_delete frees both. */
+struct kv_cache *kv_cache_new(void);
+void kv_cache_delete(struct kv_cache *kv);
 
 int kv_cache_init(struct kv_cache *kv, struct backend *b, const struct kv_geometry *g, int n_blocks, int n_slots);
 /* The same over n ranks: shard r holds the heads of g[r] in backend b[r] (the geometries differ
@@ -75,5 +71,60 @@ void kv_cache_copy_slot(struct kv_cache *kv, int32_t dst, int32_t src);
 /* Whether any layer (of any rank) has retrieval heads / streaming heads. */
 int kv_cache_has_full(const struct kv_cache *kv);
 int kv_cache_has_stream(const struct kv_cache *kv);
+
+/* ---- what a scheduler asks of the cache ---- */
+struct kv_cache_usage {
+    int n_blocks, n_free_blocks; // the full pool (blocks exist without retrieval heads too: bookkeeping only)
+    int n_slots, n_free_slots;   // the streaming pool
+};
+void kv_cache_usage(const struct kv_cache *kv, struct kv_cache_usage *u);
+int kv_cache_block_size(const struct kv_cache *kv);
+/* Tokens the full pool holds; INT_MAX when there are no retrieval heads (blocks cost nothing). */
+int kv_cache_capacity_tokens(const struct kv_cache *kv);
+
+void kv_seq_init(struct kv_seq *t);
+/* Frees t's table; t must hold nothing (kv_cache_seq_release first). */
+void kv_seq_free(struct kv_seq *t);
+/* Makes t's blocks cover positions [0, upto) for a write from position `from` on: new blocks, and a
+ * private copy of a shared block it will write into (copy on write). All or nothing: NO_SPACE when
+ * the pool lacks blocks, OOM when the table cannot grow. Without retrieval heads: OK, nothing held. */
+enum kv_status kv_cache_seq_ensure(struct kv_cache *kv, struct kv_seq *t, int from, int upto);
+/* A streaming slot for t (which has none). */
+enum kv_status kv_cache_seq_slot(struct kv_cache *kv, struct kv_seq *t);
+/* dst (empty) shares src's blocks and gets a copy of src's slot in a new slot when src has one. */
+enum kv_status kv_cache_seq_fork(struct kv_cache *kv, struct kv_seq *dst, const struct kv_seq *src);
+/* Drops everything t holds (blocks and slot); t's table stays allocated for reuse. */
+void kv_cache_seq_release(struct kv_cache *kv, struct kv_seq *t);
+
+/* ---- prefix caching ----
+ * Full blocks are content-addressed: block i's hash chains its parent's hash (the salt for block 0)
+ * and its tokens; a registered block stays cached after its last holder lets it go (reference count
+ * 0, least recently used first) until an allocation needs the room. The streaming heads' slot is a
+ * ring of the last `recent` positions, which a prefix of whole blocks cannot restore: a sequence
+ * that leaves (finished, cancelled or preempted) keeps a snapshot of where it stood: its slot, its
+ * partly filled last block and that block's tokens. A new sequence resumes from the longest
+ * snapshot whose tokens begin its own (a copy of the slot; the partial block is shared and copied
+ * on write), or, without streaming heads, from the longest chain of cached blocks. Either way the
+ * K/V it finds are the bits it would have computed. Snapshots are dropped least recently used first
+ * when a slot or a block is needed. Sequences without prefix caching see none of this. */
+/* Turns prefix caching on; salt names everything besides the tokens that changes the KV (model,
+ * head pattern, sink and recent). 0, or -1 when out of memory. Without retrieval heads it stays off
+ * (returns 0): there are no blocks to address. */
+int kv_cache_enable_prefix_caching(struct kv_cache *kv, uint64_t salt);
+bool kv_cache_prefix_caching(const struct kv_cache *kv);
+/* For t (empty): the longest cached prefix of tokens[0, n), leaving at least the last token to
+ * compute. t then holds its blocks (and slot). Returns the tokens found (0: none, or caching off). */
+int kv_cache_seq_match(struct kv_cache *kv, struct kv_seq *t, const int32_t *tokens, int n);
+/* Registers t's blocks that positions [0, n_computed) filled (after a step). */
+void kv_cache_seq_commit(struct kv_cache *kv, struct kv_seq *t, const int32_t *tokens, int n_computed);
+/* t leaves: its blocks are registered and released, a snapshot of where it stood is kept, and
+ * t holds nothing afterwards. Without prefix caching: kv_cache_seq_release. */
+void kv_cache_seq_retire(struct kv_cache *kv, struct kv_seq *t, const int32_t *tokens, int n_computed);
+struct kv_prefix_stats {
+    uint64_t queries, hits; // tokens asked for by kv_cache_seq_match, and found
+    int cached_blocks;      // registered blocks (in use or not)
+    int snapshots;
+};
+void kv_cache_prefix_stats(const struct kv_cache *kv, struct kv_prefix_stats *st);
 
 #endif

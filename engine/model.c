@@ -7,6 +7,7 @@
 #include <time.h>
 
 #include "engine/elog.h"
+#include "engine/kv_cache_impl.h"
 #include "engine/model_impl.h"
 #include "engine/tp.h"
 #include "engine/util.h"

@@ -52,7 +52,7 @@ int sampler_sample(const float *logits, int n, float temperature, struct util_rn
 #include <stdbool.h>
 #include <string.h>
 
-#include "engine/engine.h"
+#include "engine/request.h"
 
 int sampler_seq_init(struct sampler_seq *s, const struct engine_sampling *sp, uint64_t seed, int choice, int vocab,
                      const int32_t *prompt, int n_prompt) {

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/kv_cache_impl.h"
 #include "engine/engine_core.h"
 
 #define NR 6

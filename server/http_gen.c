@@ -134,6 +134,7 @@ static int pump(struct http_req *r) {
                 int ci = p * n + ev.choice;
                 struct openai_choice *c = &r->choices[ci];
                 if (ev.type == ENGINE_EVENT_TOKEN) record_token_timing(r, ci);
+                if (ev.type == ENGINE_EVENT_FINISH && ev.choice == 0) r->cached_tokens += ev.cached_tokens;
                 if (!r->stream) {
                     if (accumulate_event(r, ci, &ev)) rc = -1;
                 } else {
@@ -161,7 +162,8 @@ static int pump(struct http_req *r) {
 }
 
 static struct openai_usage usage_of(const struct http_req *r) {
-    return (struct openai_usage){.prompt_tokens = r->prompt_tokens, .completion_tokens = http_gen_completion_tokens(r)};
+    return (struct openai_usage){.prompt_tokens = r->prompt_tokens, .completion_tokens = http_gen_completion_tokens(r),
+                                 .cached_tokens = r->cached_tokens};
 }
 
 static void cancel_handles(struct http_req *r) {

@@ -112,6 +112,7 @@ struct http_req {
     struct openai_choice *choices;  // non-streamed output
     struct choice_state *cs;
     int prompt_tokens;
+    int cached_tokens;              // of the prompts, found in the prefix cache
     double ttft;                    // < 0 until the first token
     bool finished;                  // every handle returned -1
     bool failed;

@@ -139,7 +139,7 @@ static int parse_generate(int argc, char **argv, struct gen_cli *o) {
         if (!op && (op = opt_find_alias(opt_engine, opt_engine_n, a))) base = &o->ec;
         if (!op) return usage_error("generate: unknown option \"%s\"", a);
         const char *v = NULL;
-        if (op->type != OPT_FLAG) {
+        if (op->type != OPT_FLAG && op->type != OPT_BOOL && op->type != OPT_BOOL_NOT) {
             if (i + 1 >= argc) return usage_error("%s needs a value", a);
             v = argv[++i];
         }

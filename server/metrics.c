@@ -122,6 +122,11 @@ static void render_engine_counts(struct sbuf *b, const struct engine_stats *st, 
     put(b, "duoserve:request_success_total{%s,finished_reason=\"length\"} %llu\n", lbl,
         (unsigned long long)st->finished_length);
     put(b, "duoserve:request_success_total{%s,finished_reason=\"abort\"} %llu\n", lbl, (unsigned long long)st->finished_abort);
+    counter(b, "duoserve:prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache.", lbl,
+            st->prefix_cache_queries);
+    counter(b, "duoserve:prefix_cache_hits_total", "Prompt tokens found in the prefix cache.", lbl, st->prefix_cache_hits);
+    header(b, "duoserve:prefix_cache_blocks", "gauge", "Full-pool blocks the prefix cache addresses (in use or idle).");
+    put(b, "duoserve:prefix_cache_blocks{%s} %d\n", lbl, st->prefix_cache_blocks);
     header(b, "duoserve:kv_cache_capacity_tokens", "gauge", "Tokens the full KV pool holds.");
     put(b, "duoserve:kv_cache_capacity_tokens{%s} %d\n", lbl, st->kv_capacity_tokens);
 }
@@ -132,10 +137,11 @@ static void render_cache_info(struct sbuf *b, const struct engine_stats *st, con
     if (!st) return;
     const struct engine_cache_info *c = &st->cache;
     put(b,
-        "duoserve:cache_config_info{%s,block_size=\"%d\",cache_dtype=\"%s\",enable_prefix_caching=\"False\","
+        "duoserve:cache_config_info{%s,block_size=\"%d\",cache_dtype=\"%s\",enable_prefix_caching=\"%s\","
         "gpu_memory_utilization=\"%g\",num_gpu_blocks=\"%d\",num_streaming_slots=\"%d\",sink_tokens=\"%d\","
         "recent_tokens=\"%d\"} 1\n",
-        lbl, c->block_size, c->cache_dtype_bytes == 2 ? "bfloat16" : "float32", (double)c->gpu_memory_utilization,
+        lbl, c->block_size, c->cache_dtype_bytes == 2 ? "bfloat16" : "float32",
+        c->enable_prefix_caching ? "True" : "False", (double)c->gpu_memory_utilization,
         c->num_gpu_blocks, c->num_streaming_slots, c->sink_tokens, c->recent_tokens);
 }
 

@@ -173,6 +173,7 @@ struct openai_resp_ctx {
 
 struct openai_usage {
     int prompt_tokens, completion_tokens;
+    int cached_tokens; // prompt tokens found in the prefix cache (usage.prompt_tokens_details.cached_tokens)
 };
 
 const char *openai_finish_reason(enum engine_finish f); // "stop", "length", "abort" or NULL

@@ -158,6 +158,8 @@ static void add_usage(cJSON *root, const struct openai_usage *u) {
     cJSON_AddNumberToObject(usage, "prompt_tokens", u->prompt_tokens);
     cJSON_AddNumberToObject(usage, "completion_tokens", u->completion_tokens);
     cJSON_AddNumberToObject(usage, "total_tokens", (double)u->prompt_tokens + u->completion_tokens);
+    cJSON *details = cJSON_AddObjectToObject(usage, "prompt_tokens_details");
+    cJSON_AddNumberToObject(details, "cached_tokens", u->cached_tokens);
 }
 
 static void add_stop_reason(cJSON *choice, enum engine_finish finish, const char *stop_str, int32_t stop_id) {

@@ -38,6 +38,9 @@ const struct opt opt_engine[] = {
     {"load-format", NULL, OPT_CHOICE, E(load_format), 0, 0, "auto|safetensors|dummy",
      "weights: the model's safetensors (auto, safetensors), or dummy: random weights made from config.json alone, "
      "the same on every load, for benchmarking shapes without their checkpoint (default auto)"},
+    {"enable-prefix-caching", NULL, OPT_BOOL_NOT, E(no_prefix_caching), 0, 0, "[=BOOL]",
+     "reuse the KV cache of earlier requests' prefixes, bit-identical to recomputing them (default on)"},
+    {"no-enable-prefix-caching", NULL, OPT_BOOL, E(no_prefix_caching), 0, 0, NULL, "turn prefix caching off"},
     {"sink-tokens", NULL, OPT_INT, E(sink_tokens), 1, 1 << 20, "N", "streaming heads keep this many first tokens (default 64)"},
     {"recent-tokens", NULL, OPT_INT, E(recent_tokens), 1, 1 << 20, "N", "... and this many last tokens (default 256)"},
 };
@@ -178,8 +181,9 @@ int opt_set(void *base, const struct opt *op, const char *v, char *err, size_t e
         snprintf(err, errlen, "--%s takes no value", op->name);
         return -1;
     case OPT_BOOL:
-        if (!v || !strcmp(v, "true") || !strcmp(v, "1")) *(bool *)p = true;
-        else if (!strcmp(v, "false") || !strcmp(v, "0")) *(bool *)p = false;
+    case OPT_BOOL_NOT:
+        if (!v || !strcmp(v, "true") || !strcmp(v, "1")) *(bool *)p = op->type == OPT_BOOL;
+        else if (!strcmp(v, "false") || !strcmp(v, "0")) *(bool *)p = op->type != OPT_BOOL;
         else {
             snprintf(err, errlen, "--%s: \"%s\" is not true or false", op->name, v);
             return -1;

@@ -17,6 +17,7 @@ enum opt_type {
     OPT_BYTES,  // size_t in [lo, hi]: "4096", "512MiB", "4G"
     OPT_FLAG,   // bool, no value
     OPT_BOOL,   // bool: bare is true, else =true|false|1|0 (an arg "[=BOOL]" prints unspaced)
+    OPT_BOOL_NOT, // an OPT_BOOL stored negated (--enable-x over a field no_x that defaults to false)
     OPT_OTHER,  // parsed by the caller; the table holds its help
 };
 

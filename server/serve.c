@@ -151,7 +151,7 @@ static int parse_args(struct serve_options *o, int argc, char **argv) {
         if (!op && (op = opt_find_alias(opts, N_OPTS, a))) base = o;
         if (!op && (op = opt_find_alias(opt_engine, opt_engine_n, a))) base = &o->ec;
         if (!op) return usage_error("unknown option \"%s\"", a);
-        if (!val && op->type != OPT_BOOL) {
+        if (!val && op->type != OPT_BOOL && op->type != OPT_BOOL_NOT) {
             if (i + 1 >= argc) return usage_error("%s needs a value", a);
             val = argv[++i];
         }
@@ -196,7 +196,8 @@ static int apply_config(struct serve_options *o, const char *path, cJSON **doc) 
         const char *v;
         if (cJSON_IsString(it)) v = it->valuestring;
         else if (cJSON_IsNumber(it)) snprintf(num, sizeof num, "%.17g", it->valuedouble), v = num;
-        else if (cJSON_IsBool(it) && op->type == OPT_BOOL) v = cJSON_IsTrue(it) ? "true" : "false";
+        else if (cJSON_IsBool(it) && (op->type == OPT_BOOL || op->type == OPT_BOOL_NOT))
+            v = cJSON_IsTrue(it) ? "true" : "false";
         else if (cJSON_IsArray(it) && op->type == OPT_STR && !strncmp(op->name, "allowed-", 8)) {
             char *list = cJSON_PrintUnformatted(it); // the JSON list as the flag takes it
             cJSON *copy = list ? cJSON_CreateString(list) : NULL;

@@ -428,7 +428,7 @@ def test_cache_info(srv):
           lb.get("num_gpu_blocks", "").isdigit() and int(lb["num_gpu_blocks"]) * 32 == cap > 0, (lb, cap))
     check("cache_config_info: the other labels", lb.get("cache_dtype") == "float32"
           and lb.get("num_streaming_slots") == "0" and lb.get("gpu_memory_utilization") == "0.9"
-          and lb.get("enable_prefix_caching") == "False" and lb.get("model_name") == os.path.basename(srv.model_name), lb)
+          and lb.get("enable_prefix_caching") == "True" and lb.get("model_name") == os.path.basename(srv.model_name), lb)
 
 
 def proc_status(pid):

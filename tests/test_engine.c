@@ -5,7 +5,9 @@
 #include <math.h>
 
 #include "tests/test_common.h"
+#include "tests/test_kv.h"
 
+#include "engine/kv_cache_impl.h"
 #include "engine/duo_pattern.h"
 #include "engine/engine_core.h"
 #include "engine/safetensors.h"
@@ -149,8 +151,9 @@ static void check_invariance(const char *pattern, float sparsity) {
     } runs[] = {{7, 0}, {16, 0}, {4096, 0}, {64, 0}, {33, 0}};
     /* a pool of 14 blocks (224 tokens) for ~470 tokens of work: preemption under load. llama3
      * fixture: a block is K+V x 2 layers x R heads x 16 tokens x 16 dims x 4 B; a slot (sink 4 +
-     * recent 8 rows) K+V x 2 layers x S heads x 12 x 16 x 4 B, 32 of them */
-    runs[3].kv = pattern ? 14 * 4096 + 32 * 3072 : 14 * 8192;
+     * recent 8 rows) K+V x 2 layers x S heads x 12 x 16 x 4 B, 48 of them (32 seats and 16 for
+     * the prefix cache's snapshots) */
+    runs[3].kv = pattern ? 14 * 4096 + 48 * 3072 : 14 * 8192;
     uint64_t preemptions = 0;
     for (size_t k = 0; k < sizeof runs / sizeof runs[0]; k++) {
         memset(mixed, 0, sizeof mixed);
@@ -164,10 +167,8 @@ static void check_invariance(const char *pattern, float sparsity) {
             assert_int_equal(mixed[r].n[0], alone[r].n[0]);
             assert_memory_equal(mixed[r].ids[0], alone[r].ids[0], sizeof(int32_t) * alone[r].n[0]);
         }
-        /* everything is free at the end */
-        const struct kv_cache *kv = core_kv(c);
-        assert_int_equal(kv->n_free_blocks, kv->n_blocks);
-        assert_int_equal(kv->n_free_slots, kv->n_slots);
+        /* everything is free at the end, or held by the prefix cache only (free on demand) */
+        assert_kv_idle(core_kv(c));
         core_free(c);
     }
     print_message("invariance holds over budgets 7/16/4096/33 and a small pool (%llu preemptions)\n",
@@ -446,10 +447,7 @@ static void test_allocator_random_workload_never_leaks(void **state) {
             for (int b = 0; b < kv->n_blocks; b++) assert_true(kv->ref[b] >= 0 && kv->ref[b] <= 3 * NR);
         }
         run_all(c);
-        const struct kv_cache *kv = core_kv(c);
-        assert_int_equal(kv->n_free_blocks, kv->n_blocks);
-        assert_int_equal(kv->n_free_slots, kv->n_slots);
-        for (int b = 0; b < kv->n_blocks; b++) assert_int_equal(kv->ref[b], 0);
+        assert_kv_idle(core_kv(c));
         for (int r = 0; r < NR; r++) assert_true(outs[r].n_finished >= 1);
         core_free(c);
     }
@@ -504,7 +502,7 @@ static void test_n_choices_share_prompt_blocks(void **state) {
     for (int k = 0; k < 4; k++) assert_int_equal(o.n[k], 8);
     /* greedy: every choice is the same continuation */
     for (int k = 1; k < 4; k++) assert_memory_equal(o.ids[0], o.ids[k], sizeof(int32_t) * 8);
-    assert_int_equal(kv->n_free_blocks, kv->n_blocks);
+    assert_kv_idle(kv);
     core_free(c);
 }
 
@@ -723,8 +721,7 @@ static void test_forks_keep_their_reserved_seats(void **state) {
         }
         for (int k = 0; k < 4; k++) assert_int_equal(a.n[k], 6);
         assert_int_equal(b2.n[0], 6);
-        assert_int_equal(core_kv(c)->n_free_slots, core_kv(c)->n_slots);
-        assert_int_equal(core_kv(c)->n_free_blocks, core_kv(c)->n_blocks);
+        assert_kv_idle(core_kv(c));
         core_free(c);
     }
     unlink(pat);

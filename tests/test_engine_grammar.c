@@ -7,11 +7,13 @@
 #include <cjson/cJSON.h>
 
 #include "tests/test_common.h"
+#include "tests/test_kv.h"
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wunused-function" /* the reference matcher and generator are not needed here */
 #include "tests/grammar_ref.h"
 #pragma GCC diagnostic pop
 
+#include "engine/kv_cache_impl.h"
 #include "engine/engine_core.h"
 #include "engine/grammar_cache.h"
 #include "engine/text/tokenizer.h"
@@ -235,7 +237,7 @@ static void test_ids_invariant_batched_preempted_host(void **state) {
             assert_memory_equal(mixed[r].ids[0], alone[r].ids[0], sizeof(int32_t) * (size_t)alone[r].n[0]);
             assert_string_equal(mixed[r].text[0], alone[r].text[0]);
         }
-        assert_int_equal(core_kv(c)->n_free_blocks, core_kv(c)->n_blocks);
+        assert_kv_idle(core_kv(c));
         core_free(c);
     }
 }

@@ -6,6 +6,7 @@
 
 #include "tests/test_common.h"
 
+#include "engine/kv_cache_impl.h"
 #include "engine/model.h"
 #include "engine/model_config.h"
 #include "engine/safetensors.h"

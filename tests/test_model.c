@@ -8,6 +8,7 @@
 
 #include "tests/test_common.h"
 
+#include "engine/kv_cache_impl.h"
 #include "engine/generate.h"
 #include "engine/model.h"
 #include "engine/sampler.h"

@@ -19,6 +19,7 @@
 
 #include "tests/test_common.h"
 
+#include "engine/kv_cache_impl.h"
 #include "engine/comm.h"
 #include "engine/engine_core.h"
 #include "engine/generate.h"

@@ -1,0 +1,308 @@
+#include "engine/core_impl.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "engine/demo_model.h"
+#include "engine/duo_pattern.h"
+#include "engine/elog.h"
+
+/* ---- creation ---- */
+
+/* What besides the tokens makes the KV: the model, the head pattern and its sparsity, sink and
+ * recent (all fixed for the process; the salt keeps a cache entry from ever meaning two things). */
+static uint64_t prefix_salt(const struct core *c) {
+    char key[4200];
+    snprintf(key, sizeof key, "%s|%s|%.6f|%d|%d|%d", c->cfg.model_dir, c->cfg.duo_pattern ? c->cfg.duo_pattern : "",
+             (double)c->cfg.duo_sparsity, c->cfg.sink_tokens, c->cfg.recent_tokens, c->cfg.block_size);
+    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+    for (const char *p = key; *p; p++) h = (h ^ (unsigned char)*p) * 1099511628211ull;
+    return h;
+}
+
+static int plan_memory(struct core *c, char *err, size_t errlen) {
+    struct kv_geometry g;
+    model_kv_geometry(c->m, c->cfg.block_size, c->cfg.sink_tokens, c->cfg.recent_tokens, &g);
+    size_t es = c->b->ops->act_size;
+    size_t block_bytes = kv_cache_block_bytes(&g, es), slot_bytes = kv_cache_slot_bytes(&g, es);
+    size_t budget = c->cfg.kv_cache_memory ? c->cfg.kv_cache_memory : (size_t)256 << 20;
+    size_t dev_free = 0, dev_total = 0;
+    c->b->ops->mem_info(c->b, &dev_free, &dev_total);
+    if (dev_total && !c->cfg.kv_cache_memory) {
+        /* GPU: the card's share minus what weights and activations already hold, less a
+         * reserve for logits and cuBLAS workspaces; with tensor parallelism the tightest GPU's */
+        float util = c->cfg.gpu_memory_utilization > 0 ? c->cfg.gpu_memory_utilization : 0.9f;
+        double want;
+        if (model_kv_budget(c->m, c->cfg.block_size, c->cfg.sink_tokens, c->cfg.recent_tokens, util, &want, err,
+                            errlen) != 0)
+            return -1;
+        budget = (size_t)want;
+    }
+    if (c->cfg.max_num_seqs <= 0) { /* not given: 64 on the CPU; on a GPU as many as the pool holds at
+                                       1024 tokens each (a chat turn), 64 to 512 (the decode graphs) */
+        int n = 64;
+        if (dev_total) {
+            size_t per = (block_bytes ? 1024 / (size_t)c->cfg.block_size * block_bytes : 0) + slot_bytes;
+            size_t fit = per ? budget / per : 512;
+            n = fit < 64 ? 64 : fit > 512 ? 512 : (int)fit;
+        }
+        c->cfg.max_num_seqs = n;
+    }
+    /* with prefix caching, half as many again for the snapshots of sequences that left (a chat
+     * turn's streaming rows, waiting for the next turn) */
+    bool caching = !c->cfg.no_prefix_caching && block_bytes;
+    int n_slots = slot_bytes ? c->cfg.max_num_seqs + (caching ? (c->cfg.max_num_seqs + 1) / 2 : 0) : 0;
+    if ((size_t)n_slots * slot_bytes > budget)
+        return util_err(err, errlen, "KV budget of %zu bytes cannot hold %d streaming slots of %zu bytes", budget,
+                        n_slots, slot_bytes);
+    size_t left = budget - (size_t)n_slots * slot_bytes;
+    /* no retrieval heads at all: blocks cost nothing, one per block_size tokens of every sequence */
+    size_t n_blocks = block_bytes ? left / block_bytes
+                                  : (size_t)c->cfg.max_num_seqs * (c->max_model_len / c->cfg.block_size + 1);
+    if (n_blocks > (1u << 30)) n_blocks = 1u << 30;
+    if (block_bytes && n_blocks < 1) return util_err(err, errlen, "KV budget of %zu bytes holds no block", budget);
+    if (!(c->kv = kv_cache_new()) ||
+        model_kv_cache_init(c->m, c->kv, c->cfg.block_size, c->cfg.sink_tokens, c->cfg.recent_tokens, (int)n_blocks,
+                            n_slots) != KV_STATUS_OK)
+        return util_err(err, errlen, "out of memory for the KV pools (%zu bytes)", budget);
+    if (caching && kv_cache_enable_prefix_caching(c->kv, prefix_salt(c)) != 0)
+        return util_err(err, errlen, "out of memory for the prefix cache");
+    struct sched_config sc = {.max_num_seqs = c->cfg.max_num_seqs, .max_batch_tokens = c->max_batch};
+    if (sched_init(&c->sched, &sc, c->kv) != 0) return util_err(err, errlen, "out of memory");
+    c->stats.kv_capacity_tokens = block_bytes ? (int)(n_blocks * c->cfg.block_size) : 0;
+    const struct model_config *mc = &c->m->cfg;
+    int n_stream_total = 0;
+    for (int l = 0; l < mc->n_layers; l++) n_stream_total += c->m->n_stream[l];
+    if (c->cfg.quiet) return 0;
+    elog("info",
+         "KV cache: full pool %zu blocks x %d tokens = %zu tokens (%zu B/token), streaming pool %d slots "
+         "x %d tokens (%zu B/slot); %d of %d KV heads streaming; max concurrency at %d tokens: %zu",
+         n_blocks, c->cfg.block_size, n_blocks * c->cfg.block_size, block_bytes / c->cfg.block_size, n_slots,
+         c->cfg.sink_tokens + c->cfg.recent_tokens, slot_bytes, n_stream_total, mc->n_layers * mc->n_kv_heads,
+         c->max_model_len,
+         block_bytes ? n_blocks / ((size_t)(c->max_model_len + c->cfg.block_size - 1) / c->cfg.block_size)
+                     : (size_t)n_slots);
+    if (n_stream_total) {
+        char line[1024];
+        size_t o = 0;
+        for (int l = 0; l < mc->n_layers && o < sizeof line - 8; l++)
+            o += (size_t)snprintf(line + o, sizeof line - o, "%s%d", l ? " " : "", c->m->n_stream[l]);
+        elog("info", "streaming KV heads per layer: %s (sink %d, recent %d)", line, c->cfg.sink_tokens,
+             c->cfg.recent_tokens);
+    }
+    return 0;
+}
+
+static void fill_defaults(struct engine_config *cfg) {
+    if (cfg->max_num_batched_tokens <= 0) cfg->max_num_batched_tokens = 2048;
+    if (cfg->max_queue <= 0) cfg->max_queue = 1024;
+    if (cfg->block_size <= 0) cfg->block_size = 16;
+    if (cfg->sink_tokens <= 0) cfg->sink_tokens = 64;
+    if (cfg->recent_tokens <= 0) cfg->recent_tokens = 256;
+    if (!cfg->device) cfg->device = "cpu";
+}
+
+/* The backend --device names ("auto": the GPU when there is one, else the CPU). *why and *why_level
+ * say why auto fell back to the CPU (said after loading, so that a bad model directory is one line). */
+static int pick_backend(struct core *c, int cuda_flags, char *why, size_t whylen, const char **why_level, char *err,
+                        size_t errlen) {
+    if (!strcmp(c->cfg.device, "auto")) {
+        int probe = backend_cuda_probe(0, why, whylen);
+        if (probe == BACKEND_CUDA_OK) c->b = backend_cuda_create(0, cuda_flags, why, whylen);
+        c->cfg.device = c->b ? "cuda" : "cpu";
+        /* no GPU is the normal case on a CPU machine; a GPU it cannot use is worth a warning */
+        if (!c->b) *why_level = probe == BACKEND_CUDA_NONE ? "info" : "warning";
+    }
+    if (c->b) return 0;
+    if (!strcmp(c->cfg.device, "cuda")) {
+        c->b = backend_cuda_create(0, cuda_flags, why, whylen);
+        if (!c->b) return util_err(err, errlen, "--device cuda: %s; --device auto or cpu runs on the CPU", why);
+    } else if (!(c->b = backend_cpu_create())) {
+        return util_err(err, errlen, "out of memory");
+    }
+    return 0;
+}
+
+/* The head pattern (--duo-pattern) as a streaming mask [n_layers * n_kv_heads] checked against the
+ * model's shape; *out NULL without a pattern. */
+static int load_pattern(const struct core *c, const struct model_config *mc, uint8_t **out, char *err, size_t errlen) {
+    *out = NULL;
+    if (!c->cfg.duo_pattern) return 0;
+    struct duo_pattern p;
+    if (duo_pattern_load(&p, c->cfg.duo_pattern, err, errlen) != 0) return -1;
+    int rc = 0;
+    if (p.n_layers != mc->n_layers || p.n_kv_heads != mc->n_kv_heads)
+        rc = util_err(err, errlen, "%s: pattern has %d layers x %d KV heads, the model %d x %d", c->cfg.duo_pattern,
+                      p.n_layers, p.n_kv_heads, mc->n_layers, mc->n_kv_heads);
+    else if (!(c->cfg.duo_sparsity >= 0.0f && c->cfg.duo_sparsity <= 1.0f))
+        rc = util_err(err, errlen, "--duo-sparsity must be in [0, 1]");
+    else if (!(*out = calloc((size_t)mc->n_layers * mc->n_kv_heads, 1)))
+        rc = util_err(err, errlen, "out of memory");
+    else
+        duo_pattern_streaming(&p, c->cfg.duo_sparsity, *out);
+    duo_pattern_free(&p);
+    return rc;
+}
+
+static void log_loaded(const struct core *c, const char *dir, bool dummy, double t_load) {
+    const struct model_config *k = &c->m->cfg;
+    double qd = (double)k->n_heads * k->head_dim, kd = (double)k->n_kv_heads * k->head_dim;
+    double params = (double)k->vocab_size * k->dim * (k->tie_embeddings ? 1 : 2) + k->dim +
+                    (double)k->n_layers * (k->dim * (qd + 2 * kd) + qd * k->dim + 3.0 * k->dim * k->hidden_dim + 2.0 * k->dim);
+    char where[48];
+    int tp = model_tp_size(c->m);
+    if (tp > 1) snprintf(where, sizeof where, "%s, tensor parallel over %d", c->b->name, tp);
+    else snprintf(where, sizeof where, "%s", c->b->name);
+    elog("info", "loaded %s (%s, %d layers, %.2f%s parameters, %.2f GiB on %s%s) in %.1f s", dir,
+         model_arch_name(k->arch), k->n_layers, params >= 1e9 ? params / 1e9 : params / 1e6,
+         params >= 1e9 ? "B" : "M", params * c->b->ops->act_size / 1073741824.0, where,
+         dummy ? ", dummy weights" : "", util_now() - t_load);
+}
+
+/* The tokenizer (when the model has one) and the EOS ids: config.json's and the tokenizer's. */
+static int load_tokenizer(struct core *c, const char *dir, char *err, size_t errlen) {
+    char terr[512];
+    char *tj = util_path_join(dir, "tokenizer.json");
+    bool has_tok_file = tj && access(tj, R_OK) == 0;
+    free(tj);
+    if (has_tok_file) {
+        if (tokenizer_load(&c->tok, dir, terr, sizeof terr) != 0) return util_err(err, errlen, "%s", terr);
+    } else if (!c->cfg.quiet) {
+        elog("info", "%s has no tokenizer.json: token ids only (no text prompts or stop strings)", dir);
+    }
+    for (int i = 0; i < c->m->cfg.n_eos && c->n_eos < 16; i++) c->eos[c->n_eos++] = c->m->cfg.eos_ids[i];
+    if (c->tok) {
+        const int32_t *ids;
+        size_t n = tokenizer_eos_ids(c->tok, &ids);
+        for (size_t i = 0; i < n && c->n_eos < 16; i++) {
+            bool dup = false;
+            for (int j = 0; j < c->n_eos; j++) dup |= c->eos[j] == ids[i];
+            if (!dup && ids[i] >= 0 && ids[i] < c->vocab) c->eos[c->n_eos++] = ids[i];
+        }
+    }
+    if (c->tok && grammar_cache_create(&c->gcache, c->tok, c->vocab) != 0) return util_err(err, errlen, "out of memory");
+    return 0;
+}
+
+/* The step's host arrays. */
+static int alloc_step_arrays(struct core *c) {
+    int S = c->cfg.max_num_seqs, T = c->max_batch, V = c->vocab;
+    c->b_tokens = malloc(sizeof(int32_t) * T);
+    c->b_pos = malloc(sizeof(int32_t) * T);
+    c->b_seq_start = malloc(sizeof(int32_t) * (S + 1));
+    c->b_indptr = malloc(sizeof(int32_t) * (S + 1));
+    c->b_slots = malloc(sizeof(int32_t) * S);
+    c->b_rows = malloc(sizeof(int32_t) * S);
+    c->logits = malloc(sizeof(float) * (size_t)S * V);
+    c->greedy_ids = malloc(sizeof(int32_t) * S);
+    c->work = malloc(sizeof(float) * V);
+    c->scratch = malloc(sizeof(float) * SAMPLER_SCRATCH_ROWS * (size_t)V);
+    c->lp = malloc(sizeof(float) * V);
+    c->draws_cap = S;
+    c->draws = malloc(sizeof *c->draws * S);
+    c->srows = malloc(sizeof *c->srows * S);
+    c->sids = malloc(sizeof *c->sids * S);
+    c->failed = malloc(sizeof *c->failed * S);
+    c->work_bits = malloc(sizeof *c->work_bits * (((size_t)V + 31) / 32));
+    bool ok = c->failed && c->work_bits && c->b_tokens && c->b_pos && c->b_seq_start && c->b_indptr && c->b_slots &&
+              c->b_rows && c->logits && c->greedy_ids && c->work && c->scratch && c->lp && c->draws && c->srows && c->sids;
+    return ok ? 0 : -1;
+}
+
+int core_create(struct core **out, const struct engine_config *cfg_in, char *err, size_t errlen) {
+    *out = NULL;
+    struct core *c = calloc(1, sizeof *c);
+    if (!c) return util_err(err, errlen, "out of memory");
+    c->cfg = *cfg_in;
+    fill_defaults(&c->cfg);
+    static char demo_dir[4096];
+    const char *dir = c->cfg.model_dir;
+    if (!dir) {
+        if (demo_model_ensure(demo_dir, sizeof demo_dir, err, errlen) != 0) goto fail;
+        dir = demo_dir;
+        elog("info", "no -m given: using the built-in demo model (random weights, its text is noise) in %s", dir);
+    }
+    c->cfg.model_dir = dir;
+    if (model_config_check_dir(dir, err, errlen) != 0) goto fail;
+    int cuda_flags = 0;
+    if (c->cfg.gemm && !strcmp(c->cfg.gemm, "cublas")) cuda_flags |= BACKEND_CUDA_CUBLAS;
+    else if (c->cfg.gemm && strcmp(c->cfg.gemm, "invariant")) {
+        util_err(err, errlen, "gemm \"%s\" is not invariant or cublas", c->cfg.gemm);
+        goto fail;
+    }
+    char why[300] = "";
+    const char *why_level = NULL;
+    if (pick_backend(c, cuda_flags, why, sizeof why, &why_level, err, errlen) != 0) goto fail;
+    struct model_config mc;
+    uint8_t *streaming = NULL;
+    if (model_config_load(&mc, dir, err, errlen) != 0 || load_pattern(c, &mc, &streaming, err, errlen) != 0) goto fail;
+    if (!strcmp(c->cfg.device, "cuda") && mc.head_dim > 256) {
+        util_err(err, errlen, "%s: head_dim %d is larger than the CUDA attention kernels support (256)", dir, mc.head_dim);
+        free(streaming);
+        goto fail;
+    }
+    c->max_batch = c->cfg.max_num_batched_tokens;
+    util_rng_seed(&c->seed_rng, (uint64_t)(util_now() * 1e9) ^ (uint64_t)getpid());
+    double t_load = util_now();
+    bool dummy = c->cfg.load_format && !strcmp(c->cfg.load_format, "dummy");
+    if (c->cfg.load_format && !dummy && strcmp(c->cfg.load_format, "auto") && strcmp(c->cfg.load_format, "safetensors")) {
+        util_err(err, errlen, "load format \"%s\" is not auto, safetensors or dummy", c->cfg.load_format);
+        free(streaming);
+        goto fail;
+    }
+    struct model_load_opts lo = {.max_tokens = c->max_batch, .streaming = streaming,
+                                 .tensor_parallel_size = c->cfg.tensor_parallel_size, .cuda_flags = cuda_flags,
+                                 .dummy = dummy};
+    int rc = model_load_with(&c->m, dir, c->b, &lo, err, errlen);
+    free(streaming);
+    if (rc) goto fail;
+    if (!c->cfg.quiet) log_loaded(c, dir, dummy, t_load);
+    if (why_level && !c->cfg.quiet) elog(why_level, "running on the CPU: %s", why);
+    c->vocab = c->m->cfg.vocab_size;
+    c->max_model_len = c->cfg.max_model_len > 0 && c->cfg.max_model_len < c->m->cfg.max_pos ? c->cfg.max_model_len
+                                                                                              : c->m->cfg.max_pos;
+    if (load_tokenizer(c, dir, err, errlen) != 0 || plan_memory(c, err, errlen) != 0) goto fail;
+    if (alloc_step_arrays(c) != 0) {
+        util_err(err, errlen, "out of memory");
+        goto fail;
+    }
+    *out = c;
+    return 0;
+fail:
+    core_free(c);
+    return -1;
+}
+
+void core_free(struct core *c) {
+    if (!c) return;
+    for (struct sched_seq *q; c->kv && (q = sched_any(&c->sched));)
+        core_abort_request(c, ((struct core_seq *)q)->req);
+    core_reap(c);
+    sched_free(&c->sched);
+    kv_cache_delete(c->kv);
+    model_free(c->m);
+    grammar_cache_free(c->gcache);
+    tokenizer_free(c->tok);
+    backend_destroy(c->b);
+    free(c->b_tokens);
+    free(c->b_pos);
+    free(c->b_seq_start);
+    free(c->b_indptr);
+    free(c->b_blocks);
+    free(c->b_slots);
+    free(c->b_rows);
+    free(c->logits);
+    free(c->greedy_ids);
+    free(c->work);
+    free(c->scratch);
+    free(c->lp);
+    free(c->draws);
+    free(c->srows);
+    free(c->sids);
+    free(c->failed);
+    free(c->work_bits);
+    free(c);
+}
+

@@ -1,0 +1,95 @@
+/* sched: the continuous-batching scheduler. It keeps the waiting and running sequences and plans
+ * each step: running sequences first (decodes and unfinished prefill chunks, oldest first), then
+ * waiting ones FCFS, within the step's token budget and the seats (max_num_seqs); preemption by
+ * recompute (the newest running sequence loses its KV and waits at the front) when the full pool
+ * has no room. It asks the KV cache for room (engine/kv_cache.h: NO_SPACE is an answer, copy on
+ * write is the cache's business) and never reads the cache's fields.
+ *
+ * A sequence (struct sched_seq) is embedded in its owner's object (the core's choice); the owner
+ * keeps n_tokens up to date as tokens are appended, and advances n_computed after a step.
+ * Prefix caching (when the cache has it on): a sequence admitted with nothing computed starts from the
+ * longest prefix of its tokens the cache holds (n_cached of them), and a sequence that leaves or is
+ * preempted leaves its KV behind for others (kv_cache_seq_retire).
+ * Forks: a sequence admitted with forks_pending > 0 reserves that many more seats (and slots);
+ * the forks join running with sched_fork once the parent's prompt is computed. Engine thread only. */
+#ifndef DUO_SCHED_H
+#define DUO_SCHED_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "engine/kv_cache.h"
+
+enum sched_state { SCHED_NEW = 0, SCHED_WAITING, SCHED_RUNNING, SCHED_DONE };
+
+struct sched_seq {
+    enum sched_state state;
+    int n_tokens;      // tokens of the sequence (prompt and generated)
+    int n_computed;    // tokens whose K/V are in the pools
+    int forks_pending; // seats held for choices still to fork from this one
+    const int32_t *tokens; // [n_tokens] (the owner's array), for prefix caching
+    int n_cached;      // prompt tokens the prefix cache gave at its first admission
+    uint64_t admit_order;
+    double t_scheduled; // first admission (kept across preemptions); 0 before
+    struct kv_seq kv;
+};
+
+struct sched_config {
+    int max_num_seqs;     // seats: running sequences, forks reserved included
+    int max_batch_tokens; // tokens a step computes at most
+};
+
+struct sched_list {
+    struct sched_seq **v;
+    int n, cap;
+};
+
+/* One step's work: seqs[i] computes want[i] tokens from its n_computed on. */
+struct sched_plan {
+    struct sched_seq **seqs; // [max_num_seqs]
+    int *want;
+    int n, n_tokens;
+};
+
+struct sched {
+    struct sched_config cfg;
+    struct kv_cache *kv;
+    bool has_stream;      // sequences need a streaming slot
+    struct sched_list waiting, running; // running in admission order
+    int reserved;         // seats and slots held for forks of running parents
+    uint64_t next_admit;
+    uint64_t preemptions;
+    struct sched_plan plan;
+};
+
+int sched_init(struct sched *s, const struct sched_config *cfg, struct kv_cache *kv);
+void sched_free(struct sched *s);
+
+/* q (state NEW, its KV empty) joins the waiting queue's tail. -1 when out of memory. */
+int sched_add(struct sched *s, struct sched_seq *q);
+/* Plans the next step (admitting and preempting as needed); the plan lives in s->plan until the
+ * next call. Returns the number of sequences in it (0: nothing to do). */
+int sched_step_plan(struct sched *s);
+/* After the planned step ran: each planned sequence computed its tokens (its full blocks join the
+ * prefix cache). */
+void sched_step_done(struct sched *s);
+/* After the planned step failed: the planned sequences' KV past what they had computed may be
+ * half written, so none of it is kept as a prefix snapshot when they leave. */
+void sched_step_failed(struct sched *s);
+/* q leaves the scheduler (finished or aborted, from any state): its KV goes back to the cache and
+ * the seats it held for forks are given back. */
+void sched_finish(struct sched *s, struct sched_seq *q);
+/* child (state NEW) starts running as a copy of parent (running, forks_pending > 0): it shares the
+ * parent's blocks, gets a copy of its slot, takes one of the parent's reserved seats. */
+enum kv_status sched_fork(struct sched *s, struct sched_seq *parent, struct sched_seq *child);
+
+bool sched_has_work(const struct sched *s);
+int sched_num_running(const struct sched *s);
+int sched_num_waiting(const struct sched *s);
+/* A sequence still in the scheduler (running first), or NULL: for aborting everything. */
+struct sched_seq *sched_any(const struct sched *s);
+/* The waiting sequences no free seat can take (FCFS: every one from the first that does not fit),
+ * and the seats left after those that fit. */
+void sched_queue_state(const struct sched *s, int *unseated, int *seats_left);
+
+#endif

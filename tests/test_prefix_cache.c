@@ -1,0 +1,226 @@
+/* Prefix caching through the engine core (tests/fixtures/hf/llama3, the CPU reference): a request
+ * that repeats an earlier one's prefix gets exactly the bits of a cache miss (ids, logprobs, top
+ * logprobs), with and without a DuoAttention head pattern, for a prefix that ends mid-block and
+ * reaches past sink + recent; usage reports the cached tokens; off means off. */
+#include "tests/test_common.h"
+#include "tests/test_kv.h"
+
+#include "engine/engine_core.h"
+#include "engine/util.h"
+
+#define MAXC 4
+#define MAXG 64
+#define TOPK 5
+
+struct collect {
+    int32_t ids[MAXC][MAXG];
+    float lps[MAXC][MAXG];
+    float top_lps[MAXC][MAXG][TOPK];
+    int32_t top_ids[MAXC][MAXG][TOPK];
+    int n[MAXC];
+    int cached[MAXC];
+    int n_finished, errors;
+};
+
+static void collect_emit(void *ud, const struct engine_event *ev) {
+    struct collect *c = ud;
+    int k = ev->choice;
+    assert_true(k >= 0 && k < MAXC);
+    free(ev->text);
+    if (ev->type == ENGINE_EVENT_ERROR) {
+        c->errors++;
+    } else if (ev->type == ENGINE_EVENT_TOKEN) {
+        assert_true(c->n[k] < MAXG);
+        c->ids[k][c->n[k]] = ev->token;
+        c->lps[k][c->n[k]] = ev->logprob;
+        memcpy(c->top_lps[k][c->n[k]], ev->top_lps, sizeof c->top_lps[k][0]);
+        memcpy(c->top_ids[k][c->n[k]], ev->top_ids, sizeof c->top_ids[k][0]);
+        c->n[k]++;
+    } else {
+        c->cached[k] = ev->cached_tokens;
+        c->n_finished++;
+    }
+}
+
+static char *write_pattern(void) {
+    char *d = test_mkdtemp(), *p;
+    assert_true(asprintf(&p, "%s/full_attention_heads.tsv", d) > 0);
+    test_write_text(p, "0.9\t0.1\n0.2\t0.8\n"); /* sparsity 0.5: one streaming head a layer */
+    free(d);
+    return p;
+}
+
+static struct core *make_core(const char *pattern, bool caching, int budget) {
+    struct engine_config cfg = {.model_dir = "tests/fixtures/hf/llama3", .max_num_batched_tokens = budget,
+                                .max_num_seqs = 8, .block_size = 16, .duo_pattern = pattern,
+                                .duo_sparsity = 0.5f, .sink_tokens = 4, .recent_tokens = 8,
+                                .no_prefix_caching = !caching, .quiet = true};
+    struct core *c;
+    char err[512] = "";
+    int rc = core_create(&c, &cfg, err, sizeof err);
+    if (rc) print_error("core_create: %s\n", err);
+    assert_int_equal(rc, 0);
+    return c;
+}
+
+/* Runs one request of n greedy choices with top-5 logprobs to its end. */
+static void run(struct core *c, const int32_t *prompt, int len, int n, int max_tokens, struct collect *out) {
+    memset(out, 0, sizeof *out);
+    struct engine_sampling sp = {.n = n, .max_tokens = max_tokens, .top_p = 1.0f, .repetition_penalty = 1.0f,
+                                 .ignore_eos = true, .skip_special_tokens = true, .logprobs = TOPK};
+    struct engine_request req = {prompt, len, sp};
+    char err[256];
+    int rc = core_add(c, &req, collect_emit, out, NULL, err, sizeof err);
+    if (rc) print_error("core_add: %s\n", err);
+    assert_int_equal(rc, ENGINE_OK);
+    for (int guard = 0; core_has_work(c); guard++) {
+        assert_true(guard < 10000);
+        assert_true(core_step(c) >= 0);
+    }
+    assert_int_equal(out->n_finished, n);
+    assert_int_equal(out->errors, 0);
+}
+
+static void assert_same_bits(const struct collect *a, const struct collect *b, int n) {
+    for (int k = 0; k < n; k++) {
+        assert_int_equal(a->n[k], b->n[k]);
+        assert_memory_equal(a->ids[k], b->ids[k], sizeof(int32_t) * (size_t)a->n[k]);
+        assert_memory_equal(a->lps[k], b->lps[k], sizeof(float) * (size_t)a->n[k]);
+        assert_memory_equal(a->top_lps[k], b->top_lps[k], sizeof a->top_lps[k][0] * (size_t)a->n[k]);
+        assert_memory_equal(a->top_ids[k], b->top_ids[k], sizeof a->top_ids[k][0] * (size_t)a->n[k]);
+    }
+}
+
+/* prompt = head + tail */
+static int cat(int32_t *out, const int32_t *head, int n_head, const int32_t *tail, int n_tail) {
+    memcpy(out, head, sizeof(int32_t) * (size_t)n_head);
+    memcpy(out + n_head, tail, sizeof(int32_t) * (size_t)n_tail);
+    return n_head + n_tail;
+}
+
+/* Three turns of a chat and a request sharing only the first turn's start, on a core with the
+ * cache and on one without: the same bits; the hits where the design says. */
+static void check_turns(const char *pattern, int budget) {
+    struct core *on = make_core(pattern, true, budget), *off = make_core(pattern, false, budget);
+    int32_t a[45], extra[7] = {11, 12, 13, 14, 15, 16, 17}, more[3] = {21, 22, 23}, other[13];
+    for (int i = 0; i < 45; i++) a[i] = 3 + (i * 37) % 500;
+    for (int i = 0; i < 13; i++) other[i] = 400 + i;
+    static struct collect r_on, r_off;
+    int32_t p2[128], p3[160], p4[64];
+
+    run(on, a, 45, 1, 12, &r_on); /* turn 1: nothing cached yet */
+    run(off, a, 45, 1, 12, &r_off);
+    assert_same_bits(&r_on, &r_off, 1);
+    assert_int_equal(r_on.cached[0], 0);
+
+    /* turn 2: the first turn, its answer, a new message. The first turn's sequence left at 45 + 12
+     * - 1 = 56 tokens computed (its last token never was): 3 full blocks and 8 tokens into the 4th */
+    int n2 = cat(p2, a, 45, r_on.ids[0], 12);
+    n2 = cat(p2, p2, n2, extra, 7);
+    run(on, p2, n2, 1, 12, &r_on);
+    run(off, p2, n2, 1, 12, &r_off);
+    assert_same_bits(&r_on, &r_off, 1);
+    assert_int_equal(r_on.cached[0], 56);
+    assert_int_equal(r_off.cached[0], 0);
+
+    /* turn 3, two choices: from turn 2's snapshot (64 + 12 - 1 = 75 tokens) */
+    int n3 = cat(p3, p2, n2, r_on.ids[0], 12);
+    n3 = cat(p3, p3, n3, more, 3);
+    run(on, p3, n3, 2, 10, &r_on);
+    run(off, p3, n3, 2, 10, &r_off);
+    assert_same_bits(&r_on, &r_off, 2);
+    assert_int_equal(r_on.cached[0], 75);
+    assert_int_equal(r_on.cached[1], 75);
+
+    /* the first 37 tokens of turn 1 and something else: whole blocks only (2 of them) without
+     * streaming heads; with them no snapshot stands there, so nothing */
+    int n4 = cat(p4, a, 37, other, 13);
+    run(on, p4, n4, 1, 8, &r_on);
+    run(off, p4, n4, 1, 8, &r_off);
+    assert_same_bits(&r_on, &r_off, 1);
+    assert_int_equal(r_on.cached[0], pattern ? 0 : 32);
+
+    struct engine_stats st;
+    core_stats(on, &st);
+    assert_true(st.prefix_cache_hits == (uint64_t)(56 + 75 + (pattern ? 0 : 32)));
+    assert_true(st.prefix_cache_queries == (uint64_t)(45 + n2 + n3 + n4));
+    assert_true(st.prefix_cache_blocks > 0);
+    core_stats(off, &st);
+    assert_true(st.prefix_cache_queries == 0 && st.prefix_cache_hits == 0 && st.prefix_cache_blocks == 0);
+    assert_kv_idle(core_kv(on));
+    assert_kv_idle(core_kv(off));
+    core_free(on);
+    core_free(off);
+}
+
+static void test_hit_equals_miss_full_attention(void **state) {
+    (void)state;
+    check_turns(NULL, 4096);
+    check_turns(NULL, 7); /* chunks of 7: the cached prefix and the chunk edges do not line up */
+}
+
+static void test_hit_equals_miss_with_streaming_heads(void **state) {
+    (void)state;
+    char *p = write_pattern();
+    check_turns(p, 4096);
+    check_turns(p, 7);
+    unlink(p);
+    free(p);
+}
+
+/* Many conversations at once on a pool too small for all: the cache evicts, preemption retires
+ * sequences into it, and every answer is still the miss's. */
+static void test_pressure_keeps_bits(void **state) {
+    (void)state;
+    char *p = write_pattern();
+    for (int with = 0; with < 2; with++) {
+        const char *pat = with ? p : NULL;
+        struct engine_config cfg = {.model_dir = "tests/fixtures/hf/llama3", .max_num_batched_tokens = 32,
+                                    .max_num_seqs = 4, .block_size = 16, .duo_pattern = pat, .duo_sparsity = 0.5f,
+                                    .sink_tokens = 4, .recent_tokens = 8, .kv_cache_memory = (size_t)with ? 90000 : 120000,
+                                    .quiet = true};
+        struct core *on;
+        char err[512] = "";
+        assert_int_equal(core_create(&on, &cfg, err, sizeof err), 0);
+        struct core *off = make_core(pat, false, 4096);
+        static struct collect got[6], want;
+        int32_t prompts[6][80];
+        for (int r = 0; r < 6; r++)
+            for (int i = 0; i < 80; i++) prompts[r][i] = i < 40 ? 5 + i : 3 + (r * 53 + i * 29) % 500; /* shared start */
+        for (int round = 0; round < 2; round++) {
+            char e2[256];
+            for (int r = 0; r < 6; r++) {
+                memset(&got[r], 0, sizeof got[r]);
+                struct engine_sampling sp = {.n = 1, .max_tokens = 9, .top_p = 1.0f, .repetition_penalty = 1.0f,
+                                             .ignore_eos = true, .skip_special_tokens = true, .logprobs = TOPK};
+                struct engine_request req = {prompts[r], 50 + r * 5, sp};
+                assert_int_equal(core_add(on, &req, collect_emit, &got[r], NULL, e2, sizeof e2), ENGINE_OK);
+            }
+            for (int guard = 0; core_has_work(on); guard++) {
+                assert_true(guard < 10000);
+                assert_true(core_step(on) >= 0);
+            }
+            for (int r = 0; r < 6; r++) {
+                run(off, prompts[r], 50 + r * 5, 1, 9, &want);
+                assert_same_bits(&got[r], &want, 1);
+            }
+        }
+        struct engine_stats st;
+        core_stats(on, &st);
+        assert_true(st.prefix_cache_hits > 0);
+        assert_kv_idle(core_kv(on));
+        core_free(on);
+        core_free(off);
+    }
+    unlink(p);
+    free(p);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_hit_equals_miss_full_attention),
+        cmocka_unit_test(test_hit_equals_miss_with_streaming_heads),
+        cmocka_unit_test(test_pressure_keeps_bits),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
