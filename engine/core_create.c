@@ -78,12 +78,14 @@ static int plan_memory(struct core *c, char *err, size_t errlen) {
     if (c->cfg.quiet) return 0;
     elog("info",
          "KV cache: full pool %zu blocks x %d tokens = %zu tokens (%zu B/token), streaming pool %d slots "
-         "x %d tokens (%zu B/slot); %d of %d KV heads streaming; max concurrency at %d tokens: %zu",
+         "x %d tokens (%zu B/slot); %d of %d KV heads streaming; max concurrency at %d tokens: %zu; prefix "
+         "caching %s",
          n_blocks, c->cfg.block_size, n_blocks * c->cfg.block_size, block_bytes / c->cfg.block_size, n_slots,
          c->cfg.sink_tokens + c->cfg.recent_tokens, slot_bytes, n_stream_total, mc->n_layers * mc->n_kv_heads,
          c->max_model_len,
          block_bytes ? n_blocks / ((size_t)(c->max_model_len + c->cfg.block_size - 1) / c->cfg.block_size)
-                     : (size_t)n_slots);
+                     : (size_t)n_slots,
+         !caching ? "off" : slot_bytes ? "on (with snapshots of the streaming heads' slots)" : "on");
     if (n_stream_total) {
         char line[1024];
         size_t o = 0;
