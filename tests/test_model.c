@@ -7,8 +7,8 @@
 #include <math.h>
 
 #include "tests/test_common.h"
+#include "tests/generate_ref.h"
 
-#include "engine/generate.h"
 #include "engine/model.h"
 #include "engine/sampler.h"
 #include "engine/util.h"

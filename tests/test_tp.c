@@ -18,10 +18,10 @@
 #include <signal.h>
 
 #include "tests/test_common.h"
+#include "tests/generate_ref.h"
 
 #include "engine/comm.h"
 #include "engine/engine_core.h"
-#include "engine/generate.h"
 #include "engine/model.h"
 #include "engine/sampler.h"
 #include "engine/tp.h"
