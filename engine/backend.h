@@ -175,7 +175,7 @@ struct backend_ops {
     /* optional: drops every captured graph (a buffer they use is about to move) */
     void (*graph_reset)(struct backend *b);
 
-    /* Tensor parallelism (engine/model_tp.c); a backend without them runs one rank only.
+    /* Tensor parallelism (engine/model_tp.c, engine/model.c); a backend without them runs one rank only.
      * logits_to: out[n][vocab] (f32, backend memory) = x[n][dim] @ w[vocab][dim]^T, the arithmetic
      * of logits(), nothing copied to the host.
      * logits_assemble: the logits of n rows from column blocks: block p (p = 0, 1, ...) starts at

@@ -1,7 +1,6 @@
 /* backend_cpu: the reference implementation of every op, plain fp32 loops in the order of the
  * math (llama2.c's forward). Activations and weights are f32 host memory. Single-threaded. */
 #include <math.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -449,20 +448,3 @@ struct backend *backend_cpu_create(void) {
 void backend_destroy(struct backend *b) {
     if (b) b->ops->destroy(b);
 }
-
-#ifndef DUO_CUDA
-int backend_cuda_probe(int device, char *err, size_t errlen) {
-    if (err && errlen)
-        snprintf(err, errlen, "this duoserve was built without CUDA (CUDA=0 or no nvcc at build time; make CUDA=1 "
-                              "builds it with the CUDA toolkit)");
-    return BACKEND_CUDA_NONE;
-}
-
-struct backend *backend_cuda_create(int device, int flags, char *err, size_t errlen) {
-    (void)flags;
-    backend_cuda_probe(device, err, errlen);
-    return NULL;
-}
-
-int backend_cuda_device_count(void) { return 0; }
-#endif

@@ -1,5 +1,4 @@
-/* comm: the thread implementation of the collectives (engine/comm.h), and the NCCL stub of
- * builds without CUDA. */
+/* comm: the thread implementation of the collectives (engine/comm.h). */
 #include "engine/comm.h"
 
 #include <pthread.h>
@@ -153,10 +152,3 @@ int comm_threads_create(struct comm **out, int n) {
 void comm_destroy(struct comm *c) {
     if (c) c->ops->destroy(c);
 }
-
-#ifndef DUO_CUDA
-int comm_nccl_create(struct comm **out, struct backend *const *b, int n, char *err, size_t errlen) {
-    (void)out, (void)b, (void)n;
-    return util_err(err, errlen, "this duoserve was built without CUDA, so without NCCL");
-}
-#endif

@@ -1,3 +1,6 @@
+/* model: one rank's model: loading its shard of a Hugging Face checkpoint (or dummy weights) into
+ * its backend, and its forward pass over a flattened batch in terms of backend ops, the LM head
+ * gathered over the ranks under tensor parallelism. The whole model's entries are model_tp.c's. */
 #include "engine/model.h"
 
 #include <math.h>
@@ -433,26 +436,6 @@ static int alloc_acts(struct model *m) {
     return rc == BACKEND_OK ? 0 : -1;
 }
 
-int model_load(struct model **out, const char *dir, struct backend *b, int max_tokens, char *err, size_t errlen) {
-    return model_load_duo(out, dir, b, max_tokens, NULL, err, errlen);
-}
-
-int model_load_duo(struct model **out, const char *dir, struct backend *b, int max_tokens, const uint8_t *streaming,
-                   char *err, size_t errlen) {
-    struct model_load_opts o = {.max_tokens = max_tokens, .streaming = streaming, .tensor_parallel_size = 1};
-    return model_load_with(out, dir, b, &o, err, errlen);
-}
-
-int model_load_with(struct model **out, const char *dir, struct backend *b, const struct model_load_opts *o,
-                    char *err, size_t errlen) {
-    /* DUOSERVE_TP_GROUP=1: one rank through the tensor-parallel path (communicator, gathered
-     * logits), the same results as without it: checks that path on one GPU */
-    const char *g = getenv("DUOSERVE_TP_GROUP");
-    if (o->tensor_parallel_size > 1 || (g && g[0] == '1')) return model_tp_load(out, dir, b, o, err, errlen);
-    struct model_rank_spec spec = {.rank = 0, .size = 1, .progress = true};
-    return model_load_rank(out, dir, b, o, &spec, err, errlen);
-}
-
 /* The rank's share of the model's shape. */
 static void shard_init(struct model *m, const struct model_rank_spec *spec) {
     const struct model_config *c = &m->cfg;
@@ -537,12 +520,6 @@ int model_load_rank(struct model **out, const char *dir, struct backend *b, cons
     return 0;
 }
 
-void model_free(struct model *m) {
-    if (!m) return;
-    if (m->tp) model_tp_free(m->tp); /* the other ranks first: rank 0's backend outlives them */
-    model_free_rank(m);
-}
-
 void model_free_rank(struct model *m) {
     if (!m) return;
     struct backend *b = m->b;
@@ -579,6 +556,23 @@ static int reduce_ranks(struct model *m, void *x, size_t n) {
     struct comm *cm = m->sh.comm;
     if (!cm) return 0;
     return cm->ops->all_reduce_sum(cm, x, n, m->b->ops->act_size == 2 ? COMM_BF16 : COMM_F32) ? BACKEND_ERR_DEVICE : 0;
+}
+
+/* The LM head of one rank under tensor parallelism (h's logits rows in m->o): its vocabulary
+ * part, gathered; rank 0 assembles the whole rows (and their argmax). Returns a status. */
+static int lm_head_gather(struct model *m, const struct fwd_batch *batch, float *logits) {
+    const struct backend_ops *op = m->b->ops;
+    const struct model_shard *sh = &m->sh;
+    int n = batch->n_logits, V = m->cfg.vocab_size, rc = 0;
+    if (sh->vocab_n) rc = op->logits_to(m->b, m->lg_part, m->o, m->lm_head, n, sh->vocab_n, m->cfg.dim);
+    if (rc) return rc;
+    if (sh->comm->ops->all_gather(sh->comm, m->lg_all, m->lg_part, (size_t)n * sh->vocab_part, COMM_F32) != 0)
+        return BACKEND_ERR_DEVICE;
+    if (sh->rank != 0) return 0;
+    rc = op->logits_assemble(m->b, batch->argmax_out && batch->skip_logits ? NULL : logits, m->lg_all, n, V,
+                             sh->vocab_part);
+    if (!rc && batch->argmax_out) op->argmax(m->b, batch->argmax_out, n, V);
+    return rc;
 }
 
 /* The ops of one forward pass (everything after begin_step). Returns 0, or a backend status
@@ -650,7 +644,7 @@ static int forward_ops(struct model *m, struct kv_cache *kv, const struct fwd_ba
     if (batch->n_logits == 0) return 0;
     // LM head, only for the rows that sample (h already holds the final norm)
     op->get_rows(b, m->o, m->h, D);
-    if (sh->comm) return model_tp_lm_head(m, batch, logits);
+    if (sh->comm) return lm_head_gather(m, batch, logits);
     op->logits(b, batch->argmax_out && batch->skip_logits ? NULL : logits, m->o, m->lm_head, batch->n_logits,
                c->vocab_size, D);
     if (batch->argmax_out) op->argmax(b, batch->argmax_out, batch->n_logits, c->vocab_size);
@@ -693,9 +687,4 @@ int model_step(struct model *m, struct kv_cache *kv, const struct fwd_batch *bat
     }
     int w = wait_rank(m), s = op->sync(b);
     return rc ? rc : w ? w : s;
-}
-
-int model_forward(struct model *m, struct kv_cache *kv, const struct fwd_batch *batch, float *logits) {
-    if (m->tp) return model_tp_forward(m, kv, batch, logits);
-    return model_step(m, kv, batch, logits);
 }

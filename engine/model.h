@@ -7,7 +7,11 @@
  * vocabulary; embeddings and norms are whole on every rank. The residual stream is the same on
  * every rank: o_proj and down_proj outputs are summed over the ranks (one all-reduce each), the
  * logits gathered from the ranks' vocabulary parts onto rank 0, which samples. Rank 0's model is
- * the one the engine holds; it owns the others (engine/model_tp.c). */
+ * the one the engine holds; it owns the others.
+ * Two files, calls running one way: engine/model_tp.c holds the entries below that act on the
+ * whole model (load, free, forward, the KV pools and their budget), over its ranks (rank 0 alone
+ * without tensor parallelism); engine/model.c holds one rank (loading its shard, its step, its
+ * LM head) through engine/model_impl.h. */
 #ifndef DUO_MODEL_H
 #define DUO_MODEL_H
 

@@ -118,14 +118,8 @@ static int parse_eos(struct model_config *cfg, const cJSON *root, char *err, siz
     return 0;
 }
 
-int model_config_parse(struct model_config *cfg, const char *json, size_t len, char *err, size_t errlen) {
-    memset(cfg, 0, sizeof *cfg);
-    cJSON *root = cJSON_ParseWithLength(json, len);
-    if (!root || !cJSON_IsObject(root)) {
-        cJSON_Delete(root);
-        return util_err(err, errlen, "not a JSON object");
-    }
-    int rc = 0;
+/* The architecture: "architectures"[0], else one implied by "model_type". */
+static int parse_arch(struct model_config *cfg, const cJSON *root, char *err, size_t errlen) {
     const cJSON *archs = cJSON_GetObjectItemCaseSensitive(root, "architectures");
     const cJSON *a0 = cJSON_IsArray(archs) ? cJSON_GetArrayItem(archs, 0) : NULL;
     const char *arch = cJSON_IsString(a0) ? a0->valuestring : NULL;
@@ -135,19 +129,61 @@ int model_config_parse(struct model_config *cfg, const char *json, size_t len, c
         arch = !strcmp(m, "llama") ? "LlamaForCausalLM" : !strcmp(m, "mistral") ? "MistralForCausalLM"
              : !strcmp(m, "qwen2") ? "Qwen2ForCausalLM" : NULL;
     }
-    if (!arch) {
-        rc = util_err(err, errlen, "no \"architectures\" or known \"model_type\"");
-        goto out;
-    }
+    if (!arch) return util_err(err, errlen, "no \"architectures\" or known \"model_type\"");
     if (!strcmp(arch, "LlamaForCausalLM")) cfg->arch = MODEL_ARCH_LLAMA;
     else if (!strcmp(arch, "MistralForCausalLM")) cfg->arch = MODEL_ARCH_MISTRAL;
     else if (!strcmp(arch, "Qwen2ForCausalLM")) cfg->arch = MODEL_ARCH_QWEN2;
-    else {
-        rc = util_err(err, errlen, "unsupported architecture \"%s\" (supported: LlamaForCausalLM, "
-                      "MistralForCausalLM, Qwen2ForCausalLM)", arch);
+    else
+        return util_err(err, errlen, "unsupported architecture \"%s\" (supported: LlamaForCausalLM, "
+                        "MistralForCausalLM, Qwen2ForCausalLM)", arch);
+    return 0;
+}
+
+/* What varies within the family (cfg->arch set): tied embeddings, biases, the activation and
+ * the sliding window. */
+static int parse_variant(struct model_config *cfg, const cJSON *root, char *err, size_t errlen) {
+    /* transformers defaults: Llama/Mistral untied, Qwen2 untied unless the key says so. */
+    cfg->tie_embeddings = false;
+    if (get_bool(root, "tie_word_embeddings", &cfg->tie_embeddings) < 0)
+        return util_err(err, errlen, "\"tie_word_embeddings\" must be true or false");
+    bool attn_bias = false, mlp_bias = false;
+    if (get_bool(root, "attention_bias", &attn_bias) < 0 || get_bool(root, "mlp_bias", &mlp_bias) < 0)
+        return util_err(err, errlen, "\"attention_bias\"/\"mlp_bias\" must be true or false");
+    if (mlp_bias) return util_err(err, errlen, "\"mlp_bias\": true is not supported");
+    if (cfg->arch == MODEL_ARCH_QWEN2) {
+        cfg->qkv_bias = true; /* Qwen2 always has q/k/v biases and no o_proj bias */
+    } else if (cfg->arch == MODEL_ARCH_LLAMA) {
+        cfg->qkv_bias = cfg->o_bias = attn_bias;
+    }
+    const cJSON *act = cJSON_GetObjectItemCaseSensitive(root, "hidden_act");
+    if (act && !(cJSON_IsString(act) && (!strcmp(act->valuestring, "silu") || !strcmp(act->valuestring, "swish"))))
+        return util_err(err, errlen, "unsupported \"hidden_act\" (only silu)");
+    /* Sliding window: Mistral uses "sliding_window" when set; Qwen2 only with use_sliding_window
+     * (and then only above max_window_layers, which we refuse rather than half-honour). */
+    cfg->sliding_window = 0;
+    if (cfg->arch == MODEL_ARCH_MISTRAL) {
+        if (get_int(root, "sliding_window", 1, 1 << 30, &cfg->sliding_window) < 0)
+            return util_err(err, errlen, "\"sliding_window\" must be a positive integer or null");
+    } else if (cfg->arch == MODEL_ARCH_QWEN2) {
+        bool use_sw = false;
+        get_bool(root, "use_sliding_window", &use_sw);
+        if (use_sw) return util_err(err, errlen, "Qwen2 \"use_sliding_window\": true is not supported");
+    }
+    return 0;
+}
+
+int model_config_parse(struct model_config *cfg, const char *json, size_t len, char *err, size_t errlen) {
+    memset(cfg, 0, sizeof *cfg);
+    cJSON *root = cJSON_ParseWithLength(json, len);
+    if (!root || !cJSON_IsObject(root)) {
+        cJSON_Delete(root);
+        return util_err(err, errlen, "not a JSON object");
+    }
+    int rc = 0;
+    if (parse_arch(cfg, root, err, errlen) < 0) {
+        rc = -1;
         goto out;
     }
-
     REQUIRE_INT("hidden_size", 1, 1 << 20, &cfg->dim);
     REQUIRE_INT("intermediate_size", 1, 1 << 22, &cfg->hidden_dim);
     REQUIRE_INT("num_hidden_layers", 1, 4096, &cfg->n_layers);
@@ -183,48 +219,10 @@ int model_config_parse(struct model_config *cfg, const char *json, size_t len, c
         rc = util_err(err, errlen, "\"rms_norm_eps\" must be a non-negative number");
         goto out;
     }
-    /* transformers defaults: Llama/Mistral untied, Qwen2 untied unless the key says so. */
-    cfg->tie_embeddings = false;
-    if (get_bool(root, "tie_word_embeddings", &cfg->tie_embeddings) < 0) {
-        rc = util_err(err, errlen, "\"tie_word_embeddings\" must be true or false");
+    if (parse_variant(cfg, root, err, errlen) < 0) {
+        rc = -1;
         goto out;
     }
-    bool attn_bias = false, mlp_bias = false;
-    if (get_bool(root, "attention_bias", &attn_bias) < 0 || get_bool(root, "mlp_bias", &mlp_bias) < 0) {
-        rc = util_err(err, errlen, "\"attention_bias\"/\"mlp_bias\" must be true or false");
-        goto out;
-    }
-    if (mlp_bias) {
-        rc = util_err(err, errlen, "\"mlp_bias\": true is not supported");
-        goto out;
-    }
-    if (cfg->arch == MODEL_ARCH_QWEN2) {
-        cfg->qkv_bias = true; /* Qwen2 always has q/k/v biases and no o_proj bias */
-    } else if (cfg->arch == MODEL_ARCH_LLAMA) {
-        cfg->qkv_bias = cfg->o_bias = attn_bias;
-    }
-    const cJSON *act = cJSON_GetObjectItemCaseSensitive(root, "hidden_act");
-    if (act && !(cJSON_IsString(act) && (!strcmp(act->valuestring, "silu") || !strcmp(act->valuestring, "swish")))) {
-        rc = util_err(err, errlen, "unsupported \"hidden_act\" (only silu)");
-        goto out;
-    }
-    /* Sliding window: Mistral uses "sliding_window" when set; Qwen2 only with use_sliding_window
-     * (and then only above max_window_layers, which we refuse rather than half-honour). */
-    cfg->sliding_window = 0;
-    if (cfg->arch == MODEL_ARCH_MISTRAL) {
-        if (get_int(root, "sliding_window", 1, 1 << 30, &cfg->sliding_window) < 0) {
-            rc = util_err(err, errlen, "\"sliding_window\" must be a positive integer or null");
-            goto out;
-        }
-    } else if (cfg->arch == MODEL_ARCH_QWEN2) {
-        bool use_sw = false;
-        get_bool(root, "use_sliding_window", &use_sw);
-        if (use_sw) {
-            rc = util_err(err, errlen, "Qwen2 \"use_sliding_window\": true is not supported");
-            goto out;
-        }
-    }
-
     if (parse_rope(cfg, root, err, errlen) < 0) {
         rc = -1;
         goto out;

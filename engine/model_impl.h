@@ -1,5 +1,5 @@
-/* model_impl: what model.c (one rank: loading a shard, its forward pass) and model_tp.c (the
- * ranks together) share; no other module includes it. */
+/* model_impl: what model_tp.c (the model the engine holds: its ranks together) calls in model.c
+ * (one rank: loading its shard, its step); calls run only that way. No other module includes it. */
 #ifndef DUO_MODEL_IMPL_H
 #define DUO_MODEL_IMPL_H
 
@@ -20,16 +20,5 @@ void model_free_rank(struct model *m);
 /* One rank's step: begin_step, the ops (graph replay or capture), wait, sync. Rank 0 delivers the
  * logits / argmax ids; the others only take part in the collectives. */
 int model_step(struct model *m, struct kv_cache *kv, const struct fwd_batch *batch, float *logits);
-
-/* model_tp.c */
-int model_tp_load(struct model **out, const char *dir, struct backend *b, const struct model_load_opts *o, char *err,
-                  size_t errlen);
-int model_tp_forward(struct model *m, struct kv_cache *kv, const struct fwd_batch *batch, float *logits);
-/* The LM head of one rank under tensor parallelism (h's logits rows in m->o): its vocabulary
- * part, gathered; rank 0 assembles the whole rows (and their argmax). Returns a status. */
-int model_tp_lm_head(struct model *m, const struct fwd_batch *batch, float *logits);
-/* Grows the gather buffers to the step's logits rows (before a graph capture uses them). */
-int model_tp_reserve(struct model *m, int rows);
-void model_tp_free(struct model_tp *t);
 
 #endif

@@ -1,6 +1,7 @@
-/* model_tp: the model over the ranks of tensor parallelism (engine/tp.h): loading every rank's
- * shard at once, a step on every rank at once, the LM head's gather, and the KV pools and
- * their memory plan per rank. Rank 0's struct model owns the others. */
+/* model_tp: the model the engine holds, over its ranks (engine/tp.h; rank 0 alone without tensor
+ * parallelism): the public load, free and forward entries, loading every rank's shard at once, a
+ * step on every rank at once, and the KV pools and their memory plan per rank. Rank 0's struct
+ * model owns the others. One rank's loading and step are engine/model.c's. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -44,7 +45,7 @@ static int load_rank_job(void *arg, int r) {
     return model_load_rank(&j->ranks[r], j->dir, tp_backend(j->g, r), j->o, &spec, j->err[r], sizeof j->err[r]);
 }
 
-int model_tp_load(struct model **out, const char *dir, struct backend *b, const struct model_load_opts *o, char *err,
+static int tp_load(struct model **out, const char *dir, struct backend *b, const struct model_load_opts *o, char *err,
                   size_t errlen) {
     *out = NULL;
     int n = o->tensor_parallel_size > 1 ? o->tensor_parallel_size : 1;
@@ -84,7 +85,7 @@ int model_tp_load(struct model **out, const char *dir, struct backend *b, const 
     return 0;
 }
 
-void model_tp_free(struct model_tp *t) {
+static void tp_free(struct model_tp *t) {
     if (!t) return;
     int n = tp_size(t->g);
     for (int r = 1; r < n; r++) model_free_rank(t->ranks[r]);
@@ -93,7 +94,8 @@ void model_tp_free(struct model_tp *t) {
     free(t);
 }
 
-int model_tp_reserve(struct model *m, int rows) {
+/* Grows a rank's gather buffers to the step's logits rows (before a graph capture uses them). */
+static int tp_reserve(struct model *m, int rows) {
     if (rows <= m->lg_rows) return 0;
     const struct backend_ops *op = m->b->ops;
     size_t part = (size_t)rows * m->sh.vocab_part * sizeof(float);
@@ -105,21 +107,6 @@ int model_tp_reserve(struct model *m, int rows) {
     m->lg_all = s1 == BACKEND_OK ? op->alloc(m->b, part * (size_t)m->sh.size, &s2) : NULL;
     m->lg_rows = s1 == BACKEND_OK && s2 == BACKEND_OK ? rows : 0;
     return m->lg_rows ? 0 : BACKEND_ERR_OOM;
-}
-
-int model_tp_lm_head(struct model *m, const struct fwd_batch *batch, float *logits) {
-    const struct backend_ops *op = m->b->ops;
-    const struct model_shard *sh = &m->sh;
-    int n = batch->n_logits, V = m->cfg.vocab_size, rc = 0;
-    if (sh->vocab_n) rc = op->logits_to(m->b, m->lg_part, m->o, m->lm_head, n, sh->vocab_n, m->cfg.dim);
-    if (rc) return rc;
-    if (sh->comm->ops->all_gather(sh->comm, m->lg_all, m->lg_part, (size_t)n * sh->vocab_part, COMM_F32) != 0)
-        return BACKEND_ERR_DEVICE;
-    if (sh->rank != 0) return 0;
-    rc = op->logits_assemble(m->b, batch->argmax_out && batch->skip_logits ? NULL : logits, m->lg_all, n, V,
-                             sh->vocab_part);
-    if (!rc && batch->argmax_out) op->argmax(m->b, batch->argmax_out, n, V);
-    return rc;
 }
 
 struct fwd_job {
@@ -135,7 +122,7 @@ static int forward_job(void *arg, int r) {
     struct comm *cm = m->sh.comm;
     if (cm->ops->aborted(cm)) return BACKEND_ERR_DEVICE;
     bool fault = tp_fault(j->t->g, r);
-    int rc = fault ? BACKEND_ERR_DEVICE : model_tp_reserve(m, j->batch->n_logits);
+    int rc = fault ? BACKEND_ERR_DEVICE : tp_reserve(m, j->batch->n_logits);
     if (!rc) rc = model_step(m, j->kv, j->batch, r == 0 ? j->logits : NULL);
     if (rc && !cm->ops->aborted(cm)) { /* this rank failed first: no peer may wait for it */
         elog("error", "tensor parallelism: rank %d failed (%s)", r, fault ? "fault injection" : "backend error");
@@ -144,7 +131,7 @@ static int forward_job(void *arg, int r) {
     return rc;
 }
 
-int model_tp_forward(struct model *m, struct kv_cache *kv, const struct fwd_batch *batch, float *logits) {
+static int tp_forward(struct model *m, struct kv_cache *kv, const struct fwd_batch *batch, float *logits) {
     int T = batch->n_tokens;
     if (T < 1 || T > m->max_tokens || batch->n_logits > T) return BACKEND_ERR_ARG;
     if (model_failed(m)) return BACKEND_ERR_DEVICE;
@@ -222,4 +209,35 @@ int model_kv_budget(const struct model *m, int block_size, int sink, int recent,
     }
     *budget = isfinite(best) ? best : first;
     return 0;
+}
+
+int model_load(struct model **out, const char *dir, struct backend *b, int max_tokens, char *err, size_t errlen) {
+    return model_load_duo(out, dir, b, max_tokens, NULL, err, errlen);
+}
+
+int model_load_duo(struct model **out, const char *dir, struct backend *b, int max_tokens, const uint8_t *streaming,
+                   char *err, size_t errlen) {
+    struct model_load_opts o = {.max_tokens = max_tokens, .streaming = streaming, .tensor_parallel_size = 1};
+    return model_load_with(out, dir, b, &o, err, errlen);
+}
+
+int model_load_with(struct model **out, const char *dir, struct backend *b, const struct model_load_opts *o,
+                    char *err, size_t errlen) {
+    /* DUOSERVE_TP_GROUP=1: one rank through the tensor-parallel path (communicator, gathered
+     * logits), the same results as without it: checks that path on one GPU */
+    const char *g = getenv("DUOSERVE_TP_GROUP");
+    if (o->tensor_parallel_size > 1 || (g && g[0] == '1')) return tp_load(out, dir, b, o, err, errlen);
+    struct model_rank_spec spec = {.rank = 0, .size = 1, .progress = true};
+    return model_load_rank(out, dir, b, o, &spec, err, errlen);
+}
+
+void model_free(struct model *m) {
+    if (!m) return;
+    if (m->tp) tp_free(m->tp); /* the other ranks first: rank 0's backend outlives them */
+    model_free_rank(m);
+}
+
+int model_forward(struct model *m, struct kv_cache *kv, const struct fwd_batch *batch, float *logits) {
+    if (m->tp) return tp_forward(m, kv, batch, logits);
+    return model_step(m, kv, batch, logits);
 }

@@ -1,7 +1,7 @@
 /* warmup: requests of the engine's own, run by engine_create before the engine reports ready,
  * so that the first client does not pay for what happens once. On a GPU, kernels load on their
  * first launch, buffers grow to size and each decode batch size captures its CUDA graph on
- * first sight (the first request after start took 80 ms to its first token, the next 8 ms).
+ * first sight, all of which would otherwise slow the first requests.
  * Leaves no trace: every request finishes (its KV freed, which is checked), seeds are fixed
  * (the generator of unseeded requests is untouched) and the counters are zeroed. The core's
  * thread only. */

@@ -7,9 +7,9 @@
 #include <math.h>
 
 #include "tests/test_common.h"
+#include "tests/generate_ref.h"
 
 #include "engine/kv_cache_impl.h"
-#include "engine/generate.h"
 #include "engine/model.h"
 #include "engine/sampler.h"
 #include "engine/util.h"

@@ -18,11 +18,11 @@
 #include <signal.h>
 
 #include "tests/test_common.h"
+#include "tests/generate_ref.h"
 
 #include "engine/kv_cache_impl.h"
 #include "engine/comm.h"
 #include "engine/engine_core.h"
-#include "engine/generate.h"
 #include "engine/model.h"
 #include "engine/sampler.h"
 #include "engine/tp.h"

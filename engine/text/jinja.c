@@ -24,19 +24,6 @@ const struct jinja_limits jinja_limits_default = {
     .max_steps = 10000000,
 };
 
-const char *jinja_strerror(int status) {
-    switch (status) {
-    case JINJA_OK: return "ok";
-    case JINJA_ERR_NOMEM: return "out of memory";
-    case JINJA_ERR_SYNTAX: return "template syntax error";
-    case JINJA_ERR_RENDER: return "template render error";
-    case JINJA_ERR_RAISED: return "template raised an exception";
-    case JINJA_ERR_LIMIT: return "template exceeded a limit";
-    case JINJA_ERR_INVALID: return "invalid argument";
-    default: return "unknown jinja error";
-    }
-}
-
 void jinja_free(struct jinja_template *t) {
     if (!t) return;
     struct jinja_arena a = t->arena; // t itself lives in its arena

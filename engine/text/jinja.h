@@ -70,6 +70,4 @@ int jinja_render(const struct jinja_template *t, const cJSON *vars,
                  const struct jinja_limits *lim, char **out, size_t *out_len, char *err,
                  size_t errlen);
 
-const char *jinja_strerror(int status);
-
 #endif

@@ -476,7 +476,7 @@ const char *jinja_rmemmem(const char *h, size_t hn, const char *n, size_t nn);
 /* Python's fmt % args (printf-style formatting). */
 struct jv jinja_percent_format(struct jinja_ctx *c, struct jv fmt, struct jv args);
 
-/* ---- parser internals (jinja_lex.c, jinja_parse.c) ----------------------------------- */
+/* ---- parser internals (jinja_lex.c, jinja_parse_expr.c, jinja_parse.c) -------------- */
 
 enum jinja_tok_type {
     JTK_DATA,
@@ -528,5 +528,40 @@ char *jinja_parse_strdup(struct jinja_parser *p, const char *s, size_t n);
 /* Tokenises src[0..len) into p->toks (p->src keeps the newline-normalised copy), applying
  * jinja's whitespace rules. */
 void jinja_lex(struct jinja_parser *p, const char *src, size_t len);
+
+/* jinja_lex.c: the token cursor. peek: the current token (EOF at the end); advance: returns it
+ * and moves on; is_: whether the current token is that operator / name; skip_: the same, and
+ * consumes it when it is; expect_: consumes it or fails with a syntax error. */
+const struct jinja_tok *jinja_peek(const struct jinja_parser *p);
+const struct jinja_tok *jinja_peek_at(const struct jinja_parser *p, size_t k); // k tokens on
+const struct jinja_tok *jinja_advance(struct jinja_parser *p);
+bool jinja_tok_is_op(const struct jinja_tok *t, const char *op);
+bool jinja_tok_is_name(const struct jinja_tok *t, const char *name);
+bool jinja_is_op(const struct jinja_parser *p, const char *op);
+bool jinja_is_name(const struct jinja_parser *p, const char *name);
+bool jinja_skip_op(struct jinja_parser *p, const char *op);
+bool jinja_skip_name(struct jinja_parser *p, const char *name);
+_Noreturn void jinja_unexpected(struct jinja_parser *p, const char *wanted); // "expected W, got T"
+void jinja_expect_op(struct jinja_parser *p, const char *op);
+const char *jinja_expect_name(struct jinja_parser *p); // the name, in the template's arena
+void jinja_expect_block_end(struct jinja_parser *p);
+/* One level deeper (the caller decrements p->depth on the way out); fails past the limit. */
+void jinja_parse_enter(struct jinja_parser *p);
+
+/* A growable array of pointers in the template arena. */
+struct jinja_parse_vec {
+    void **v;
+    int n, cap;
+};
+void jinja_parse_push(struct jinja_parser *p, struct jinja_parse_vec *v, void *x);
+
+/* jinja_parse_expr.c: expressions. parse_tuple: an expression, or a tuple when commas follow
+ * (parser.py parse_tuple; extra_end: a name that also ends it); parse_expression: with or
+ * without a trailing `x if c else y`; parse_block_filters: the filter chain of {% filter a|b %}
+ * or {% set x | a %}, applied to JE_BLOCK. */
+struct jinja_expr *jinja_parse_tuple(struct jinja_parser *p, bool with_condexpr,
+                                     bool explicit_parens, const char *extra_end);
+struct jinja_expr *jinja_parse_expression(struct jinja_parser *p, bool with_condexpr);
+struct jinja_expr *jinja_parse_block_filters(struct jinja_parser *p, int line);
 
 #endif

@@ -1,6 +1,7 @@
 /* jinja_lex: the tokenizer, following jinja2's lexer.py (3.1): tags, comments, raw blocks,
  * and the whitespace rules (-/+ markers, trim_blocks, lstrip_blocks) that decide which
- * template text reaches the output. */
+ * template text reaches the output; and what both halves of the parser (jinja_parse.c,
+ * jinja_parse_expr.c) read the tokens with: the cursor, errors, arena allocation. */
 #include "engine/text/jinja_impl.h"
 
 #include <ctype.h>
@@ -42,6 +43,105 @@ char *jinja_parse_strdup(struct jinja_parser *p, const char *s, size_t n) {
     memcpy(q, s, n);
     return q;
 }
+
+/* ---- the token cursor the parsers read with ------------------------------------------ */
+
+#define PARSE_MAX_DEPTH 200
+
+const struct jinja_tok *jinja_peek(const struct jinja_parser *p) { return &p->toks[p->cur]; }
+const struct jinja_tok *jinja_peek_at(const struct jinja_parser *p, size_t k) {
+    size_t i = p->cur + k;
+    return &p->toks[i < p->ntok ? i : p->ntok - 1];
+}
+const struct jinja_tok *jinja_advance(struct jinja_parser *p) {
+    const struct jinja_tok *t = &p->toks[p->cur];
+    if (t->t != JTK_EOF) p->cur++;
+    return t;
+}
+
+bool jinja_tok_is_op(const struct jinja_tok *t, const char *op) {
+    return t->t == JTK_OP && t->n == strlen(op) && memcmp(t->p, op, t->n) == 0;
+}
+bool jinja_tok_is_name(const struct jinja_tok *t, const char *name) {
+    return t->t == JTK_NAME && t->n == strlen(name) && memcmp(t->p, name, t->n) == 0;
+}
+bool jinja_is_op(const struct jinja_parser *p, const char *op) {
+    return jinja_tok_is_op(jinja_peek(p), op);
+}
+bool jinja_is_name(const struct jinja_parser *p, const char *name) {
+    return jinja_tok_is_name(jinja_peek(p), name);
+}
+bool jinja_skip_op(struct jinja_parser *p, const char *op) {
+    if (!jinja_is_op(p, op)) return false;
+    jinja_advance(p);
+    return true;
+}
+bool jinja_skip_name(struct jinja_parser *p, const char *name) {
+    if (!jinja_is_name(p, name)) return false;
+    jinja_advance(p);
+    return true;
+}
+
+static const char *describe(const struct jinja_tok *t, char *buf, size_t n) {
+    switch (t->t) {
+    case JTK_DATA: return "template data";
+    case JTK_VAR_BEGIN: return "begin of print statement";
+    case JTK_VAR_END: return "end of print statement";
+    case JTK_BLOCK_BEGIN: return "begin of statement block";
+    case JTK_BLOCK_END: return "end of statement block";
+    case JTK_STRING: return "string";
+    case JTK_INT: return "integer";
+    case JTK_FLOAT: return "float";
+    case JTK_EOF: return "end of template";
+    default: snprintf(buf, n, "'%.*s'", (int)(t->n > 40 ? 40 : t->n), t->p); return buf;
+    }
+}
+
+_Noreturn void jinja_unexpected(struct jinja_parser *p, const char *wanted) {
+    char b[64];
+    const struct jinja_tok *t = jinja_peek(p);
+    SYNTAX(p, t->line, "expected %s, got %s", wanted, describe(t, b, sizeof b));
+}
+
+void jinja_expect_op(struct jinja_parser *p, const char *op) {
+    if (jinja_skip_op(p, op)) return;
+    char w[16];
+    snprintf(w, sizeof w, "'%s'", op);
+    jinja_unexpected(p, w);
+}
+
+const char *jinja_expect_name(struct jinja_parser *p) {
+    const struct jinja_tok *t = jinja_peek(p);
+    if (t->t != JTK_NAME) jinja_unexpected(p, "a name");
+    jinja_advance(p);
+    return jinja_parse_strdup(p, t->p, t->n);
+}
+
+void jinja_expect_block_end(struct jinja_parser *p) {
+    if (jinja_peek(p)->t == JTK_BLOCK_END) {
+        jinja_advance(p);
+        return;
+    }
+    jinja_unexpected(p, "end of statement block");
+}
+
+void jinja_parse_enter(struct jinja_parser *p) {
+    if (++p->depth > PARSE_MAX_DEPTH)
+        SYNTAX(p, jinja_peek(p)->line, "template nested too deeply (more than %d levels)",
+               PARSE_MAX_DEPTH);
+}
+
+void jinja_parse_push(struct jinja_parser *p, struct jinja_parse_vec *v, void *x) {
+    if (v->n == v->cap) {
+        int cap = v->cap ? v->cap * 2 : 4;
+        void **nv = jinja_parse_alloc(p, (size_t)cap * sizeof *nv);
+        if (v->n) memcpy(nv, v->v, (size_t)v->n * sizeof *nv);
+        v->v = nv;
+        v->cap = cap;
+    }
+    v->v[v->n++] = x;
+}
+
 
 /* ---- lexer --------------------------------------------------------------------------- */
 

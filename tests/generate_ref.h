@@ -1,15 +1,40 @@
-#include "engine/generate.h"
+/* Test helper: generate_run runs one request to completion on a model, without the engine's
+ * scheduler (prefill in chunks, then decode one token a step, one sequence, a KV cache of its
+ * own): the simplest correct driver of the forward pass, which tests/test_model.c and
+ * tests/test_tp.c check the model with (chunked prefill, tensor-parallel ranks, HF tokens). */
+#ifndef DUO_TEST_GENERATE_REF_H
+#define DUO_TEST_GENERATE_REF_H
 
+#include <stdbool.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "engine/kv_cache_impl.h"
+#include "engine/model.h"
 #include "engine/sampler.h"
 #include "engine/util.h"
 
+struct gen_params {
+    int max_tokens;    // tokens to generate
+    float temperature; // 0 = greedy
+    uint64_t seed;
+    int top_logprobs;  // K most likely tokens reported per generated position (0..20)
+    int prefill_chunk; // prompt tokens per forward step (>= 1)
+    bool ignore_eos;   // keep going past an EOS id of the config
+};
+
+struct gen_result {
+    int32_t *ids;       // [n] generated ids
+    int n;
+    int32_t *top_ids;   // [n][top_logprobs]
+    float *top_lps;     // [n][top_logprobs]
+    bool stopped_eos;   // finished on an EOS id (included in ids)
+};
+
 #define GEN_BLOCK_SIZE 16
 
-void gen_result_free(struct gen_result *r) {
+static inline void gen_result_free(struct gen_result *r) {
     if (!r) return;
     free(r->ids);
     free(r->top_ids);
@@ -17,14 +42,14 @@ void gen_result_free(struct gen_result *r) {
     memset(r, 0, sizeof *r);
 }
 
-static bool is_eos(const struct model_config *c, int id) {
+static inline bool gen_is_eos(const struct model_config *c, int id) {
     for (int i = 0; i < c->n_eos; i++)
         if (c->eos_ids[i] == id) return true;
     return false;
 }
 
-int generate_run(struct model *m, const int32_t *prompt, int n_prompt, const struct gen_params *p,
-                 struct gen_result *out, char *err, size_t errlen) {
+static inline int generate_run(struct model *m, const int32_t *prompt, int n_prompt, const struct gen_params *p,
+                               struct gen_result *out, char *err, size_t errlen) {
     memset(out, 0, sizeof *out);
     const struct model_config *c = &m->cfg;
     int V = c->vocab_size, K = p->top_logprobs;
@@ -82,7 +107,7 @@ int generate_run(struct model *m, const int32_t *prompt, int n_prompt, const str
         }
         out->ids[out->n++] = id;
         toks[n_tok++] = id;
-        if (!p->ignore_eos && is_eos(c, id)) {
+        if (!p->ignore_eos && gen_is_eos(c, id)) {
             out->stopped_eos = true;
             break;
         }
@@ -97,3 +122,5 @@ done:
     if (rc) gen_result_free(out);
     return rc;
 }
+
+#endif
