@@ -324,7 +324,7 @@ int core_step(struct core *c) {
         sched_step_failed(&c->sched);
         fail_batch(c, n, "the forward pass");
         core_reap(c);
-        return model_failed(c->m) ? ENGINE_ERR_FATAL : ENGINE_ERR_OOM;
+        return model_failed(c->m) ? ENGINE_ERR_FATAL : ENGINE_ERR_BACKEND;
     }
     sched_step_done(&c->sched);
     /* each token, in batch order; a parent's forks draw from the same logits row. The draws of
@@ -364,7 +364,7 @@ int core_step(struct core *c) {
         c->n_failed = 0; /* failed requests are in the batch: aborted with it */
         fail_batch(c, n, "sampling");
         core_reap(c);
-        return ENGINE_ERR_OOM;
+        return ENGINE_ERR_BACKEND;
     }
     /* finished requests are freed at the end of the step (reap); a failed one gets its ERROR below
      * and its later draws are skipped */

@@ -40,9 +40,10 @@ int core_validate(const struct core *c, const struct engine_request *req, char *
 void core_abort(struct core *c, struct core_request *r);
 
 /* Runs one scheduler step (one forward pass). Returns the number of tokens computed, 0 when
- * there was nothing to do, or a negative engine_status on a backend failure (every request in
- * the batch then gets an ERROR event): ENGINE_ERR_FATAL when the model cannot run another step
- * (a tensor-parallel rank failed). */
+ * there was nothing to do, or a negative engine_status: ENGINE_ERR_BACKEND when the backend
+ * failed the step (every request in the batch then got an ERROR event), ENGINE_ERR_FATAL when the
+ * model cannot run another step (a tensor-parallel rank failed), ENGINE_ERR_OOM when the host is
+ * out of memory for the step's arrays. */
 int core_step(struct core *c);
 bool core_has_work(const struct core *c);
 /* The waiting requests no free seat can take (FCFS: every one from the first that does not

@@ -84,6 +84,7 @@ const char *engine_strerror(int status) {
     case ENGINE_ERR_OOM: return "out of memory";
     case ENGINE_ERR_FATAL: return "the backend failed";
     case ENGINE_ERR_GRAMMAR: return "the structured-output schema cannot be used";
+    case ENGINE_ERR_BACKEND: return "the backend failed a step";
     }
     return "unknown error";
 }

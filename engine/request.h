@@ -114,6 +114,7 @@ enum engine_status {
     ENGINE_ERR_OOM = -5,
     ENGINE_ERR_FATAL = -6,        // the backend failed for good (a tensor-parallel rank): no more steps
     ENGINE_ERR_GRAMMAR = -7,      // sp.grammar does not compile (message: the unsupported keyword, the limit)
+    ENGINE_ERR_BACKEND = -8,      // the backend failed one step (its batch's requests got an ERROR); others go on
 };
 
 /* A deep copy of src (prompt, bias, stop ids and strings, the grammar's texts) that

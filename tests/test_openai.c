@@ -546,7 +546,7 @@ static void completion_response_with_legacy_logprobs(void **state) {
     assert_int_equal(c.completion_tokens, 2);
     struct openai_resp_ctx ctx = {.kind = OPENAI_COMPLETION, .id = "cmpl-1", .model = "m", .created = 7, .logprobs = 1,
                                   .piece = fake_piece};
-    struct openai_usage u = {3, 2};
+    struct openai_usage u = {3, 2, 1};
     char *j = openai_response_json(&ctx, &c, 1, &u);
     cJSON *root = cJSON_Parse(j);
     assert_non_null(root);
@@ -563,6 +563,8 @@ static void completion_response_with_legacy_logprobs(void **state) {
     cJSON *top0 = cJSON_GetArrayItem(cJSON_GetObjectItem(lp, "top_logprobs"), 0);
     assert_int_equal(cJSON_GetArraySize(top0), 1); // logprobs=1: the top one, which is the sampled one
     assert_int_equal(cJSON_GetObjectItem(cJSON_GetObjectItem(root, "usage"), "total_tokens")->valueint, 5);
+    cJSON *details = cJSON_GetObjectItem(cJSON_GetObjectItem(root, "usage"), "prompt_tokens_details");
+    assert_int_equal(cJSON_GetObjectItem(details, "cached_tokens")->valueint, 1);
     cJSON_Delete(root);
     free(j);
     openai_choice_free(&c);
@@ -610,7 +612,7 @@ static void chat_response_and_chunks_have_the_openai_shape(void **state) {
     assert_true(cJSON_IsNull(cJSON_GetObjectItem(ch, "finish_reason")));
     cJSON_Delete(root);
     free(chunk);
-    struct openai_usage u = {4, 6};
+    struct openai_usage u = {4, 6, 0};
     char *us = openai_chunk_usage_sse(&ctx, &u);
     root = cJSON_Parse(us + 6);
     assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(root, "choices")), 0);

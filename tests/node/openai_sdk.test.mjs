@@ -150,7 +150,7 @@ describe('duoserve with the OpenAI Node SDK', { timeout: 170_000 }, () => {
     assert.ok(golden().startsWith(ch.text), `text ${JSON.stringify(ch.text)} starts expected_greedy.txt`);
     assert.ok(ch.text.startsWith('Once'), `text ${JSON.stringify(ch.text)} starts with "Once"`);
     assert.equal(ch.finish_reason, 'length');
-    assert.deepEqual(c.usage, { prompt_tokens: 1, completion_tokens: 5, total_tokens: 6 });
+    assert.deepEqual(c.usage, { prompt_tokens: 1, completion_tokens: 5, total_tokens: 6, prompt_tokens_details: { cached_tokens: 0 } });
     plainText = ch.text;
   });
 
@@ -187,7 +187,7 @@ describe('duoserve with the OpenAI Node SDK', { timeout: 170_000 }, () => {
     const want = await reference();
     const last = chunks.at(-1);
     assert.deepEqual(last.choices, []);
-    assert.deepEqual(last.usage, { prompt_tokens: 1, completion_tokens: 5, total_tokens: 6 });
+    assert.deepEqual(last.usage, { prompt_tokens: 1, completion_tokens: 5, total_tokens: 6, prompt_tokens_details: { cached_tokens: 0 } });
     assert.equal(chunks.slice(0, -1).map((c) => c.choices[0].text).join(''), want);
   });
 
