@@ -178,7 +178,8 @@ def test_golden(srv, model):
     golden_text = json.loads(d2)["prompt"] if st2 == 200 else None
     check("golden: text equals the decoded golden ids", text == golden_text, (text[:80], (golden_text or "")[:80]))
     check("golden: text is a prefix of llama2.c's expected text", len(text) > 200 and exp_text.startswith(text), text[:120])
-    check("golden: usage counts", resp["usage"] == {"prompt_tokens": 1, "completion_tokens": n, "total_tokens": n + 1},
+    check("golden: usage counts", resp["usage"] == {"prompt_tokens": 1, "completion_tokens": n, "total_tokens": n + 1,
+                                             "prompt_tokens_details": {"cached_tokens": 0}},
           resp["usage"])
     check("golden: finish_reason length", resp["choices"][0]["finish_reason"] == "length", resp["choices"][0])
     # ids through logprobs with return_tokens_as_token_ids
