@@ -5,6 +5,7 @@
 #ifndef DUO_TEST_GENERATE_REF_H
 #define DUO_TEST_GENERATE_REF_H
 
+#include <math.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
