@@ -140,10 +140,28 @@ static void check_turns(const char *pattern, int budget) {
     assert_same_bits(&r_on, &r_off, 1);
     assert_int_equal(r_on.cached[0], pattern ? 0 : 32);
 
+    /* turn 2's prompt and another answer than the model's (a client that edits the history): the
+     * snapshot kept at the end of turn 2's prompt (64 tokens, 4 whole blocks) */
+    int32_t p5[96];
+    int n5 = cat(p5, p2, n2, other, 13);
+    run(on, p5, n5, 1, 8, &r_on);
+    run(off, p5, n5, 1, 8, &r_off);
+    assert_same_bits(&r_on, &r_off, 1);
+    assert_int_equal(r_on.cached[0], n2);
+
+    /* turn 1's prompt (45 tokens, 13 into its third block) and something else: with streaming
+     * heads the snapshot at the end of that prompt, mid-block; without, its 2 whole blocks */
+    int32_t p6[64];
+    int n6 = cat(p6, a, 45, other, 13);
+    run(on, p6, n6, 1, 8, &r_on);
+    run(off, p6, n6, 1, 8, &r_off);
+    assert_same_bits(&r_on, &r_off, 1);
+    assert_int_equal(r_on.cached[0], pattern ? 45 : 32);
+
     struct engine_stats st;
     core_stats(on, &st);
-    assert_true(st.prefix_cache_hits == (uint64_t)(56 + 75 + (pattern ? 0 : 32)));
-    assert_true(st.prefix_cache_queries == (uint64_t)(45 + n2 + n3 + n4));
+    assert_true(st.prefix_cache_hits == (uint64_t)(56 + 75 + (pattern ? 0 : 32) + n2 + (pattern ? 45 : 32)));
+    assert_true(st.prefix_cache_queries == (uint64_t)(45 + n2 + n3 + n4 + n5 + n6));
     assert_true(st.prefix_cache_blocks > 0);
     core_stats(off, &st);
     assert_true(st.prefix_cache_queries == 0 && st.prefix_cache_hits == 0 && st.prefix_cache_blocks == 0);
