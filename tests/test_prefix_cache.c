@@ -50,11 +50,18 @@ static char *write_pattern(void) {
     return p;
 }
 
+/* DUO_TEST_TP=N: the model split over N tensor-parallel ranks (CPU threads), as tests/run_all.sh
+ * runs it a second time. */
+static int test_tp(void) {
+    const char *v = getenv("DUO_TEST_TP");
+    return v && atoi(v) > 1 ? atoi(v) : 1;
+}
+
 static struct core *make_core(const char *pattern, bool caching, int budget) {
     struct engine_config cfg = {.model_dir = "tests/fixtures/hf/llama3", .max_num_batched_tokens = budget,
                                 .max_num_seqs = 8, .block_size = 16, .duo_pattern = pattern,
                                 .duo_sparsity = 0.5f, .sink_tokens = 4, .recent_tokens = 8,
-                                .no_prefix_caching = !caching, .quiet = true};
+                                .no_prefix_caching = !caching, .tensor_parallel_size = test_tp(), .quiet = true};
     struct core *c;
     char err[512] = "";
     int rc = core_create(&c, &cfg, err, sizeof err);
@@ -196,7 +203,7 @@ static void test_pressure_keeps_bits(void **state) {
         struct engine_config cfg = {.model_dir = "tests/fixtures/hf/llama3", .max_num_batched_tokens = 32,
                                     .max_num_seqs = 4, .block_size = 16, .duo_pattern = pat, .duo_sparsity = 0.5f,
                                     .sink_tokens = 4, .recent_tokens = 8, .kv_cache_memory = (size_t)with ? 90000 : 120000,
-                                    .quiet = true};
+                                    .tensor_parallel_size = test_tp(), .quiet = true};
         struct core *on;
         char err[512] = "";
         assert_int_equal(core_create(&on, &cfg, err, sizeof err), 0);
