@@ -14,7 +14,6 @@
 
 #include "engine/engine.h"
 #include "server/http_impl.h"
-#include "server/openai_tools.h"
 #include "server/prompt.h"
 
 #define HIGH_WATER (1u << 20)   // unsent bytes of a stream past which it waits for the client
@@ -78,10 +77,10 @@ static const char *stop_reason(const struct http_req *r, const struct engine_eve
 
 /* Streams one event of choice ci as SSE. */
 static int stream_event(struct http_req *r, int ci, const struct engine_event *ev) {
-    if (r->choices[ci].tools) { // content and tool-call deltas (server/openai_tools.c)
+    if (r->choices[ci].tools) { // content and tool-call deltas
         struct engine_event tev = *ev;
         tev.stop_reason_str = stop_reason(r, ev);
-        return sbuf_put_owned(&r->out, openai_tools_event_sse(&r->rctx, ci, &r->choices[ci], &tev));
+        return sbuf_put_owned(&r->out, openai_chunk_tools_sse(&r->rctx, ci, &r->choices[ci], &tev));
     }
     const char *text = ev->text ? ev->text : "";
     struct choice_state *cs = &r->cs[ci];
@@ -309,7 +308,7 @@ static void gen_work(void *arg) {
         openai_choice_init(&r->choices[i]);
         const char *echo = q->echo && !r->stream ? q->prompts[i / q->sp.n].text : NULL;
         if ((echo && openai_choice_append(&r->choices[i], echo, strlen(echo))) ||
-            openai_tools_choice_init(&r->choices[i], q, (uint64_t)(http_now() * 1e9) ^ (uintptr_t)r ^ (uint64_t)i << 48)) {
+            openai_choice_init_tools(&r->choices[i], q, (uint64_t)(http_now() * 1e9) ^ (uintptr_t)r ^ (uint64_t)i << 48)) {
             r->n_handles = 0;
             openai_fail(err, 500, NULL, NULL, "out of memory");
             return;
@@ -325,23 +324,8 @@ static void gen_work(void *arg) {
         if (rc == ENGINE_OK) continue;
         r->n_handles = p; // http_gen_end releases these
         cancel_handles(r);
-        switch (rc) {
-        case ENGINE_ERR_QUEUE_FULL:
-            openai_fail(err, 429, "queue_full", NULL, "the server is busy (request queue full); retry later");
-            return;
-        case ENGINE_ERR_DRAINING: openai_fail(err, 503, NULL, NULL, "the server is shutting down"); return;
-        case ENGINE_ERR_TOO_LONG:
-            openai_fail(err, 400, "context_length_exceeded", "max_tokens", "%s", msg[0] ? msg : engine_strerror(rc));
-            return;
-        case ENGINE_ERR_INVALID: openai_fail(err, 400, NULL, NULL, "%s", msg[0] ? msg : engine_strerror(rc)); return;
-        case ENGINE_ERR_GRAMMAR: { // the schema of response_format & co. or of the tools does not compile
-            char m[512];
-            openai_tools_grammar_error(q, msg, m, sizeof m);
-            openai_fail(err, 400, NULL, q->st.param, "%s", m);
-            return;
-        }
-        default: openai_fail(err, 500, NULL, NULL, "%s", msg[0] ? msg : engine_strerror(rc)); return;
-        }
+        openai_submit_error(q, rc, msg[0] ? msg : engine_strerror(rc), err);
+        return;
     }
     add_active(r);
 }

@@ -19,6 +19,8 @@
 #include "server/http_io.h"
 #include "server/metrics.h"
 #include "server/openai.h"
+#include "server/openai_choice.h"
+#include "server/openai_response.h"
 
 enum route {
     ROUTE_NONE,

@@ -12,6 +12,9 @@
 #include <cmocka.h>
 
 #include "server/openai.h"
+#include "server/openai_choice.h"
+#include "server/openai_nul.h"
+#include "server/openai_response.h"
 
 static const struct openai_limits LIM = {.model_name = "m", .vocab_size = 512, .max_model_len = 64, .max_n = 8};
 
