@@ -109,12 +109,6 @@ static int accumulate_event(struct http_req *r, int ci, const struct engine_even
     return 0;
 }
 
-int http_gen_completion_tokens(const struct http_req *r) {
-    int n = 0;
-    for (int i = 0; i < r->n_choices; i++) n += r->choices[i].completion_tokens;
-    return n;
-}
-
 /* Pops every queued event of every prompt; sets r->finished when all are done. Returns -1
  * when out of memory (the request then fails). */
 static int pump(struct http_req *r) {
@@ -160,7 +154,7 @@ static int pump(struct http_req *r) {
 }
 
 static struct openai_usage usage_of(const struct http_req *r) {
-    return (struct openai_usage){.prompt_tokens = r->prompt_tokens, .completion_tokens = http_gen_completion_tokens(r)};
+    return (struct openai_usage){.prompt_tokens = r->prompt_tokens, .completion_tokens = http_req_completion_tokens(r)};
 }
 
 static void cancel_handles(struct http_req *r) {
@@ -192,7 +186,7 @@ static void pump_plain(struct http_req *r) {
         http_respond_error(r, &r->ferr);
         return;
     }
-    long long entries = (long long)http_gen_completion_tokens(r) * (1 + (r->rctx.logprobs > 0 ? r->rctx.logprobs : 0));
+    long long entries = (long long)http_req_completion_tokens(r) * (1 + (r->rctx.logprobs > 0 ? r->rctx.logprobs : 0));
     if (entries > BUILD_ON_WORKER) {
         r->large = true;
         job_start(r, build_work);
@@ -322,7 +316,7 @@ static void gen_work(void *arg) {
         char msg[256] = "";
         int rc = engine_submit(e, &er, http_gen_notify, r, &r->h[p], msg, sizeof msg);
         if (rc == ENGINE_OK) continue;
-        r->n_handles = p; // http_gen_end releases these
+        r->n_handles = p; // http_req_end releases these
         cancel_handles(r);
         openai_submit_error(q, rc, msg[0] ? msg : engine_strerror(rc), err);
         return;
@@ -380,7 +374,7 @@ static void job_done(void *arg) {
     s->n_jobs--;
     pthread_mutex_unlock(&s->mu);
     if (r->gone) {
-        http_end_orphan(r);
+        http_req_end(r, false); // the connection closed while the job ran
         return;
     }
     if (r->jerr.status) {
@@ -448,31 +442,5 @@ void http_gen_tick(struct http_server *s) {
             r->t_last_write = t;
         }
     }
-    pthread_mutex_unlock(&s->mu);
-}
-
-void http_gen_end(struct http_req *r) {
-    struct http_server *s = r->srv;
-    if (r->gen) {
-        pthread_mutex_lock(&s->mu);
-        if (r->prev) r->prev->next = r->next;
-        else s->active = r->next;
-        if (r->next) r->next->prev = r->prev;
-        s->n_active--;
-        r->gen = false;
-        pthread_mutex_unlock(&s->mu);
-    }
-    // engine_release waits for a notify in progress, which takes srv->mu: not under it.
-    for (int p = 0; p < r->n_handles; p++)
-        if (r->h[p]) engine_release(r->h[p]);
-    r->n_handles = 0;
-    pthread_mutex_lock(&s->mu);
-    if (r->queued)
-        for (struct http_req **p = &s->ready; *p; p = &(*p)->ready_next)
-            if (*p == r) {
-                *p = r->ready_next;
-                break;
-            }
-    r->queued = false;
     pthread_mutex_unlock(&s->mu);
 }
