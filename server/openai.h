@@ -35,9 +35,10 @@ int openai_parse_request(const char *body, size_t len, enum openai_kind kind, co
 int openai_check_prompts(struct openai_request *r, const struct openai_limits *lim, struct openai_error *err);
 
 /* The error for engine_submit's refusal of r: status an ENGINE_ERR_*, msg the engine's message
- * (engine_submit's, or engine_strerror(status) when it gave none). The one mapping of engine statuses to HTTP: QUEUE_FULL 429, DRAINING 503,
- * TOO_LONG 400 context_length_exceeded, INVALID 400, GRAMMAR 400 naming the field whose schema
- * does not compile, anything else 500. Returns -1. */
+ * (engine_submit's, or engine_strerror(status) when it gave none). The one mapping of engine
+ * statuses to HTTP: QUEUE_FULL 429, DRAINING 503, TOO_LONG 400 context_length_exceeded,
+ * INVALID 400, GRAMMAR 400 naming the field whose schema does not compile, anything else 500.
+ * Returns -1. */
 int openai_submit_error(const struct openai_request *r, int status, const char *msg, struct openai_error *err);
 
 #endif

@@ -181,7 +181,7 @@ static char *sse_frame(cJSON *root) {
 
 /* ---- responses ---- */
 
-/* A chat message's "content" and "tool_calls" from the tool calls c's text held; returns the
+/* A chat message's "content" and "tool_calls" from what c's tool parser found; returns the
  * finish_reason to report ("tool_calls" when there are calls and the choice stopped). */
 static const char *tool_message(const struct openai_choice *c, cJSON *msg) {
     const struct openai_tool_result *res = c->tres;

@@ -47,17 +47,17 @@ char *openai_response_json(const struct openai_resp_ctx *ctx, const struct opena
 
 /* One streamed chunk for choice `index`: text delta (may be NULL), the event's logprobs when
  * ev is a TOKEN event and ctx->logprobs >= 0 (text_offset: the characters of the choice's text
- * streamed before this delta; the token's offset adds ev->token_text_at), finish (NONE: not finished) with its stop reason. Returns the malloc'd
- * SSE frame "data: {...}\n\n". */
+ * streamed before this delta; the token's offset adds ev->token_text_at), finish (NONE: not
+ * finished) with its stop reason. Returns the malloc'd SSE frame "data: {...}\n\n". */
 char *openai_chunk_sse(const struct openai_resp_ctx *ctx, int index, const char *text, const struct engine_event *ev,
                        size_t text_offset, enum engine_finish finish, const char *stop_str, int32_t stop_id);
 /* Chat only: the first chunk of a choice, delta {"role":"assistant","content":""}. */
 char *openai_chunk_role_sse(const struct openai_resp_ctx *ctx, int index);
 /* The include_usage chunk: empty choices and the usage. */
 char *openai_chunk_usage_sse(const struct openai_resp_ctx *ctx, const struct openai_usage *usage);
-/* Chat with tools: the SSE frames for one event of choice `index` (c->tools set, its parser fed
- * here): content and tool-call deltas, and with a FINISH the finish chunk ("tool_calls" when there were calls).
- * Returns a malloc'd string (possibly empty), NULL when out of memory. */
+/* Chat with tools: the SSE frames for one event of choice `index` (c->tools set; its parser is
+ * fed here): content and tool-call deltas, and with a FINISH the finish chunk ("tool_calls"
+ * when there were calls). Returns a malloc'd string (possibly empty), NULL when out of memory. */
 char *openai_chunk_tools_sse(const struct openai_resp_ctx *ctx, int index, struct openai_choice *c,
                             const struct engine_event *ev);
 
