@@ -307,6 +307,7 @@ static void first_call(struct http_req *r) {
         return;
     }
     int st = atomic_load(&s->state);
+    if (st == HTTP_STATE_READY && drain_signal_pending()) st = HTTP_STATE_DRAINING; /* as /health says */
     if (st != HTTP_STATE_READY) {
         http_fail(r, 503, NULL, NULL, st == HTTP_STATE_LOADING ? "the model is loading" : "the server is shutting down");
         return;

@@ -166,11 +166,11 @@ static void end_generation(struct http_req *r) {
 
 void http_req_end(struct http_req *r, bool completed) {
     struct http_server *s = r->srv;
+    bool client_gone = !completed && r->gen; /* before end_generation, which clears r->gen */
     end_generation(r);
     if (r->status == 0) r->status = completed ? 200 : 499;
     if (r->status != 499) metrics_count_status(&s->metrics, r->status);
     const char *finish = r->n_choices > 0 ? openai_finish_reason(r->choices[0].finish) : NULL;
-    bool client_gone = !completed && r->gen;
     struct log_request lr = {
         .id = r->id[0] ? r->id : r->req_id[0] ? r->req_id : NULL, .method = r->method, .path = r->path,
         .status = client_gone ? 499 : r->status,
