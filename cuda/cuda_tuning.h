@@ -22,6 +22,12 @@ struct cuda_tuning {
  * an on/off switch). Anything else (empty, a sign, a space, other characters, out of range) is
  * an error: returns -1 with a message in err naming the variable, its value and what it takes
  * (t then holds the defaults). Returns 0 otherwise. */
+#ifdef __cplusplus
+extern "C" {
+#endif
 int cuda_tuning_parse(struct cuda_tuning *t, char *err, size_t errlen);
+#ifdef __cplusplus
+}
+#endif
 
 #endif
