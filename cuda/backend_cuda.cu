@@ -45,10 +45,10 @@ void cuda_sampler_free(struct cuda_sampler *sp);
 
 #define CUDA_MAX_GRAPHS 512 /* decode batch sizes that get a graph */
 
-/* DUOSERVE_OP_TIMING=1 (cuda_tuning): the GPU time of each op of every forward pass, from CUDA events recorded
- * after each op (captured into decode graphs as event nodes, so replays are timed too); each
- * op's share is the time from the previous event to its own, launch gaps included. A table
- * goes to the log when the backend is destroyed. Off by default. */
+/* DUOSERVE_OP_TIMING=1 (cuda_tuning): the GPU time of each op of every forward pass, from CUDA
+ * events recorded after each op (captured into decode graphs as event nodes, so replays are timed
+ * too); each op's share is the time from the previous event to its own, launch gaps included. A
+ * table goes to the log when the backend is destroyed. Off by default. */
 #define TM_MAX_EV 2048
 #define TM_MAX_LABELS 96
 struct op_timing {

@@ -21,7 +21,8 @@ struct cuda_gemm {
 extern "C" {
 #endif
 /* With the device current, before any launch there (graph capture included): the workspace and
- * the wgmma tiles' opt-in shared memory. 0, or -1 / -2 (g then owns what was allocated: free it). */
+ * the wgmma tiles' opt-in shared memory. 0, or -2 on a CUDA error (g then holds what was
+ * allocated: cuda_gemm_free frees it). */
 int cuda_gemm_init(struct cuda_gemm *g, unsigned stream_k_min_units);
 /* Frees the workspace (the device current; g zeroed or initialised; a second call is a no-op). */
 void cuda_gemm_free(struct cuda_gemm *g);

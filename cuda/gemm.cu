@@ -19,6 +19,8 @@
 #include <cuda_bf16.h>
 #include <stdint.h>
 
+#include <atomic>
+
 #include "cuda/cuda_common.h"
 #include "cuda/cuda_gemm.h"
 #include "cuda/gemm_common.cuh"
@@ -334,12 +336,18 @@ static bool split_fits(unsigned chunks, int M, int N, unsigned tiles) {
     return chunks > 1 && tiles <= GEMM_COUNTERS && (size_t)chunks * M * N <= GEMM_WS_FLOATS;
 }
 
-// Blocks of weight-stream kernel KERN an SM holds (asked once; at least 1)
+// Blocks of weight-stream kernel KERN an SM holds (at least 1). Asked once a process: it depends
+// on the kernel and the architecture only (every device here is sm_90), and the tensor-parallel
+// ranks' threads may ask at once.
 template <auto KERN> static int stream_blocks_an_sm() {
-    static int n = 0;
-    if (!n && cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, KERN, 32 * GEMM_STREAM_WARPS, 0) != cudaSuccess)
-        cudaGetLastError(); // not an error of the launch: assume one block an SM
-    return n = max(1, n);
+    static std::atomic<int> cached{0};
+    int n = cached.load(std::memory_order_relaxed);
+    if (n) return n;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, KERN, 32 * GEMM_STREAM_WARPS, 0) != cudaSuccess)
+        cudaGetLastError(), n = 0; // not an error of the launch: assume one block an SM
+    n = max(1, n);
+    cached.store(n, std::memory_order_relaxed);
+    return n;
 }
 
 // Weight streams launch programmatically: their first two weight buffers load while the kernel

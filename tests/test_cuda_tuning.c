@@ -103,7 +103,8 @@ static void expect_refused(const char *name, const char *value, const char *take
 
 static void test_junk_is_an_error(void **state) {
     (void)state;
-    static const char *const on_off_junk[] = {"", "2", "10", "yes", "true", "on", "-1", "+1", " 1", "1 ", "1x", "0x1", "01a"};
+    static const char *const on_off_junk[] = {"", "2", "10", "yes", "true", "on", "-1",
+                                              "+1", " 1", "1 ", "1x", "0x1", "01a"};
     for (size_t i = 0; i < 3; i++)
         for (size_t j = 0; j < sizeof on_off_junk / sizeof on_off_junk[0]; j++)
             expect_refused(names[i], on_off_junk[j], "0 or 1");
