@@ -30,8 +30,10 @@ NVCCFLAGS ?= -O3 -g -lineinfo -std=c++17 -gencode arch=compute_$(CUDA_ARCH),code
 
 ENGINE_SRC := $(sort $(wildcard engine/*.c engine/text/*.c))
 SERVER_SRC := $(filter-out server/main.c,$(sort $(wildcard server/*.c)))
+# cuda/*.c: the CUDA backend's plain C parts (no CUDA calls), built in every build so their tests run in CI
+CUDA_C_SRC := $(sort $(wildcard cuda/*.c))
 CUDA_SRC   := $(sort $(wildcard cuda/*.cu))
-LIB_OBJ    := $(patsubst %.c,$(BUILD)/%.o,$(ENGINE_SRC) $(SERVER_SRC))
+LIB_OBJ    := $(patsubst %.c,$(BUILD)/%.o,$(ENGINE_SRC) $(SERVER_SRC) $(CUDA_C_SRC))
 CUDA_OBJ   := $(patsubst %.cu,$(BUILD)/%.o,$(CUDA_SRC))
 TEST_SRC   := $(sort $(wildcard tests/test_*.c))
 TEST_BIN   := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC))

@@ -21,30 +21,12 @@
 #define ATTN_WARPS 4
 #define ATTN_UNROLL 4
 
-static int g_attn_sms = 132; // SMs of the device (split decode sizing)
-// debugging switches, read once (cuda_attention_init): DUOSERVE_ATTN_SIMPLE=1 (the CUDA-core
-// kernel for every shape), DUOSERVE_ATTN_NO_SPLIT=1 (decode steps never split)
-// DUOSERVE_ATTN_NO_DEC=1 (decode steps take the prefill kernel: one warp computes a token's unit)
-// DUOSERVE_ATTN_NO_FUSED_ROPE=1 (decode steps keep rope_append_kernel before the attention)
-// DUOSERVE_ATTN_NO_PDL=1 (the fused decode kernel launches after the qkv GEMM ends, not during it)
-static bool g_attn_simple, g_attn_no_split, g_attn_no_dec, g_attn_no_fused_rope, g_attn_no_pdl;
-// split decode: blocks per (token, KV head) up to g_attn_max_split, aiming at g_attn_split_fill
-// blocks an SM (DUOSERVE_ATTN_MAX_SPLIT, DUOSERVE_ATTN_SPLIT_FILL: A/B)
-static int g_attn_max_split = 32, g_attn_split_fill = 2;
-// a decode token's partitions run in parallel from this many on (DUOSERVE_ATTN_SPLIT_MIN_PARTS)
-static int g_attn_split_min_parts = 2;
-// where the fused decode kernel lets the next kernel (the wo GEMM) launch: DUOSERVE_ATTN_TRIGGER=0
-// at its start, 1 once it has read the q|k|v rows (RoPE done), 2 after its partition loop (A/B)
-static int g_attn_trigger = 2;
-// split decode steps of short contexts merge in a thread-block cluster (CUDA_ATTN_CLUSTER);
-// DUOSERVE_ATTN_NO_CLUSTER=1: through global memory as longer ones do (A/B); off where the device
-// cannot run such a cluster
-static bool g_attn_cluster = true;
-
-static bool getenv_flag(const char *name) {
-    const char *v = getenv(name);
-    return v && v[0] == '1';
-}
+// split decode: blocks per (token, KV head) up to ATTN_MAX_SPLIT, aiming at ATTN_SPLIT_FILL
+// blocks an SM
+#define ATTN_MAX_SPLIT 32
+#define ATTN_SPLIT_FILL 2
+// a decode token's partitions run in parallel from this many on
+#define ATTN_SPLIT_MIN_PARTS 2
 
 __device__ __forceinline__ int fdiv(int n, const struct cuda_fdiv &f) {
     return (int)((__umulhi((unsigned)n, f.m) + (unsigned)n) >> f.s);
@@ -190,8 +172,9 @@ __global__ void attn_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *q, const __
 // Invisible keys are zero-filled, never read, so stale pool rows cannot inject NaN.
 #define FA_KT 32
 
-// FA_CLOCKS builds (profiling only): thread 0 of block (0, 0, 0) stamps clock64() at the flash
-// kernel's phases into g_fa_clk (the last launch's), read by cuda_attention_clocks.
+// FA_CLOCKS builds (profiling only; scripts/device_pack.sh makes one): thread 0 of block (0, 0, 0)
+// stamps clock64() at the flash kernel's phases into g_fa_clk (the last launch's), read by
+// cuda_attention_clocks, which only such a build has. Other builds compile no stamp.
 #ifdef FA_CLOCKS
 __device__ long long g_fa_clk[64];
 #define FA_STAMP(i) do { if (threadIdx.x == 0 && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0) g_fa_clk[i] = clock64(); } while (0)
@@ -207,7 +190,6 @@ extern "C" int cuda_attention_clocks(long long *out) { return cudaMemcpyFromSymb
 #define FA_STAMP(i) do { } while (0)
 #define FA_STAMP_GT(i, k) do { } while (0)
 #define FA_GT_ANY(k) do { } while (0)
-extern "C" int cuda_attention_clocks(long long *out) { (void)out; return 0; }
 #endif
 
 __device__ __forceinline__ void fa_cp16(void *smem, const void *gmem, bool pred) {
@@ -458,10 +440,9 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
     // qkv GEMM: its metadata and past K/V rows load while that GEMM runs, and it waits only
     // before its first read of the q|k|v rows (below). It lets the next kernel (the wo GEMM,
     // whose weight loads would queue ahead of its own) launch only once its last K/V tile has
-    // landed (a.trigger_at: 2; 1: once RoPE has read the q|k|v rows; 0: at its start, as every
-    // other kernel)
-    const int trig = COOP && a.rope_inv_freq ? a.trigger_at : 0;
-    if (trig == 0) pdl_trigger();
+    // landed (late_trigger); every other kernel at its start
+    const bool late_trigger = COOP && a.rope_inv_freq;
+    if (!late_trigger) pdl_trigger();
     if (!COOP || !a.rope_inv_freq) pdl_wait();
     FA_STAMP_GT(0, 48);
     extern __shared__ __align__(16) unsigned char fa_raw[];
@@ -472,9 +453,9 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
     const bool full = kvh < a.n_full;
     const int pos_tb = a.pos[tb], poff = gridDim.z > 1 ? a.part_off[gridDim.x] : 0;
     const int bb_dec = DEC && full ? a.block_indptr[tb] : 0, ss_dec = DEC && !full ? a.stream_slot[tb] : 0;
-    // a decode token of fewer than split_min_parts partitions is not split: block z = 0
+    // a decode token of fewer than ATTN_SPLIT_MIN_PARTS partitions is not split: block z = 0
     // computes it (the same sums), the others have nothing to do
-    const bool split = gridDim.z > 1 && cuda_attn_parts(pos_tb) >= a.split_min_parts && fa_split_fits_n(a, poff);
+    const bool split = gridDim.z > 1 && cuda_attn_parts(pos_tb) >= ATTN_SPLIT_MIN_PARTS && fa_split_fits_n(a, poff);
     const int Z = split ? (int)gridDim.z : 1, z = split ? (int)blockIdx.z : 0;
     if (!split && blockIdx.z > 0) return;
     __nv_bfloat16 *sq = sv + S * FA_KT * LD + (COOP ? 0 : warp) * 16 * LD;
@@ -888,7 +869,6 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
             FA_STAMP_GT(41, 50);
             do_rope();
             put_own(p, 1), put_own(p, 2);
-            if (trig == 1) pdl_trigger();
             FA_STAMP_GT(42, 51);
         }
         FA_STAMP(2);
@@ -1005,7 +985,7 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
         }
     }
     asm volatile("cp.async.wait_group 0;\n" ::);
-    if (trig == 2) pdl_trigger();
+    if (late_trigger) pdl_trigger();
     FA_STAMP_GT(40, 49);
     if (split) { // the token's last block to finish (or fa_merge_kernel) writes the output
         if (nrows > 0) empty_until(n_parts);
@@ -1063,7 +1043,7 @@ __global__ void fa_merge_kernel(__nv_bfloat16 *out, struct cuda_attn_args a) {
     pdl_wait();
     if (!fa_split_fits(a, gridDim.x)) return; // the flash kernel wrote the output itself
     const int t = blockIdx.x, head = blockIdx.y * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (head >= a.n_heads || cuda_attn_parts(a.pos[t]) < a.split_min_parts) return; // not split
+    if (head >= a.n_heads || cuda_attn_parts(a.pos[t]) < ATTN_SPLIT_MIN_PARTS) return; // not split
     fa_merge_head<CUDA_ATTN_MAX_HEAD_DIM / 32>(out, a, t, head, lane);
 }
 
@@ -1076,13 +1056,13 @@ template <int HDP> static int fa_allow_smem() {
 }
 
 template <int HDP>
-static int fa_launch(bool dec, dim3 grid, cudaStream_t st, __nv_bfloat16 *o, const __nv_bfloat16 *q,
-                     const __nv_bfloat16 *kb, const __nv_bfloat16 *vb, int rs, const struct cuda_attn_args &a) {
+static int fa_launch(const struct cuda_attn_env *env, bool dec, dim3 grid, cudaStream_t st, __nv_bfloat16 *o,
+                     const __nv_bfloat16 *q, const __nv_bfloat16 *kb, const __nv_bfloat16 *vb, int rs,
+                     const struct cuda_attn_args &a) {
     const dim3 T(32 * FA_WARPS);
     // the fused decode kernel starts while the qkv GEMM runs (it waits for it inside)
     // (one wave of blocks: a larger step's blocks would take the GEMM's SMs and gain nothing)
-    const bool pdl = cuda_pdl_on() || (dec && fa_cfg<HDP, true>::COOP && a.rope_inv_freq && !g_attn_no_pdl &&
-                                       grid.x * grid.y <= (unsigned)g_attn_sms);
+    const bool pdl = dec && fa_cfg<HDP, true>::COOP && a.rope_inv_freq && grid.x * grid.y <= (unsigned)env->sms;
     if (dec) CUDA_CHECK(cuda_launch_cluster(pdl, dim3(1, 1, a.cluster ? grid.z : 1), flash_kernel<HDP, true>, grid, T,
                                             fa_cfg<HDP, true>::BYTES, st, o, q, kb, vb, rs, a));
     else CUDA_CHECK(cuda_launch(flash_kernel<HDP, false>, grid, T, fa_cfg<HDP, false>::BYTES, st, o, q, kb, vb, rs, a));
@@ -1108,26 +1088,14 @@ template <int HDP> static bool fa_cluster_fits() {
     return n > 0;
 }
 
-/* Once per process, before any launch: the opt-in shared memory of the attention kernels. */
-extern "C" int cuda_attention_init(void) {
-    g_attn_simple = getenv_flag("DUOSERVE_ATTN_SIMPLE");
-    g_attn_no_split = getenv_flag("DUOSERVE_ATTN_NO_SPLIT");
-    g_attn_no_dec = getenv_flag("DUOSERVE_ATTN_NO_DEC");
-    g_attn_no_fused_rope = getenv_flag("DUOSERVE_ATTN_NO_FUSED_ROPE");
-    g_attn_no_pdl = getenv_flag("DUOSERVE_ATTN_NO_PDL");
-    if (const char *tr = getenv("DUOSERVE_ATTN_TRIGGER")) g_attn_trigger = min(2, max(0, atoi(tr)));
-    const char *ms = getenv("DUOSERVE_ATTN_MAX_SPLIT"), *sf = getenv("DUOSERVE_ATTN_SPLIT_FILL");
-    if (ms && atoi(ms) > 0) g_attn_max_split = min(atoi(ms), 64);
-    if (sf && atoi(sf) > 0) g_attn_split_fill = min(atoi(sf), 16);
-    const char *mp = getenv("DUOSERVE_ATTN_SPLIT_MIN_PARTS");
-    if (mp && atoi(mp) >= 2) g_attn_split_min_parts = atoi(mp);
+extern "C" int cuda_attention_init(struct cuda_attn_env *env) {
     int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&g_attn_sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&env->sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
         return -2;
     if (fa_allow_smem<16>() | fa_allow_smem<32>() | fa_allow_smem<64>() | fa_allow_smem<128>()) return -2;
     int cl = 0;
     if (cudaDeviceGetAttribute(&cl, cudaDevAttrClusterLaunch, dev) != cudaSuccess) cudaGetLastError(), cl = 0;
-    g_attn_cluster = cl && !getenv_flag("DUOSERVE_ATTN_NO_CLUSTER") && fa_cluster_fits<64>() && fa_cluster_fits<128>();
+    env->cluster = cl && fa_cluster_fits<64>() && fa_cluster_fits<128>();
     return 0;
 }
 
@@ -1189,24 +1157,24 @@ __global__ void append_stream_kernel(const __nv_bfloat16 *kb, const __nv_bfloat1
     }
 }
 
-extern "C" int cuda_attention(void *out, void *qkv, int rs, const struct cuda_attn_args *a, int n_tokens, bool decode,
-                              int split, const float *inv_freq, cudaStream_t st) {
+extern "C" int cuda_attention(const struct cuda_attn_env *env, void *out, void *qkv, int rs,
+                              const struct cuda_attn_args *a, int n_tokens, bool decode, int split,
+                              const float *inv_freq, cudaStream_t st) {
     const __nv_bfloat16 *q = (const __nv_bfloat16 *)qkv;
     const __nv_bfloat16 *kb = q + (size_t)a->n_heads * a->head_dim, *vb = kb + (size_t)a->n_kv_heads * a->head_dim;
     __nv_bfloat16 *o = (__nv_bfloat16 *)out;
     const int G = a->n_heads / a->n_kv_heads;
-    const bool flash = a->head_dim % 8 == 0 && a->head_dim <= 128 && G <= 16 && !g_attn_simple;
-    const bool dec = decode && !g_attn_no_dec;
+    const bool flash = a->head_dim % 8 == 0 && a->head_dim <= 128 && G <= 16;
     // split (decode steps): partitions in parallel when the step alone would leave SMs idle
     // (a speed choice only: the partition states are merged in the same order either way)
     // (every token within 2, 4 or 8 partitions (split 1, 2, 3), the decode kernel's head dims,
     // and the step splits at all: a cluster of that many blocks a token and KV head, block z
     // computing partition z)
     int Z = 1;
-    if (flash && split && a->ws && a->part_off && !g_attn_no_split)
-        Z = max(1, min(g_attn_max_split, (g_attn_split_fill * g_attn_sms + n_tokens * a->n_kv_heads - 1) /
-                                             (n_tokens * a->n_kv_heads)));
-    const bool clus = Z > 1 && split >= 1 && split <= 3 && dec && g_attn_cluster && a->head_dim > 32;
+    if (flash && split && a->ws && a->part_off)
+        Z = max(1, min(ATTN_MAX_SPLIT, (ATTN_SPLIT_FILL * env->sms + n_tokens * a->n_kv_heads - 1) /
+                                           (n_tokens * a->n_kv_heads)));
+    const bool clus = Z > 1 && split >= 1 && split <= 3 && decode && env->cluster && a->head_dim > 32;
     if (clus) Z = 1 << split;
     // the last flash block of a (token, KV head) merges its states when a counter is there for it
     struct cuda_attn_args fa = *a;
@@ -1215,14 +1183,11 @@ extern "C" int cuda_attention(void *out, void *qkv, int rs, const struct cuda_at
     fa.g_div = cuda_fdiv_make(G > 0 ? G : 1);
     fa.z_div = cuda_fdiv_make(Z);
     fa.rec_div = cuda_fdiv_make(a->recent > 0 ? a->recent : 1);
-    fa.split_min_parts = g_attn_split_min_parts;
-    fa.trigger_at = g_attn_trigger;
     fa.cluster = clus;
     if (n_tokens * a->n_kv_heads > a->n_counters) fa.counters = NULL;
     // a decode step's RoPE and append inside the decode kernel (its COOP form: head dims 64 and
     // 128; a split step needs the in-kernel merge, whose block writes the rotated Q back)
-    if (inv_freq && flash && dec && (a->head_dim == 64 || a->head_dim == 128) && (Z == 1 || fa.counters || clus) &&
-        !g_attn_no_fused_rope)
+    if (inv_freq && flash && decode && (a->head_dim == 64 || a->head_dim == 128) && (Z == 1 || fa.counters || clus))
         fa.rope_inv_freq = inv_freq;
     if (inv_freq && !fa.rope_inv_freq) { // RoPE and the retrieval heads' append in one kernel
         if (a->head_dim % 2) return -3;
@@ -1234,10 +1199,10 @@ extern "C" int cuda_attention(void *out, void *qkv, int rs, const struct cuda_at
     }
     if (flash) {
         dim3 fgrid(n_tokens, a->n_kv_heads, Z);
-        int rc = a->head_dim <= 16   ? fa_launch<16>(dec, fgrid, st, o, q, kb, vb, rs, fa)
-                 : a->head_dim <= 32 ? fa_launch<32>(dec, fgrid, st, o, q, kb, vb, rs, fa)
-                 : a->head_dim <= 64 ? fa_launch<64>(dec, fgrid, st, o, q, kb, vb, rs, fa)
-                                     : fa_launch<128>(dec, fgrid, st, o, q, kb, vb, rs, fa);
+        int rc = a->head_dim <= 16   ? fa_launch<16>(env, decode, fgrid, st, o, q, kb, vb, rs, fa)
+                 : a->head_dim <= 32 ? fa_launch<32>(env, decode, fgrid, st, o, q, kb, vb, rs, fa)
+                 : a->head_dim <= 64 ? fa_launch<64>(env, decode, fgrid, st, o, q, kb, vb, rs, fa)
+                                     : fa_launch<128>(env, decode, fgrid, st, o, q, kb, vb, rs, fa);
         if (rc) return rc;
         if (Z > 1 && !fa.counters && !clus)
             CUDA_CHECK(cuda_launch(fa_merge_kernel, dim3(n_tokens, (a->n_heads + 3) / 4), dim3(128), 0, st, o, fa));

@@ -17,31 +17,24 @@ extern "C" {
 }
 #include "cuda/cuda_attention.h"
 #include "cuda/cuda_common.h"
+#include "cuda/cuda_gemm.h"
+#include "cuda/cuda_tuning.h"
 
 extern "C" {
 int cuda_embed(void *out, const void *table, const int32_t *tokens, int n, int dim, cudaStream_t s);
-int cuda_rmsnorm(void *out, const void *x, const void *w, int n, int dim, float eps, cudaStream_t s);
+int cuda_rmsnorm(void *out, const void *x, const void *w, int n, int dim, float eps, bool norm_pdl, cudaStream_t s);
 int cuda_rope(void *x, const int32_t *pos, const float *inv_freq, int n, int n_heads, int hd, int row_stride,
               cudaStream_t s);
 int cuda_silu_mul(void *out, const void *gu, int rows, int F, cudaStream_t s);
 int cuda_silu_mul_grouped(void *out, const void *gu, int rows, int F, cudaStream_t s);
-int cuda_gemm_swiglu(void *act, const void *x, const void *w, int M, int F, int K, cudaStream_t s);
-int cuda_gemm_norm(void *y_out, void *x_out, const void *x, const void *y, const void *nw, float eps, const void *w,
-                   const void *bias, int M, int N, int K, bool swiglu, cudaStream_t s);
 int cuda_add_rmsnorm_to(void *out, void *x_out, const void *x, const void *y, const void *w, int n, int dim, float eps,
-                        cudaStream_t s);
-int cuda_add_rmsnorm(void *out, void *x, const void *y, const void *w, int n, int dim, float eps, cudaStream_t s);
+                        bool norm_pdl, cudaStream_t s);
+int cuda_add_rmsnorm(void *out, void *x, const void *y, const void *w, int n, int dim, float eps, bool norm_pdl,
+                     cudaStream_t s);
 int cuda_add_bias(void *x, const void *bias, int n, int dim, cudaStream_t s);
 int cuda_get_rows(void *out, const void *x, const int32_t *rows, int n, int dim, cudaStream_t s);
 int cuda_f32_to_bf16(void *dst, const float *src, size_t n, cudaStream_t s);
 int cuda_bf16_to_f32(float *dst, const void *src, size_t n, cudaStream_t s);
-int cuda_gemm_init(void);
-int cuda_attention_init(void);
-int cuda_gemm_bf16(void *y, const void *x, const void *w, const void *bias, int M, int N, int K, cudaStream_t s);
-int cuda_gemm_f32out(float *y, const void *x, const void *w, int M, int N, int K, cudaStream_t s);
-size_t cuda_gemm_weight_bytes(int64_t N, int64_t K);
-int cuda_gemm_pack(void *dst, const void *src, int64_t row0, int rows, int K, cudaStream_t s);
-int cuda_embed_packed(void *out, const void *table, const int32_t *tokens, int n, int dim, cudaStream_t s);
 size_t cuda_argmax_ws_bytes(int ws_rows);
 int cuda_argmax_rows(int32_t *ids, const float *x, int n, int vocab, int32_t *ws, int ws_rows, cudaStream_t s);
 struct cuda_sampler;
@@ -52,10 +45,10 @@ void cuda_sampler_free(struct cuda_sampler *sp);
 
 #define CUDA_MAX_GRAPHS 512 /* decode batch sizes that get a graph */
 
-/* DUOSERVE_OP_TIMING=1: the GPU time of each op of every forward pass, from CUDA events recorded
- * after each op (captured into decode graphs as event nodes, so replays are timed too); each
- * op's share is the time from the previous event to its own, launch gaps included. A table
- * goes to the log when the backend is destroyed. Off by default. */
+/* DUOSERVE_OP_TIMING=1 (cuda_tuning): the GPU time of each op of every forward pass, from CUDA
+ * events recorded after each op (captured into decode graphs as event nodes, so replays are timed
+ * too); each op's share is the time from the previous event to its own, launch gaps included. A
+ * table goes to the log when the backend is destroyed. Off by default. */
 #define TM_MAX_EV 2048
 #define TM_MAX_LABELS 96
 struct op_timing {
@@ -78,8 +71,10 @@ struct meta_caps {
 #define ATTN_COUNTERS 65536 // (token, KV head) pairs of a split step merged in the flash kernel
 
 struct cuda_ctx {
-    struct backend_ops ops; // the op table (cuda_ops, less the fused ops not switched on)
     int device;
+    struct cuda_tuning tune; // the tuning switches, read once at creation
+    struct cuda_gemm gemm;   // the GEMMs' split-K workspace on this device
+    struct cuda_attn_env attn_env;
     cudaStream_t stream;
     cublasHandle_t blas;
     int err; // first error of a void op (backend_status)
@@ -117,14 +112,13 @@ struct cuda_ctx {
     // invalid when a buffer they use moves
     // [ids only][split decode][batch size]
     cudaGraphExec_t graphs[2][SPLIT_MODES][CUDA_MAX_GRAPHS + 1];
-    bool graphs_off;
+    bool graphs_off; // DUOSERVE_NO_CUDA_GRAPHS=1, or a capture or replay failed
     struct op_timing *tm;             // DUOSERVE_OP_TIMING=1, else NULL
     int *graph_labels[2][SPLIT_MODES][CUDA_MAX_GRAPHS + 1]; // per graph: the labels of its event nodes
     int graph_n_ev[2][SPLIT_MODES][CUDA_MAX_GRAPHS + 1];
     uint16_t *stage;   // weight upload staging, [2][32 Mi] bf16
     bool stage_pinned;
     bool cublas; // BACKEND_CUDA_CUBLAS: cuBLAS GEMMs (faster at large batches, not batch-invariant)
-    bool fused_norm_qkv; // norm_matmul fuses the norm into the qkv GEMM too (DUOSERVE_FUSED_NORM=2)
     void *blas_ws;
 };
 
@@ -459,7 +453,7 @@ static void cu_embed(struct backend *b, void *out, const void *table, int dim) {
 }
 
 static void cu_rmsnorm(struct backend *b, void *out, const void *x, const void *w, int n, int dim, float eps) {
-    CKI(b, cuda_rmsnorm(out, x, w, n, dim, eps, CTX(b)->stream));
+    CKI(b, cuda_rmsnorm(out, x, w, n, dim, eps, CTX(b)->tune.norm_pdl, CTX(b)->stream));
     tm_mark(CTX(b), "rmsnorm");
 }
 
@@ -476,7 +470,7 @@ static void gemm(struct backend *b, void *out, cudaDataType_t out_type, const vo
 static void cu_matmul(struct backend *b, void *out, const void *x, const void *w, const void *bias, int n, int n_out,
                       int n_in) {
     if (!CTX(b)->cublas) {
-        CKI(b, cuda_gemm_bf16(out, x, w, bias, n, n_out, n_in, CTX(b)->stream));
+        CKI(b, cuda_gemm_bf16(&CTX(b)->gemm, out, x, w, bias, n, n_out, n_in, CTX(b)->stream));
     } else {
         gemm(b, out, CUDA_R_16BF, x, w, n, n_out, n_in);
         if (bias) CKI(b, cuda_add_bias(out, bias, n, n_out, CTX(b)->stream));
@@ -499,9 +493,9 @@ static void attention(struct backend *b, void *out, void *qkv, int row_stride, c
                                (__nv_bfloat16 *)L->k_stream, (__nv_bfloat16 *)L->v_stream,
                                c->pos, c->tok_seq, c->seq_start, c->indptr, c->blocks, c->slots,
                                c->part_off, c->attn_ws, c->attn_ws_floats, c->attn_counters, ATTN_COUNTERS, NULL,
-                               {0, 0}, {0, 0}, {0, 0}, {0, 0}, 2, 0, 0}; // (the rest: cuda_attention's)
-    CKI(b, cuda_attention(out, qkv, row_stride, &a, c->n_tokens, c->decode_step, c->split_decode, inv_freq,
-                          c->stream));
+                               {0, 0}, {0, 0}, {0, 0}, {0, 0}, 0}; // (the rest: cuda_attention's)
+    CKI(b, cuda_attention(&c->attn_env, out, qkv, row_stride, &a, c->n_tokens, c->decode_step, c->split_decode,
+                          inv_freq, c->stream));
     tm_mark(c, "%sattention%s", inv_freq ? "rope+" : "", c->split_decode ? " (split)" : "");
 }
 
@@ -525,31 +519,31 @@ static void cu_matmul_swiglu(struct backend *b, void *out, void *gu, const void 
                              int n_in) {
     struct cuda_ctx *c = CTX(b);
     if (packed_weight(c, n_in)) {
-        CKI(b, cuda_gemm_swiglu(out, x, w, n, F, n_in, c->stream));
+        CKI(b, cuda_gemm_swiglu(&c->gemm, out, x, w, n, F, n_in, c->stream));
     } else {
         if (c->cublas) gemm(b, gu, CUDA_R_16BF, x, w, n, 2 * F, n_in);
-        else CKI(b, cuda_gemm_bf16(gu, x, w, NULL, n, 2 * F, n_in, c->stream));
+        else CKI(b, cuda_gemm_bf16(&c->gemm, gu, x, w, NULL, n, 2 * F, n_in, c->stream));
         CKI(b, cuda_silu_mul_grouped(out, gu, n, F, c->stream));
     }
     tm_mark(c, "matmul_swiglu N %d K %d", 2 * F, n_in);
 }
 
-/* One token through packed weights: the GEMM normalises its own input (cuda_gemm_norm); else
- * add_rmsnorm into h, then the GEMM (the same bits). */
+/* One token through the packed gate|up weights: the GEMM normalises its own input
+ * (cuda_gemm_norm_swiglu); else, and for every other GEMM (the qkv GEMM measured no faster
+ * fused), add_rmsnorm into h, then the GEMM (the same bits). */
 static void cu_norm_matmul(struct backend *b, void *out, void *gu, void *h, void *x_next, const void *x, const void *y,
                            const void *norm_w, float eps, const void *w, const void *bias, int n, int n_out, int dim,
                            bool swiglu) {
     struct cuda_ctx *c = CTX(b);
-    if (packed_weight(c, dim) && x_next != x && (swiglu || c->fused_norm_qkv)) {
-        int rc = cuda_gemm_norm(out, x_next, x, y, norm_w, eps, w, bias, n, swiglu ? 2 * n_out : n_out, dim, swiglu,
-                                c->stream);
+    if (swiglu && packed_weight(c, dim) && x_next != x) {
+        int rc = cuda_gemm_norm_swiglu(&c->gemm, out, x_next, x, y, norm_w, eps, w, n, 2 * n_out, dim, c->stream);
         if (rc <= 0) {
             CKI(b, rc);
-            tm_mark(c, "norm+matmul%s N %d K %d", swiglu ? "_swiglu" : "", swiglu ? 2 * n_out : n_out, dim);
+            tm_mark(c, "norm+matmul_swiglu N %d K %d", 2 * n_out, dim);
             return;
         }
     }
-    CKI(b, cuda_add_rmsnorm_to(h, x_next, x, y, norm_w, n, dim, eps, c->stream));
+    CKI(b, cuda_add_rmsnorm_to(h, x_next, x, y, norm_w, n, dim, eps, c->tune.norm_pdl, c->stream));
     tm_mark(c, "add_rmsnorm");
     if (swiglu) cu_matmul_swiglu(b, out, gu, h, w, n, n_out, dim);
     else cu_matmul(b, out, h, w, bias, n, n_out, dim);
@@ -557,7 +551,7 @@ static void cu_norm_matmul(struct backend *b, void *out, void *gu, void *h, void
 
 static void cu_add_rmsnorm(struct backend *b, void *out, void *x, const void *y, const void *w, int n, int dim,
                            float eps) {
-    CKI(b, cuda_add_rmsnorm(out, x, y, w, n, dim, eps, CTX(b)->stream));
+    CKI(b, cuda_add_rmsnorm(out, x, y, w, n, dim, eps, CTX(b)->tune.norm_pdl, CTX(b)->stream));
     tm_mark(CTX(b), "add_rmsnorm");
 }
 
@@ -613,7 +607,7 @@ static int cu_logits(struct backend *b, float *host_logits, const void *x, const
     size_t need = (size_t)n * vocab;
     if (ensure_logits(b, need, vocab) != BACKEND_OK) return c->err;
     if (c->cublas) gemm(b, c->d_logits, CUDA_R_32F, x, w, n, vocab, dim);
-    else CKI(b, cuda_gemm_f32out(c->d_logits, x, w, n, vocab, dim, c->stream));
+    else CKI(b, cuda_gemm_f32out(&c->gemm, c->d_logits, x, w, n, vocab, dim, c->stream));
     tm_mark(c, "logits");
     logits_out(b, host_logits, n, need);
     return c->err;
@@ -623,7 +617,7 @@ static int cu_logits(struct backend *b, float *host_logits, const void *x, const
 static int cu_logits_to(struct backend *b, float *out, const void *x, const void *w, int n, int vocab, int dim) {
     struct cuda_ctx *c = CTX(b);
     if (c->cublas) gemm(b, out, CUDA_R_32F, x, w, n, vocab, dim);
-    else CKI(b, cuda_gemm_f32out(out, x, w, n, vocab, dim, c->stream));
+    else CKI(b, cuda_gemm_f32out(&c->gemm, out, x, w, n, vocab, dim, c->stream));
     tm_mark(c, "logits (part)");
     return c->err;
 }
@@ -771,10 +765,11 @@ static int cu_graph_end(struct backend *b, int key) {
     return 0;
 }
 
+/* Also frees a context that backend_cuda_create left half made (NULL handles skipped). */
 static void cu_destroy(struct backend *b) {
     struct cuda_ctx *c = CTX(b);
     use_device(c);
-    cudaStreamSynchronize(c->stream);
+    if (c->stream) cudaStreamSynchronize(c->stream);
     drop_graphs(c);
     if (c->tm) {
         tm_report(c);
@@ -794,8 +789,9 @@ static void cu_destroy(struct backend *b) {
     cudaFreeHost(c->h_meta);
     cudaFree(c->d_logits);
     cudaFree(c->d_tmp);
-    cublasDestroy(c->blas);
-    cudaStreamDestroy(c->stream);
+    cuda_gemm_free(&c->gemm);
+    if (c->blas) cublasDestroy(c->blas);
+    if (c->stream) cudaStreamDestroy(c->stream);
     free(c);
     free(b);
 }
@@ -878,6 +874,8 @@ extern "C" int backend_cuda_probe(int device, char *err, size_t errlen) {
                               "sm_90a only (H100, H200, GH200)", device, prop.name, prop.major, prop.minor);
         return BACKEND_CUDA_UNSUPPORTED;
     }
+    struct cuda_tuning tune;
+    if (cuda_tuning_parse(&tune, err, errlen)) return BACKEND_CUDA_BAD_SETTING;
     return BACKEND_CUDA_OK;
 }
 
@@ -901,16 +899,34 @@ extern "C" struct backend *backend_cuda_create(int device, int flags, char *err,
         snprintf(err, errlen, "CUDA device %d is not usable", device);
         return NULL;
     }
-    if (cuda_gemm_init() || cuda_attention_init()) {
-        snprintf(err, errlen, "cannot configure the GEMM and attention kernels on CUDA device %d", device);
-        return NULL;
-    }
     struct backend *b = (struct backend *)calloc(1, sizeof *b);
     struct cuda_ctx *c = (struct cuda_ctx *)calloc(1, sizeof *c);
-    if (!b || !c || cudaStreamCreate(&c->stream) != cudaSuccess || cublasCreate(&c->blas) != CUBLAS_STATUS_SUCCESS) {
-        snprintf(err, errlen, "cannot initialise CUDA / cuBLAS on device %d", device);
+    if (!b || !c) {
+        snprintf(err, errlen, "out of memory");
         free(b);
         free(c);
+        return NULL;
+    }
+    b->ops = &cuda_ops;
+    b->name = "cuda";
+    b->ctx = c;
+    c->device = device;
+    c->cublas = (flags & BACKEND_CUDA_CUBLAS) != 0;
+    if (cuda_tuning_parse(&c->tune, err, errlen)) { // (the probe read the same environment)
+        cu_destroy(b);
+        return NULL;
+    }
+    c->graphs_off = c->tune.no_graphs;
+    if (cuda_gemm_init(&c->gemm, c->tune.stream_k_min_units) || cuda_attention_init(&c->attn_env)) {
+        cudaGetLastError();
+        snprintf(err, errlen, "cannot configure the GEMM and attention kernels on CUDA device %d", device);
+        cu_destroy(b);
+        return NULL;
+    }
+    if (cudaStreamCreate(&c->stream) != cudaSuccess || cublasCreate(&c->blas) != CUBLAS_STATUS_SUCCESS) {
+        cudaGetLastError();
+        snprintf(err, errlen, "cannot initialise CUDA / cuBLAS on device %d", device);
+        cu_destroy(b);
         return NULL;
     }
     cublasSetStream(c->blas, c->stream);
@@ -926,16 +942,12 @@ extern "C" struct backend *backend_cuda_create(int device, int flags, char *err,
         c->attn_ws_floats = 0;
     } else {
         c->attn_counters = (int *)(c->attn_ws + c->attn_ws_floats);
-        /* DUOSERVE_ATTN_MERGE_KERNEL=1 (A/B): the states merged by a kernel of their own */
-        const char *mk = getenv("DUOSERVE_ATTN_MERGE_KERNEL");
-        if (mk && mk[0] == '1') c->attn_counters = NULL;
-        else if (cudaMemset(c->attn_counters, 0, ATTN_COUNTERS * sizeof(int)) != cudaSuccess) {
+        if (cudaMemset(c->attn_counters, 0, ATTN_COUNTERS * sizeof(int)) != cudaSuccess) {
             cudaGetLastError(); /* the merge kernel then merges the split states */
             c->attn_counters = NULL;
         }
     }
-    const char *tmv = getenv("DUOSERVE_OP_TIMING");
-    if (tmv && tmv[0] == '1' && (c->tm = (struct op_timing *)calloc(1, sizeof *c->tm))) {
+    if (c->tune.op_timing && (c->tm = (struct op_timing *)calloc(1, sizeof *c->tm))) {
         for (int i = 0; i < TM_MAX_EV; i++)
             if (cudaEventCreate(&c->tm->ev[i]) != cudaSuccess) {
                 cudaGetLastError();
@@ -945,20 +957,5 @@ extern "C" struct backend *backend_cuda_create(int device, int flags, char *err,
                 break;
             }
     }
-    c->graphs_off = getenv("DUOSERVE_NO_CUDA_GRAPHS") != NULL;
-    c->device = device;
-    c->cublas = (flags & BACKEND_CUDA_CUBLAS) != 0;
-    /* the fused ops (A/B): SwiGLU in the gate|up GEMM's epilogue, weights interleaved at load (on;
-     * DUOSERVE_FUSED_SWIGLU=0 turns it off), and one-token GEMMs that make their own normalised
-     * input: the gate|up GEMM (DUOSERVE_FUSED_NORM=1, the default: measured faster on the
-     * H200, docs/PERF_NOTES.md runs C-E), also the qkv GEMM (=2: slower there), neither (=0) */
-    c->ops = cuda_ops;
-    const char *fs = getenv("DUOSERVE_FUSED_SWIGLU"), *fn = getenv("DUOSERVE_FUSED_NORM");
-    if (fs && fs[0] == '0') c->ops.matmul_swiglu = NULL;
-    c->fused_norm_qkv = fn && fn[0] == '2';
-    if (fn && fn[0] == '0') c->ops.norm_matmul = NULL;
-    b->ops = &c->ops;
-    b->name = "cuda";
-    b->ctx = c;
     return b;
 }

@@ -39,8 +39,6 @@ struct cuda_attn_args {
     const float *rope_inv_freq;
     // and the flash kernel's divisors: block_size, the GQA group, the split (gridDim.z), recent
     struct cuda_fdiv bs_div, g_div, z_div, rec_div;
-    int split_min_parts; // a decode token splits from this many partitions on (>= 2)
-    int trigger_at;      // the fused decode kernel lets the next kernel launch: 0 at its start, 1 after RoPE, 2 after its loop
     int cluster;         // a split step's blocks of a (token, KV head) form a cluster and merge in shared memory
 };
 
@@ -66,13 +64,24 @@ extern "C" {
  * contexts merge through the workspace. */
 #define CUDA_ATTN_CLUSTER 8
 
+/* What cuda_attention needs of its device, found by cuda_attention_init. */
+struct cuda_attn_env {
+    int sms;      // the device's SMs (split decode sizing)
+    bool cluster; // split decode steps of short contexts may merge in a thread-block cluster
+};
+
+/* With the device current, before any launch there: the attention kernels' opt-in shared memory,
+ * and env. 0, or -2 on a CUDA error. */
+int cuda_attention_init(struct cuda_attn_env *env);
+
 /* decode: every sequence has one token in the step, token t of sequence t (the decode kernel: a
  * block's warps share the token); split: and some token spans more than one partition (they may
  * then run in parallel): 1, 2, 3 when every token spans at most 2, 4, 8 partitions (a cluster
  * of that many blocks, where the step splits), 4 when some token spans more; inv_freq: RoPE q
  * and k first (in place, as cuda_rope), fused with the KV append; NULL: qkv is already rotated */
-int cuda_attention(void *out, void *qkv, int row_stride, const struct cuda_attn_args *a, int n_tokens, bool decode,
-                   int split, const float *inv_freq, cudaStream_t st);
+int cuda_attention(const struct cuda_attn_env *env, void *out, void *qkv, int row_stride,
+                   const struct cuda_attn_args *a, int n_tokens, bool decode, int split, const float *inv_freq,
+                   cudaStream_t st);
 #ifdef __cplusplus
 }
 #endif

@@ -20,16 +20,14 @@
 static inline unsigned cuda_blocks(size_t n, unsigned threads) { return (unsigned)((n + threads - 1) / threads); }
 
 #ifdef __CUDACC__
-#include <stdlib.h>
-
 // Programmatic dependent launch (PDL): a kernel launched with it may start while the kernel
 // before it runs. pdl_trigger() lets the next kernel launch once every block of this one has
 // called it (or exited); pdl_wait() blocks until the kernel before has finished and its writes
 // are visible, and comes before any access to memory an earlier kernel writes or reads (weights
-// and the step's metadata excepted). By default two kinds of launch use it: the weight streams
-// (their first two weight buffers load while the kernel before runs; DUOSERVE_PDL_GEMM=0 turns
-// it off) and the fused decode attention (metadata and past K/V rows load while the qkv GEMM
-// runs; DUOSERVE_ATTN_NO_PDL=1). DUOSERVE_PDL=1 launches every kernel so (A/B: slower at b64).
+// and the step's metadata excepted). Three kinds of launch use it: the weight streams (their
+// first two weight buffers load while the kernel before runs), the fused decode attention
+// (metadata and past K/V rows load while the qkv GEMM runs) and a decode step's norms
+// (DUOSERVE_NORM_PDL); every other launch (cuda_launch) waits for the kernel before to end.
 // Short kernels and the weight stream trigger at their start; the tile GEMMs after their main
 // loop. Every kernel waits in at least one block, so a kernel's end implies the end of all
 // before it. Without PDL both are no-ops.
@@ -71,23 +69,8 @@ __device__ __forceinline__ void warp_argmax(float &best, int &bi) {
         argmax_take(best, bi, __shfl_xor_sync(0xffffffffu, best, o), __shfl_xor_sync(0xffffffffu, bi, o));
 }
 
-// A speed switch that is on unless the variable is set to 0 (DUOSERVE_STREAM_K=0, ..)
-static inline bool cuda_env_on(const char *name) {
-    const char *v = getenv(name);
-    return !v || atoi(v) != 0;
-}
-
-static inline bool cuda_pdl_on(void) {
-    static int on = -1;
-    if (on < 0) {
-        const char *v = getenv("DUOSERVE_PDL");
-        on = v && v[0] == '1';
-    }
-    return on != 0;
-}
-
-// pdl: this launch may start while the kernel before it runs (programmatic dependent launch),
-// whatever DUOSERVE_PDL says; the kernel must pdl_wait() before touching that kernel's data.
+// pdl: this launch may start while the kernel before it runs (programmatic dependent launch);
+// the kernel must pdl_wait() before touching that kernel's data.
 // cluster other than (1, 1, 1): blocks form thread-block clusters of that shape (the grid a
 // multiple of it).
 template <typename... KArgs, typename... Args>
@@ -118,10 +101,11 @@ static cudaError_t cuda_launch_pdl(bool pdl, void (*kernel)(KArgs...), dim3 grid
     return cuda_launch_cluster(pdl, dim3(1, 1, 1), kernel, grid, block, smem, s, args...);
 }
 
+// A plain launch: it starts once the kernel before it has ended.
 template <typename... KArgs, typename... Args>
 static cudaError_t cuda_launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
                                Args... args) {
-    return cuda_launch_pdl(cuda_pdl_on(), kernel, grid, block, smem, s, args...);
+    return cuda_launch_pdl(false, kernel, grid, block, smem, s, args...);
 }
 #endif
 

@@ -19,40 +19,13 @@
 #include <cuda_bf16.h>
 #include <stdint.h>
 
+#include <atomic>
+
 #include "cuda/cuda_common.h"
+#include "cuda/cuda_gemm.h"
 #include "cuda/gemm_common.cuh"
 #include "cuda/gemm_wg.h"
 #include "cuda/rmsnorm.cuh"
-
-
-// Per GPU (tensor parallelism runs one GEMM stream on each): the partial sums [chunk][M][N] and
-// the per-tile counters of chunks done (back to 0 after each tile). A launch uses the current
-// device's (its rank's thread has that device current).
-#define GEMM_MAX_DEVICES 64
-static float *g_ws_of[GEMM_MAX_DEVICES];
-static int *g_counters_of[GEMM_MAX_DEVICES];
-static int gemm_device(void) {
-    int d = 0;
-    if (cudaGetDevice(&d) != cudaSuccess || d < 0 || d >= GEMM_MAX_DEVICES) cudaGetLastError(), d = 0;
-    return d;
-}
-static float *gemm_ws(void) { return g_ws_of[gemm_device()]; }
-static int *gemm_counters(void) { return g_counters_of[gemm_device()]; }
-static int g_sms = 132;
-static int g_stream_m = 32; // the largest M of the weight stream (8, 16 or 32; GEMM_STREAM_M by default)
-static unsigned g_nosplit_strips; // weight streams of at least this many strips do not split K (default 1024)
-static bool g_stream_groups = true; // weight streams split K in groups of chunks (DUOSERVE_STREAM_GROUPS=0: one a block)
-// Weight streams launch programmatically (their first two weight buffers load while the kernel
-// before runs; they wait before reading x or writing): DUOSERVE_PDL_GEMM=0 turns it off
-static bool g_stream_pdl = true;
-// Weight streams of at least g_stream_k_units units (K chunks of 16-row strips) whose grid is short
-// of a wave spread their units evenly over a full wave (stream-K; DUOSERVE_STREAM_K=0: off,
-// DUOSERVE_STREAM_K_MIN_UNITS). At Llama-3-8B's shapes that is the gate|up GEMM (14,336 units);
-// the smaller ones keep their grids: they start under PDL while the kernel before them still
-// holds SM slots, and a full-wave grid waits for those (H200, runs 24-25: gate|up alone 58.5
-// against 62.8 us; the b1 step 4.51-4.53 ms with it, 4.57 with every stream, 4.61-4.65 with none).
-static bool g_stream_k = true;
-static unsigned g_stream_k_units = 8192;
 
 
 __device__ __forceinline__ void mma_bf16(float *c, const uint32_t *a, const uint32_t *b) {
@@ -354,35 +327,43 @@ __global__ void gemm_plain_kernel(OUT *y, const __nv_bfloat16 *x, const __nv_bfl
 
 // Tile shapes by batch size above the weight stream. Each sums in the same order (see the top).
 #define GEMM_STREAM_M 32           // M <= 32: the weight stream (n8 token tiles: 1, 2 or 4)
+// Weight streams of at least this many strips fill the GPU with one warp each: each warp sums its
+// strip's chunks in registers, no partials (a speed choice only).
+#define GEMM_NOSPLIT_STRIPS 1024
 
 // Whether the chunks' partials fit the workspace (else every block sums all chunks itself).
 static bool split_fits(unsigned chunks, int M, int N, unsigned tiles) {
     return chunks > 1 && tiles <= GEMM_COUNTERS && (size_t)chunks * M * N <= GEMM_WS_FLOATS;
 }
 
-// Blocks of weight-stream kernel KERN an SM holds (asked once; at least 1)
+// Blocks of weight-stream kernel KERN an SM holds (at least 1). Asked once a process: it depends
+// on the kernel and the architecture only (every device here is sm_90), and the tensor-parallel
+// ranks' threads may ask at once.
 template <auto KERN> static int stream_blocks_an_sm() {
-    static int n = 0;
-    if (!n && cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, KERN, 32 * GEMM_STREAM_WARPS, 0) != cudaSuccess)
-        cudaGetLastError(); // not an error of the launch: assume one block an SM
-    return n = max(1, n);
+    static std::atomic<int> cached{0};
+    int n = cached.load(std::memory_order_relaxed);
+    if (n) return n;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, KERN, 32 * GEMM_STREAM_WARPS, 0) != cudaSuccess)
+        cudaGetLastError(), n = 0; // not an error of the launch: assume one block an SM
+    n = max(1, n);
+    cached.store(n, std::memory_order_relaxed);
+    return n;
 }
 
+// Weight streams launch programmatically: their first two weight buffers load while the kernel
+// before runs (they wait before reading x or writing).
 template <int NT, typename OUT, bool SW, bool NORM = false>
-static int launch_stream(OUT *y, const void *x, const void *w, const void *bias, int M, int N, int K, cudaStream_t s,
-                         struct gemm_norm_args nrm = {}) {
+static int launch_stream(const struct cuda_gemm *g, OUT *y, const void *x, const void *w, const void *bias, int M,
+                         int N, int K, cudaStream_t s, struct gemm_norm_args nrm = {}) {
     unsigned strips = (unsigned)((N + 15) / 16), chunks = (unsigned)((K + GEMM_KC - 1) / GEMM_KC);
-    // enough strips to fill the GPU with one warp each (DUOSERVE_STREAM_NOSPLIT_STRIPS, A/B):
-    // each warp sums its strip's chunks in registers, no partials (a speed choice only)
-    bool split = split_fits(chunks, M, N, strips) && !(g_nosplit_strips && strips >= g_nosplit_strips);
+    bool split = split_fits(chunks, M, N, strips) && strips < GEMM_NOSPLIT_STRIPS;
     constexpr auto kern = gemm_stream_kernel<NT, OUT, SW, NORM, false>;
     const unsigned blocks = (strips + GEMM_STREAM_WARPS - 1) / GEMM_STREAM_WARPS;
     // split: K in groups of cpg chunks, as many groups as keep the grid one wave of resident
-    // blocks (a second, partial wave is a tail as long as the first); DUOSERVE_STREAM_GROUPS=0:
-    // one chunk a block
-    const unsigned wave = (unsigned)(stream_blocks_an_sm<kern>() * g_sms); // blocks one wave holds
+    // blocks (a second, partial wave is a tail as long as the first)
+    const unsigned wave = (unsigned)(stream_blocks_an_sm<kern>() * g->sms); // blocks one wave holds
     unsigned cpg = 1;
-    if (split && g_stream_groups) {
+    if (split) {
         unsigned groups = max(1u, min(chunks, wave / blocks));
         cpg = (chunks + groups - 1) / groups;
         split = cpg < chunks;
@@ -391,23 +372,26 @@ static int launch_stream(OUT *y, const void *x, const void *w, const void *bias,
     // stream-K: a grid short of a full wave leaves SMs with fewer warps than others, and a
     // weight stream's time is that of the SM streaming the most bytes; the units of all strips
     // spread evenly over a full wave instead (a warp's range holds at most `chunks` units: the
-    // kernel counts on it)
+    // kernel counts on it). Only for launches of at least stream_k_min_units units (K chunks of
+    // 16-row strips): at Llama-3-8B's shapes the gate|up GEMM (14,336 units); the smaller ones
+    // keep their grids: they start under PDL while the kernel before them still holds SM slots,
+    // and a full-wave grid waits for those.
     const size_t units = (size_t)strips * chunks;
-    if (g_stream_k && grid.x * grid.y < wave && units >= g_stream_k_units && split_fits(chunks, M, N, strips)) {
+    if (grid.x * grid.y < wave && units >= g->stream_k_min_units && split_fits(chunks, M, N, strips)) {
         constexpr auto kern_sk = gemm_stream_kernel<NT, OUT, SW, NORM, true>;
-        const size_t wave_sk = (size_t)stream_blocks_an_sm<kern_sk>() * g_sms;
+        const size_t wave_sk = (size_t)stream_blocks_an_sm<kern_sk>() * g->sms;
         const unsigned blocks_sk = (unsigned)min(wave_sk, (units + GEMM_STREAM_WARPS - 1) / GEMM_STREAM_WARPS);
         const size_t W = (size_t)blocks_sk * GEMM_STREAM_WARPS;
         if ((units + W - 1) / W <= chunks) {
-            CUDA_CHECK(cuda_launch_pdl(cuda_pdl_on() || g_stream_pdl, kern_sk, dim3(blocks_sk), dim3(32 * GEMM_STREAM_WARPS),
-                                       0, s, y, (const __nv_bfloat16 *)x, (const __nv_bfloat16 *)w,
-                                       (const __nv_bfloat16 *)bias, M, N, K, gemm_ws(), gemm_counters(), 1, nrm));
+            CUDA_CHECK(cuda_launch_pdl(true, kern_sk, dim3(blocks_sk), dim3(32 * GEMM_STREAM_WARPS), 0, s, y,
+                                       (const __nv_bfloat16 *)x, (const __nv_bfloat16 *)w, (const __nv_bfloat16 *)bias,
+                                       M, N, K, g->ws, g->counters, 1, nrm));
             return 0;
         }
     }
-    CUDA_CHECK(cuda_launch_pdl(cuda_pdl_on() || g_stream_pdl, kern, grid, dim3(32 * GEMM_STREAM_WARPS), 0, s, y, (const __nv_bfloat16 *)x,
-                           (const __nv_bfloat16 *)w, (const __nv_bfloat16 *)bias, M, N, K, gemm_ws(), gemm_counters(), (int)cpg,
-                           nrm));
+    CUDA_CHECK(cuda_launch_pdl(true, kern, grid, dim3(32 * GEMM_STREAM_WARPS), 0, s, y, (const __nv_bfloat16 *)x,
+                               (const __nv_bfloat16 *)w, (const __nv_bfloat16 *)bias, M, N, K, g->ws, g->counters,
+                               (int)cpg, nrm));
     return 0;
 }
 
@@ -417,14 +401,15 @@ enum gemm_path { GEMM_PLAIN, GEMM_STREAM1, GEMM_STREAM2, GEMM_STREAM4, GEMM_WG }
 static enum gemm_path gemm_path_of(int M, int N, int K) {
     if (K % 8) return GEMM_PLAIN;
     if (M <= 8) return GEMM_STREAM1;
-    if (M <= 16 && g_stream_m >= 16) return GEMM_STREAM2;
-    if (M <= 32 && g_stream_m >= 32) return GEMM_STREAM4;
+    if (M <= 16) return GEMM_STREAM2;
+    if (M <= GEMM_STREAM_M) return GEMM_STREAM4;
     return GEMM_WG;
 }
 
 // SW: the fused SwiGLU epilogue (y is [M][N / 2], N % 16 == 0, no bias; packed weights only)
 template <typename OUT, bool SW = false>
-static int gemm(OUT *y, const void *x, const void *w, const void *bias, int M, int N, int K, cudaStream_t s) {
+static int gemm(const struct cuda_gemm *g, OUT *y, const void *x, const void *w, const void *bias, int M, int N, int K,
+                cudaStream_t s) {
     if (M <= 0 || N <= 0) return 0;
     if (SW && (K % 8 || N % 16 || bias)) return -1;
     const enum gemm_path path = gemm_path_of(M, N, K);
@@ -438,10 +423,10 @@ static int gemm(OUT *y, const void *x, const void *w, const void *bias, int M, i
         fprintf(stderr, "duoserve: GEMM operands not 16-byte aligned (x %p, w %p)\n", x, w);
         return -1;
     }
-    if (path == GEMM_STREAM1) return launch_stream<1, OUT, SW>(y, x, w, bias, M, N, K, s);
-    if (path == GEMM_STREAM2) return launch_stream<2, OUT, SW>(y, x, w, bias, M, N, K, s);
-    if (path == GEMM_STREAM4) return launch_stream<4, OUT, SW>(y, x, w, bias, M, N, K, s);
-    const struct gemm_wg_env env = {gemm_ws(), g_sms};
+    if (path == GEMM_STREAM1) return launch_stream<1, OUT, SW>(g, y, x, w, bias, M, N, K, s);
+    if (path == GEMM_STREAM2) return launch_stream<2, OUT, SW>(g, y, x, w, bias, M, N, K, s);
+    if (path == GEMM_STREAM4) return launch_stream<4, OUT, SW>(g, y, x, w, bias, M, N, K, s);
+    const struct gemm_wg_env env = {g->ws, g->sms};
     if constexpr (sizeof(OUT) == 4) return gemm_wg_f32((float *)y, x, w, bias, M, N, K, &env, s);
     else return gemm_wg_bf16((__nv_bfloat16 *)y, x, w, bias, M, N, K, SW, &env, s);
 }
@@ -471,36 +456,29 @@ __global__ void embed_packed_kernel(__nv_bfloat16 *__restrict__ out, const __nv_
 
 extern "C" {
 
-/* Once per device, with the device current, before any launch there (graph capture included):
- * the split workspace and the wgmma tiles' opt-in shared memory. */
-int cuda_gemm_init(void) {
+int cuda_gemm_init(struct cuda_gemm *g, unsigned stream_k_min_units) {
     int dev = 0;
+    g->stream_k_min_units = stream_k_min_units;
     CUDA_CHECK(cudaGetDevice(&dev));
-    CUDA_CHECK(cudaDeviceGetAttribute(&g_sms, cudaDevAttrMultiProcessorCount, dev));
-    const char *ns = getenv("DUOSERVE_STREAM_NOSPLIT_STRIPS"), *sm = getenv("DUOSERVE_GEMM_STREAM_M");
-    g_stream_m = sm ? atoi(sm) : GEMM_STREAM_M;
-    g_stream_groups = cuda_env_on("DUOSERVE_STREAM_GROUPS");
-    g_stream_pdl = cuda_env_on("DUOSERVE_PDL_GEMM");
-    g_stream_k = cuda_env_on("DUOSERVE_STREAM_K");
-    if (const char *ku = getenv("DUOSERVE_STREAM_K_MIN_UNITS")) g_stream_k_units = (unsigned)max(0, atoi(ku));
-    g_nosplit_strips = ns ? (unsigned)atoi(ns) : 1024;
-    if (dev < 0 || dev >= GEMM_MAX_DEVICES) return -1;
-    if (!g_ws_of[dev]) CUDA_CHECK(cudaMalloc(&g_ws_of[dev], (size_t)GEMM_WS_FLOATS * sizeof(float)));
-    if (!g_counters_of[dev]) {
-        CUDA_CHECK(cudaMalloc(&g_counters_of[dev], GEMM_COUNTERS * sizeof(int)));
-        CUDA_CHECK(cudaMemset(g_counters_of[dev], 0, GEMM_COUNTERS * sizeof(int)));
-    }
+    CUDA_CHECK(cudaDeviceGetAttribute(&g->sms, cudaDevAttrMultiProcessorCount, dev));
+    CUDA_CHECK(cudaMalloc(&g->ws, (size_t)GEMM_WS_FLOATS * sizeof(float)));
+    CUDA_CHECK(cudaMalloc(&g->counters, GEMM_COUNTERS * sizeof(int)));
+    CUDA_CHECK(cudaMemset(g->counters, 0, GEMM_COUNTERS * sizeof(int)));
     return gemm_wg_init() ? -2 : 0;
 }
 
-/* Bytes of an N x K weight in the layout the GEMMs read: packed (K % 8 == 0) or row-major. */
+void cuda_gemm_free(struct cuda_gemm *g) {
+    cudaFree(g->ws);
+    cudaFree(g->counters);
+    g->ws = NULL;
+    g->counters = NULL;
+}
+
 size_t cuda_gemm_weight_bytes(int64_t N, int64_t K) {
     if (K % 8) return (size_t)(N * K * 2);
     return (size_t)((N + 15) / 16) * (size_t)((K + 15) / 16) * 512;
 }
 
-/* Packs `rows` row-major rows (of K, K % 8 == 0) into the packed weight dst from row row0
- * (a multiple of 16) on. */
 int cuda_gemm_pack(void *dst, const void *src, int64_t row0, int rows, int K, cudaStream_t s) {
     if (rows <= 0) return 0;
     if (row0 % 16 || K % 8) return -1;
@@ -511,7 +489,6 @@ int cuda_gemm_pack(void *dst, const void *src, int64_t row0, int rows, int K, cu
     return 0;
 }
 
-/* out[t] = row tokens[t] of a packed [V][dim] table (dim % 8 == 0). */
 int cuda_embed_packed(void *out, const void *table, const int32_t *tokens, int n, int dim, cudaStream_t s) {
     if (n == 0) return 0;
     CUDA_CHECK(cuda_launch(embed_packed_kernel, dim3(n), dim3(256), 0, s, (__nv_bfloat16 *)out,
@@ -519,37 +496,31 @@ int cuda_embed_packed(void *out, const void *table, const int32_t *tokens, int n
     return 0;
 }
 
-int cuda_gemm_bf16(void *y, const void *x, const void *w, const void *bias, int M, int N, int K, cudaStream_t s) {
-    return gemm((__nv_bfloat16 *)y, x, w, bias, M, N, K, s);
+int cuda_gemm_bf16(const struct cuda_gemm *g, void *y, const void *x, const void *w, const void *bias, int M, int N,
+                   int K, cudaStream_t s) {
+    return gemm(g, (__nv_bfloat16 *)y, x, w, bias, M, N, K, s);
 }
 
-int cuda_gemm_f32out(float *y, const void *x, const void *w, int M, int N, int K, cudaStream_t s) {
-    return gemm(y, x, w, NULL, M, N, K, s);
+int cuda_gemm_f32out(const struct cuda_gemm *g, float *y, const void *x, const void *w, int M, int N, int K,
+                     cudaStream_t s) {
+    return gemm(g, y, x, w, NULL, M, N, K, s);
 }
 
-/* act[M][F] = SwiGLU of x[M][K] @ w^T, w packed with 2F rows interleaved by 8 (gate rows 16j..,
- * up rows 16j+8..); -1 when the shape cannot take the fused epilogue (K % 8, F % 8). */
-int cuda_gemm_swiglu(void *act, const void *x, const void *w, int M, int F, int K, cudaStream_t s) {
-    return gemm<__nv_bfloat16, true>((__nv_bfloat16 *)act, x, w, NULL, M, 2 * F, K, s);
+int cuda_gemm_swiglu(const struct cuda_gemm *g, void *act, const void *x, const void *w, int M, int F, int K,
+                     cudaStream_t s) {
+    return gemm<__nv_bfloat16, true>(g, (__nv_bfloat16 *)act, x, w, NULL, M, 2 * F, K, s);
 }
 
-/* One token (M = 1) through a GEMM whose input is RMSNorm(x + y) * nw (K = the row length),
- * x_out = x + y; with swiglu, y_out is matmul_swiglu's act over N = 2F rows. Returns 1 when the
- * shape cannot take it (the caller runs add_rmsnorm + the GEMM: the same bits), 0 done, -2 a
- * CUDA error. */
-int cuda_gemm_norm(void *y_out, void *x_out, const void *x, const void *y, const void *nw, float eps, const void *w,
-                   const void *bias, int M, int N, int K, bool swiglu, cudaStream_t s) {
+int cuda_gemm_norm_swiglu(const struct cuda_gemm *g, void *act, void *x_out, const void *x, const void *y,
+                          const void *nw, float eps, const void *w, int M, int N, int K, cudaStream_t s) {
     if (M != 1 || K % 8 || K > GEMM_NORM_MAX || rms_threads(K, x, y, nw, x_out) != 32 * GEMM_STREAM_WARPS ||
-        (uintptr_t)w % 16 || (swiglu && (N % 16 || bias)))
+        (uintptr_t)w % 16 || N % 16)
         return 1;
     struct gemm_norm_args nrm = {(const __nv_bfloat16 *)x, (const __nv_bfloat16 *)y, (const __nv_bfloat16 *)nw,
                                  (__nv_bfloat16 *)x_out, eps};
-    __nv_bfloat16 *out = (__nv_bfloat16 *)y_out;
-    return swiglu ? launch_stream<1, __nv_bfloat16, true, true>(out, x, w, NULL, M, N, K, s, nrm)
-                  : launch_stream<1, __nv_bfloat16, false, true>(out, x, w, bias, M, N, K, s, nrm);
+    return launch_stream<1, __nv_bfloat16, true, true>(g, (__nv_bfloat16 *)act, x, w, NULL, M, N, K, s, nrm);
 }
 
-/* Which kernel a shape takes (for the op test's labels). */
 const char *cuda_gemm_kind(int M, int N, int K) {
     switch (gemm_path_of(M, N, K)) {
     case GEMM_PLAIN: return "plain kernel";

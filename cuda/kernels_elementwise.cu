@@ -31,36 +31,24 @@ __global__ void rmsnorm_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *x, const
         orow[i] = __float2bfloat16(__bfloat162float(w[i]) * (__bfloat162float(xr[i]) * inv));
 }
 
-// A decode step's norms (up to 64 rows) launch programmatically and let the next kernel (the qkv
-// weight stream, which waits for them before reading their rows) launch at their start: the
-// norm waits inside for the down GEMM before it, and the qkv GEMM's first weight buffers load
-// during that GEMM's tail rather than after the norm (H200 b1: 4.43 against 4.52 ms).
-// DUOSERVE_NORM_PDL=0 and DUOSERVE_NORM_EARLY_TRIGGER=0 turn them off (the trigger then waits for
-// the norm's row).
-static bool norm_early_trigger() {
-    static int v = -1; // (read once)
-    if (v < 0) v = cuda_env_on("DUOSERVE_NORM_EARLY_TRIGGER");
-    return v == 1;
-}
-static bool norm_pdl(int rows) {
-    static int v = -1;
-    if (v < 0) v = cuda_env_on("DUOSERVE_NORM_PDL");
-    return cuda_pdl_on() || (v == 1 && rows <= 64);
-}
+// A decode step's norms (up to 64 rows) launch programmatically (norm_pdl: DUOSERVE_NORM_PDL, on
+// by default) and, like every norm, let the next kernel (the qkv weight stream, which waits for
+// them before reading their rows) launch at their start: the norm waits inside for the down GEMM
+// before it, and the qkv GEMM's first weight buffers load during that GEMM's tail rather than
+// after the norm.
+static bool norm_launch_pdl(bool norm_pdl, int rows) { return norm_pdl && rows <= 64; }
 
 // Row-wise norms with dim % 8 == 0 (every real model): rms_row (rmsnorm.cuh), a row a block,
 // x + y stored to x_out (in place when x_out == x). The same per-element arithmetic as the
 // kernels above; only the order of the sum of squares differs (it is fixed per row, so batch
 // invariance holds).
 __global__ void rmsnorm_vec_kernel(__nv_bfloat16 *out, __nv_bfloat16 *x_out, const __nv_bfloat16 *x,
-                                   const __nv_bfloat16 *y, const __nv_bfloat16 *w, int dim, float eps, bool early) {
-    // the next kernel (a weight stream, launched programmatically) launches at this one's start
-    // (early) or once this block's row has landed
-    if (early) pdl_trigger();
+                                   const __nv_bfloat16 *y, const __nv_bfloat16 *w, int dim, float eps) {
+    pdl_trigger();
     pdl_wait();
     const size_t row = (size_t)blockIdx.x * dim;
     uint4 *orow = reinterpret_cast<uint4 *>(out + row);
-    rms_row(x + row, y ? y + row : NULL, w, y ? x_out + row : NULL, dim, eps, [&](int c, uint4 v) { orow[c] = v; }, !early);
+    rms_row(x + row, y ? y + row : NULL, w, y ? x_out + row : NULL, dim, eps, [&](int c, uint4 v) { orow[c] = v; });
 }
 
 // One thread per (token, pair (i, i + hd/2) of a head): one round trip per element pair.
@@ -302,12 +290,13 @@ int cuda_embed(void *out, const void *table, const int32_t *tokens, int n, int d
     return 0;
 }
 
-int cuda_rmsnorm(void *out, const void *x, const void *w, int n, int dim, float eps, cudaStream_t s) {
+/* norm_pdl: a decode step's norms may launch programmatically (cuda_tuning) */
+int cuda_rmsnorm(void *out, const void *x, const void *w, int n, int dim, float eps, bool norm_pdl, cudaStream_t s) {
     if (n == 0) return 0;
     if (unsigned t = rms_threads(dim, out, x, w, NULL)) {
-        CUDA_CHECK(cuda_launch_pdl(norm_pdl(n), rmsnorm_vec_kernel, dim3(n), dim3(t), 0, s, (__nv_bfloat16 *)out,
-                                   (__nv_bfloat16 *)NULL, (const __nv_bfloat16 *)x, (const __nv_bfloat16 *)NULL,
-                                   (const __nv_bfloat16 *)w, dim, eps, norm_early_trigger()));
+        CUDA_CHECK(cuda_launch_pdl(norm_launch_pdl(norm_pdl, n), rmsnorm_vec_kernel, dim3(n), dim3(t), 0, s,
+                                   (__nv_bfloat16 *)out, (__nv_bfloat16 *)NULL, (const __nv_bfloat16 *)x,
+                                   (const __nv_bfloat16 *)NULL, (const __nv_bfloat16 *)w, dim, eps));
         return 0;
     }
     CUDA_CHECK(cuda_launch(rmsnorm_kernel, dim3(n), dim3(256), 0, s, (__nv_bfloat16 *)out, (const __nv_bfloat16 *)x, (const __nv_bfloat16 *)w, dim, eps));
@@ -346,13 +335,13 @@ int cuda_silu_mul_grouped(void *out, const void *gu, int rows, int F, cudaStream
 
 /* x_out = x + y (x_out may be x), out = rmsnorm(x_out) * w, n rows of dim */
 int cuda_add_rmsnorm_to(void *out, void *x_out, const void *x, const void *y, const void *w, int n, int dim, float eps,
-                        cudaStream_t s) {
+                        bool norm_pdl, cudaStream_t s) {
     if (n == 0) return 0;
     unsigned t = (uintptr_t)x_out % 16 ? 0 : rms_threads(dim, out, x, y, w);
     if (t) {
-        CUDA_CHECK(cuda_launch_pdl(norm_pdl(n), rmsnorm_vec_kernel, dim3(n), dim3(t), 0, s, (__nv_bfloat16 *)out,
-                                   (__nv_bfloat16 *)x_out, (const __nv_bfloat16 *)x, (const __nv_bfloat16 *)y,
-                                   (const __nv_bfloat16 *)w, dim, eps, norm_early_trigger()));
+        CUDA_CHECK(cuda_launch_pdl(norm_launch_pdl(norm_pdl, n), rmsnorm_vec_kernel, dim3(n), dim3(t), 0, s,
+                                   (__nv_bfloat16 *)out, (__nv_bfloat16 *)x_out, (const __nv_bfloat16 *)x,
+                                   (const __nv_bfloat16 *)y, (const __nv_bfloat16 *)w, dim, eps));
         return 0;
     }
     CUDA_CHECK(cuda_launch(add_rmsnorm_kernel, dim3(n), dim3(256), 0, s, (__nv_bfloat16 *)out, (__nv_bfloat16 *)x_out,
@@ -360,8 +349,9 @@ int cuda_add_rmsnorm_to(void *out, void *x_out, const void *x, const void *y, co
     return 0;
 }
 
-int cuda_add_rmsnorm(void *out, void *x, const void *y, const void *w, int n, int dim, float eps, cudaStream_t s) {
-    return cuda_add_rmsnorm_to(out, x, x, y, w, n, dim, eps, s);
+int cuda_add_rmsnorm(void *out, void *x, const void *y, const void *w, int n, int dim, float eps, bool norm_pdl,
+                     cudaStream_t s) {
+    return cuda_add_rmsnorm_to(out, x, x, y, w, n, dim, eps, norm_pdl, s);
 }
 
 

@@ -30,12 +30,11 @@ static __device__ __forceinline__ float block_sum(float v) {
 // One row (dim % 8 == 0, dim <= 8 * RMS_CH * blockDim.x) of x, plus y when y is set: the sum
 // rounded to bf16 goes to x_out (may be x; NULL: not stored), and out = bf16(w * (x * inv)),
 // inv = rsqrt(mean(x^2) + eps), goes chunk by chunk to store(chunk index, 16-byte chunk). Every
-// thread of the block must call it. trigger: the next kernel may launch (PDL) once the block's
-// loads have landed, so that its loads do not queue ahead of them.
+// thread of the block must call it.
 template <typename ST>
 static __device__ __forceinline__ void rms_row(const __nv_bfloat16 *x, const __nv_bfloat16 *y,
                                                const __nv_bfloat16 *w, __nv_bfloat16 *x_out, int dim, float eps,
-                                               ST store, bool trigger = false) {
+                                               ST store) {
     const int nch = dim / 8;
     const uint4 *xr = reinterpret_cast<const uint4 *>(x), *wr = reinterpret_cast<const uint4 *>(w);
     const uint4 *yr = reinterpret_cast<const uint4 *>(y);
@@ -69,7 +68,6 @@ static __device__ __forceinline__ void rms_row(const __nv_bfloat16 *x, const __n
         }
     }
     float inv = rsqrtf(block_sum(ss) / dim + eps);
-    if (trigger) pdl_trigger();
 #pragma unroll
     for (int j = 0; j < RMS_CH; j++) {
         int c = threadIdx.x + j * blockDim.x;

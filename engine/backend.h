@@ -207,6 +207,9 @@ enum backend_cuda_probe {
     BACKEND_CUDA_OK = 0,
     BACKEND_CUDA_NONE = 1,        // no NVIDIA GPU, no driver, or a build without CUDA
     BACKEND_CUDA_UNSUPPORTED = 2, // a GPU is there but cannot be used (its architecture, the driver's age)
+    BACKEND_CUDA_BAD_SETTING = 3, // the GPU is usable, but a DUOSERVE_* tuning variable of the CUDA backend
+                                  // (docs/TUNING.md) has a value it does not take: a startup error, also
+                                  // under --device auto (err names the variable)
 };
 int backend_cuda_probe(int device, char *err, size_t errlen);
 /* NULL with a message in err when the device is not usable (backend_cuda_probe's reasons

@@ -112,6 +112,7 @@ static int pick_backend(struct core *c, int cuda_flags, char *why, size_t whylen
                         size_t errlen) {
     if (!strcmp(c->cfg.device, "auto")) {
         int probe = backend_cuda_probe(0, why, whylen);
+        if (probe == BACKEND_CUDA_BAD_SETTING) return util_err(err, errlen, "%s", why); /* not a reason to run on the CPU */
         if (probe == BACKEND_CUDA_OK) c->b = backend_cuda_create(0, cuda_flags, why, whylen);
         c->cfg.device = c->b ? "cuda" : "cpu";
         /* no GPU is the normal case on a CPU machine; a GPU it cannot use is worth a warning */

@@ -35,14 +35,14 @@ static struct engine_sampling greedy(int n) {
                                     .skip_special_tokens = true, .logprobs = -1};
 }
 
-#ifdef DUO_CUDA
+#ifdef FA_CLOCKS
 int cuda_attention_clocks(long long *out);
 #endif
 /* An FA_CLOCKS build (profiling): the last decode attention call's phase stamps, block (0, 0, 0):
  * cycles from entry of stamps 1..42, then %globaltimer ns from entry: 50 the q|k|v wait returned,
  * 51 RoPE done, 49 the partition loop done; 52 / 53 the merge of (token 0, KV head 0) began / ended. */
 static void print_fa_clocks(void) {
-#ifdef DUO_CUDA
+#ifdef FA_CLOCKS
     long long c[64];
     if (cuda_attention_clocks(c) != 64) return;
     printf("  flash stamps (cycles):");

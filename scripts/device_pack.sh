@@ -3,7 +3,8 @@
 # .device/ (run here, on the build machine, from the project root):
 #   - .device/bin.txz: the stripped binaries of `make CUDA=1 BUILD=build-gpu`, bench_gpu,
 #     check_invariance, libktrace.so with libcupti.so.13, and duoserve-test-cuda-clk and
-#     bench_gpu-clk (built with -DFA_CLOCKS in build-clk: the flash kernel's phase stamps; CLK=0
+#     bench_gpu-clk (built with -DFA_CLOCKS in build-clk, CUDA and C alike: the flash kernel's
+#     phase stamps and the code that prints them, which no other build compiles; CLK=0
 #     leaves them out);
 #   - the runtime .debs (../shared/device/prepare.sh) and the fixtures the run reads, copied
 #     from ../shared (.device/ is git-ignored and never committed).
@@ -19,7 +20,7 @@ mkdir -p .device/models .device/tokenizers
 [ -f .device/llama3_8b_pattern.tsv ] || cp "$SHARED/duo-attention/attn_patterns/Llama-3-8B-Instruct-Gradient-1048k/lr=0.02-reg=0.05-ctx=1000_32000-multi_passkey10/full_attention_heads.tsv" .device/llama3_8b_pattern.tsv
 make -j"$J" CUDA=1 BUILD=build-gpu build-gpu/duoserve build-gpu/duoserve-test-cuda build-gpu/duoserve-test-cuda-sampling \
     build-gpu/bench_gpu build-gpu/check_invariance build-gpu/libktrace.so
-[ "${CLK:-1}" = 0 ] || make -j"$J" CUDA=1 BUILD=build-clk NVCCFLAGS="-O3 -g -lineinfo -std=c++17 -gencode arch=compute_90a,code=sm_90a -Xcompiler -Wall,-Wextra,-Wno-unused-parameter -I. -DFA_CLOCKS" \
+[ "${CLK:-1}" = 0 ] || make -j"$J" CUDA=1 BUILD=build-clk CFLAGS="-O2 -g -DFA_CLOCKS" NVCCFLAGS="-O3 -g -lineinfo -std=c++17 -gencode arch=compute_90a,code=sm_90a -Xcompiler -Wall,-Wextra,-Wno-unused-parameter -I. -DFA_CLOCKS" \
     build-clk/duoserve-test-cuda build-clk/bench_gpu
 cuda=$(dirname "$(dirname "$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)")")
 rm -rf /tmp/device_pack && mkdir -p /tmp/device_pack/bin

@@ -26,10 +26,9 @@ if needs_8b; then
 fi
 t0=$SECONDS
 if has attnbench; then # one decode token's attention at several contexts; FA_CLOCKS build: phase stamps
-  for v in "" "DUOSERVE_ATTN_NO_FUSED_ROPE=1" "DUOSERVE_ATTN_NO_DEC=1"; do
-    echo "== attnbench [$v]"; env $v DUOSERVE_TEST_ONLY=attnbench $B/duoserve-test-cuda
-    [ -x $B/duoserve-test-cuda-clk ] && env $v DUOSERVE_TEST_ONLY=attnbench $B/duoserve-test-cuda-clk
-  done 2>&1 | tee $L/attnbench.log
+  { echo "== attnbench"; DUOSERVE_TEST_ONLY=attnbench $B/duoserve-test-cuda
+    [ -x $B/duoserve-test-cuda-clk ] && DUOSERVE_TEST_ONLY=attnbench $B/duoserve-test-cuda-clk
+  } 2>&1 | tee $L/attnbench.log
 fi
 # the op test alone, as built and again under OPTEST_ENV="VAR=v,..." (a new path behind a switch)
 if has optest; then
@@ -70,7 +69,8 @@ fi
 if has checks; then
   scripts/gpu_check.sh $B checks $L
   grep -E "FAIL" $L/op_test.log | head -20; tail -1 $L/op_test.log
-  for v in "DUOSERVE_STREAM_GROUPS=0"; do
+  # stream-K weight streams at every shape, not only the large ones the default picks
+  for v in "DUOSERVE_STREAM_K_MIN_UNITS=0"; do
     env $v DUOSERVE_TEST_ONLY=matmul $B/duoserve-test-cuda > $L/op_gemm.log 2>&1
     echo "op test GEMMs [$v]: $(grep FAIL $L/op_gemm.log | head -3) $(tail -1 $L/op_gemm.log)"
   done
@@ -117,10 +117,11 @@ if has stamps && [ -x $B/bench_gpu-clk ]; then
   done
 fi
 ab() { local name=$1; shift; env "$@" timeout 100 $B/bench_gpu $M cuda ${AB_ARGS:---decode 1,8,64 --prefill 2048} > $L/ab_$name.log 2>&1; echo "== $name: $(grep -E 'decode|prefill' $L/ab_$name.log | sed -E 's/ +/ /g; s/ context 128//; s/ tokens\/s.*//; s/ms\/step,/ms/' | tr '\n' '|')"; }
-# A/B: AB="name:VAR=v,VAR2=v name2:VAR=v" (default: the split sizing switches), decode and prefill 2k
-# (AB_ARGS: other bench_gpu arguments, e.g. "--decode 1,1,1 --prefill 0" for three b1 figures a run)
+# A/B: AB="name:VAR=v,VAR2=v name2:VAR=v" (default: the decode norms without PDL, docs/TUNING.md),
+# decode and prefill 2k (AB_ARGS: other bench_gpu arguments, e.g. "--decode 1,1,1 --prefill 0" for
+# three b1 figures a run)
 if has ab; then
-  for spec in ${AB:-attn_split64:DUOSERVE_ATTN_MAX_SPLIT=64,DUOSERVE_ATTN_SPLIT_FILL=4}; do
+  for spec in ${AB:-norm_pdl0:DUOSERVE_NORM_PDL=0}; do
     ab "${spec%%:*}" $(echo "${spec#*:}" | tr ',' ' ')
   done
 fi

@@ -262,6 +262,10 @@ static void timing(void) {
 int main(void) {
     char err[256];
     gpu = backend_cuda_create(0, 0, err, sizeof err);
+    if (!gpu && backend_cuda_probe(0, err, sizeof err) == BACKEND_CUDA_BAD_SETTING) { /* not a missing GPU */
+        printf("FAIL: %s\ncuda sampling: 0 passed, 1 failed\n", err);
+        return 1;
+    }
     if (!gpu) {
         printf("SKIP: %s\ncuda sampling: 0 passed, 0 failed\n", err);
         return 0;
