@@ -1,0 +1,306 @@
+/* check_kv_dtype: what a KV cache dtype costs in accuracy, on the CPU. For each prompt, the greedy
+ * continuation under f32 KV is the reference; then under each KV dtype (bf16, fp8 e4m3):
+ * - teacher-forced: the prompt and the reference continuation in one prefill, and the logprob of
+ *   each reference token against f32 KV's (max and mean |d logprob|), and whether it is still the
+ *   argmax (greedy ids that agree);
+ * - free-running: its own greedy continuation, and how many ids match the reference's before the
+ *   first difference.
+ * Prompts: the cases of DIR/expected.json (the HF parity fixtures), else BOS alone (stories260k).
+ *   build/check_kv_dtype MODEL_DIR [--new N] [--pattern TSV --sparsity S] [--sink N --recent N]
+ *                        [--scales ones|amax|amax2|layer|weights] */
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/duo_pattern.h"
+#include "engine/fp8.h"
+#include "engine/kv_cache_impl.h"
+#include "engine/model.h"
+#include "engine/sampler.h"
+#include "engine/util.h"
+
+#define MAXP 8
+#define BS 16
+
+struct opts {
+    const char *dir, *pattern, *scales;
+    float sparsity;
+    int n_new, sink, recent;
+};
+
+struct prompt {
+    int32_t *ids; // [n + n_new]: the prompt, then the reference continuation
+    int n;
+};
+
+static struct model *load(const struct opts *o, struct backend *b, enum kv_dtype dt, int max_tokens) {
+    struct model_config mc;
+    char err[512];
+    uint8_t *streaming = NULL;
+    if (model_config_load(&mc, o->dir, err, sizeof err)) goto fail;
+    if (o->pattern) {
+        struct duo_pattern p;
+        if (duo_pattern_load(&p, o->pattern, err, sizeof err)) goto fail;
+        streaming = calloc((size_t)mc.n_layers * mc.n_kv_heads, 1);
+        duo_pattern_streaming(&p, o->sparsity, streaming);
+        duo_pattern_free(&p);
+    }
+    struct model_load_opts lo = {.max_tokens = max_tokens, .streaming = streaming, .tensor_parallel_size = 1,
+                                 .kv_dtype = dt};
+    struct model *m;
+    int rc = model_load_with(&m, o->dir, b, &lo, err, sizeof err);
+    free(streaming);
+    if (!rc) return m;
+fail:
+    fprintf(stderr, "check_kv_dtype: %s\n", err);
+    exit(1);
+}
+
+/* Runs toks[0, n) through m in one prefill from an empty cache; logits of every row when lg. */
+static void prefill(struct model *m, const struct opts *o, struct kv_cache *kv, const int32_t *toks, int n,
+                    float *lg) {
+    int nb = (n + BS - 1) / BS;
+    if (model_kv_cache_init(m, kv, BS, o->sink, o->recent, nb, 1) != KV_STATUS_OK) exit(1);
+    int32_t *blocks = malloc(sizeof(int32_t) * (size_t)nb), *pos = malloc(sizeof(int32_t) * (size_t)n);
+    int32_t *rows = malloc(sizeof(int32_t) * (size_t)n);
+    kv_cache_alloc(kv, nb, blocks);
+    for (int i = 0; i < n; i++) pos[i] = rows[i] = i;
+    int32_t seq_start[2] = {0, n}, indptr[2] = {0, nb}, slot = 0;
+    struct fwd_batch bt = {n, 1, toks, pos, seq_start, indptr, blocks, &slot, lg ? n : 0, rows, NULL, false};
+    if (model_forward(m, kv, &bt, lg)) exit(1);
+    free(blocks), free(pos), free(rows);
+}
+
+/* The greedy continuation of toks[0, n) (n_new ids into toks[n...]), one token a step. */
+static void greedy(struct model *m, const struct opts *o, int32_t *toks, int n, int n_new) {
+    int total = n + n_new, nb = (total + BS - 1) / BS, V = m->cfg.vocab_size;
+    struct kv_cache kv;
+    if (model_kv_cache_init(m, &kv, BS, o->sink, o->recent, nb, 1) != KV_STATUS_OK) exit(1);
+    int32_t *blocks = malloc(sizeof(int32_t) * (size_t)nb), *pos = malloc(sizeof(int32_t) * (size_t)total);
+    float *lg = malloc(sizeof(float) * (size_t)V);
+    kv_cache_alloc(&kv, nb, blocks);
+    for (int i = 0; i < total; i++) pos[i] = i;
+    for (int done = 0, k = n; k < total; k++) {
+        int32_t seq_start[2] = {0, k - done}, indptr[2] = {0, nb}, slot = 0, row = k - done - 1;
+        struct fwd_batch bt = {k - done, 1, toks + done, pos + done, seq_start, indptr, blocks, &slot, 1, &row, NULL,
+                               false};
+        if (model_forward(m, &kv, &bt, lg)) exit(1);
+        done = k;
+        toks[k] = sampler_sample(lg, V, 0.0f, NULL);
+    }
+    kv_cache_free(&kv);
+    free(blocks), free(pos), free(lg);
+}
+
+/* ---- the scale experiment ---- */
+
+/* amax of K and V of every (layer, KV head) in an f32 cache of all-retrieval heads. */
+static void cache_amax(const struct model *m, const struct kv_cache *kv, float *ka, float *va) {
+    const struct kv_shard *sh = &kv->shards[0];
+    int hd = m->cfg.head_dim, KV = m->cfg.n_kv_heads;
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        size_t n = (size_t)kv->n_blocks * BS * sh->n_full[l] * hd;
+        for (size_t i = 0; i < n; i++) {
+            int h = (int)(i / hd % sh->n_full[l]);
+            float k = fabsf(((const float *)sh->k_full[l])[i]), v = fabsf(((const float *)sh->v_full[l])[i]);
+            if (k > ka[l * KV + h]) ka[l * KV + h] = k;
+            if (v > va[l * KV + h]) va[l * KV + h] = v;
+        }
+    }
+}
+
+/* Bounds of |K| (after RoPE) and |V| of every (layer, KV head) from the weights: h = rmsnorm(x) * g
+ * has norm <= sqrt(dim), so |k_d| <= sqrt(dim) * ||W_d * g|| + |b_d|; RoPE rotates pairs (i, i + hd/2). */
+static void weight_bounds(const struct model *m, float *kb, float *vb) {
+    const struct model_config *c = &m->cfg;
+    int D = c->dim, hd = c->head_dim, KV = m->sh.n_kv_heads, QD = m->sh.n_heads * hd;
+    float *rb = malloc(sizeof(float) * hd);
+    for (int l = 0; l < c->n_layers; l++) {
+        const float *w = m->layers[l].wqkv, *g = m->layers[l].attn_norm, *bias = m->layers[l].bqkv;
+        for (int h = 0; h < KV; h++)
+            for (int kv = 0; kv < 2; kv++) {
+                int r0 = QD + kv * KV * hd + h * hd;
+                for (int d = 0; d < hd; d++) {
+                    double s = 0;
+                    for (int j = 0; j < D; j++) s += (double)w[(size_t)(r0 + d) * D + j] * g[j] * w[(size_t)(r0 + d) * D + j] * g[j];
+                    rb[d] = (float)(sqrt(s) * sqrt((double)D) + (bias ? fabsf(bias[r0 + d]) : 0));
+                }
+                float mx = 0;
+                for (int d = 0; d < hd; d++) {
+                    float v = kv ? rb[d] : sqrtf(rb[d % (hd / 2)] * rb[d % (hd / 2)] + rb[d % (hd / 2) + hd / 2] * rb[d % (hd / 2) + hd / 2]);
+                    if (v > mx) mx = v;
+                }
+                (kv ? vb : kb)[l * KV + h] = mx;
+            }
+    }
+    free(rb);
+}
+
+static float pow2_up(float x) { return x > 0 ? exp2f(ceilf(log2f(x))) : 1.0f; }
+
+/* Sets m's fp8 scales by the experiment's rule (amax: from the f32 runs of every prompt). */
+static void set_scales(struct model *m, const struct opts *o, const struct model *m32, struct prompt *ps, int np) {
+    int L = m->cfg.n_layers, KV = m->cfg.n_kv_heads;
+    size_t n = (size_t)L * KV;
+    float *ka = calloc(n, sizeof(float)), *va = calloc(n, sizeof(float));
+    if (!strcmp(o->scales, "ones")) {
+    } else if (!strcmp(o->scales, "weights")) {
+        weight_bounds(m, ka, va);
+        for (size_t i = 0; i < n; i++) m->k_scale[i] = pow2_up(ka[i] / 448), m->v_scale[i] = pow2_up(va[i] / 448);
+    } else {
+        for (int p = 0; p < np; p++) {
+            struct kv_cache kv;
+            prefill((struct model *)m32, o, &kv, ps[p].ids, ps[p].n + o->n_new, NULL);
+            cache_amax(m32, &kv, ka, va);
+            kv_cache_free(&kv);
+        }
+        for (int l = 0; !strcmp(o->scales, "layer") && l < L; l++)
+            for (int h = 1; h < KV; h++) {
+                if (ka[l * KV + h] > ka[l * KV]) ka[l * KV] = ka[l * KV + h];
+                if (va[l * KV + h] > va[l * KV]) va[l * KV] = va[l * KV + h];
+            }
+        for (size_t i = 0; i < n; i++) {
+            float k = ka[!strcmp(o->scales, "layer") ? i / KV * KV : i] / 448;
+            float v = va[!strcmp(o->scales, "layer") ? i / KV * KV : i] / 448;
+            m->k_scale[i] = !strcmp(o->scales, "amax2") ? pow2_up(k) : k;
+            m->v_scale[i] = !strcmp(o->scales, "amax2") ? pow2_up(v) : v;
+        }
+    }
+    /* the rounding error of the stored K and V themselves */
+    double e2[2] = {0}, x2[2] = {0};
+    long sub[2] = {0}, sat[2] = {0}, cnt[2] = {0};
+    for (int p = 0; p < np; p++) {
+        struct kv_cache kv;
+        prefill((struct model *)m32, o, &kv, ps[p].ids, ps[p].n + o->n_new, NULL);
+        const struct kv_shard *sh = &kv.shards[0];
+        int hd = m->cfg.head_dim, used = (ps[p].n + o->n_new);
+        for (int l = 0; l < L; l++)
+            for (int w = 0; w < 2; w++) {
+                const float *a = w ? sh->v_full[l] : sh->k_full[l];
+                for (size_t i = 0; i < (size_t)used * sh->n_full[l] * hd; i++) {
+                    int h = (int)(i / hd % sh->n_full[l]);
+                    float sc = (w ? m->v_scale : m->k_scale)[l * KV + h], x = a[i], y = x / sc;
+                    float q = fp8_e4m3_to_f32(fp8_e4m3_from_f32(y)) * sc;
+                    e2[w] += (double)(q - x) * (q - x), x2[w] += (double)x * x;
+                    sub[w] += fabsf(y) < 0x1p-6f, sat[w] += fabsf(y) > 448, cnt[w]++;
+                }
+            }
+        kv_cache_free(&kv);
+    }
+    fprintf(stderr, "scales %s: rel rms error K %.4f%% V %.4f%%; subnormal K %.3f%% V %.3f%%; saturated K %ld V %ld\n",
+            o->scales, 100 * sqrt(e2[0] / x2[0]), 100 * sqrt(e2[1] / x2[1]), 100.0 * sub[0] / cnt[0],
+            100.0 * sub[1] / cnt[1], sat[0], sat[1]);
+    for (size_t i = 0; i < n && getenv("SHOW"); i++)
+        fprintf(stderr, "l%zu h%zu: k %.3g (amax %.3g) v %.3g (amax %.3g)\n", i / KV, i % KV, m->k_scale[i], ka[i],
+                m->v_scale[i], va[i]);
+    free(ka), free(va);
+}
+
+/* ---- prompts ---- */
+
+static int read_prompts(const struct opts *o, struct prompt *ps) {
+    char *path = util_path_join(o->dir, "expected.json"), *text;
+    size_t len;
+    int np = 0;
+    if (util_read_file(path, &text, &len) == 0) {
+        cJSON *j = cJSON_ParseWithLength(text, len), *c;
+        cJSON_ArrayForEach(c, cJSON_GetObjectItem(j, "cases")) {
+            const cJSON *ids = cJSON_GetObjectItem(c, "prompt_ids"), *it;
+            if (np == MAXP) break;
+            struct prompt *p = &ps[np++];
+            p->n = cJSON_GetArraySize(ids);
+            p->ids = malloc(sizeof(int32_t) * (size_t)(p->n + o->n_new));
+            int i = 0;
+            cJSON_ArrayForEach(it, ids) p->ids[i++] = (int32_t)it->valuedouble;
+        }
+        cJSON_Delete(j);
+        free(text);
+    } else {
+        ps[0].n = 1;
+        ps[0].ids = malloc(sizeof(int32_t) * (size_t)(1 + o->n_new));
+        ps[0].ids[0] = 1; /* BOS */
+        np = 1;
+    }
+    free(path);
+    return np;
+}
+
+int main(int argc, char **argv) {
+    struct opts o = {.n_new = 64, .sink = 4, .recent = 32, .scales = "ones", .sparsity = 0.5f};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : "";
+        if (!strcmp(a, "--new")) o.n_new = atoi(v), i++;
+        else if (!strcmp(a, "--pattern")) o.pattern = v, i++;
+        else if (!strcmp(a, "--sparsity")) o.sparsity = (float)atof(v), i++;
+        else if (!strcmp(a, "--sink")) o.sink = atoi(v), i++;
+        else if (!strcmp(a, "--recent")) o.recent = atoi(v), i++;
+        else if (!strcmp(a, "--scales")) o.scales = v, i++;
+        else if (a[0] != '-' && !o.dir) o.dir = a;
+        else {
+            fprintf(stderr, "usage: %s MODEL_DIR [--new N] [--pattern TSV --sparsity S] [--sink N --recent N]\n",
+                    argv[0]);
+            return 2;
+        }
+    }
+    if (!o.dir) return 2;
+    struct prompt ps[MAXP];
+    int np = read_prompts(&o, ps), max_len = 0;
+    for (int p = 0; p < np; p++) max_len = ps[p].n + o.n_new > max_len ? ps[p].n + o.n_new : max_len;
+    struct backend *b = backend_cpu_create();
+    struct model *m32 = load(&o, b, KV_DTYPE_ACT, max_len);
+    int V = m32->cfg.vocab_size;
+    float *lg = malloc(sizeof(float) * (size_t)max_len * V), *lp = malloc(sizeof(float) * V);
+    float *ref_lp = malloc(sizeof(float) * (size_t)MAXP * o.n_new);
+    int32_t *mine = malloc(sizeof(int32_t) * (size_t)max_len);
+    /* the reference: f32 KV's greedy ids, and their teacher-forced logprobs */
+    for (int p = 0; p < np; p++) {
+        greedy(m32, &o, ps[p].ids, ps[p].n, o.n_new);
+        struct kv_cache kv;
+        prefill(m32, &o, &kv, ps[p].ids, ps[p].n + o.n_new, lg);
+        kv_cache_free(&kv);
+        for (int i = 0; i < o.n_new; i++) {
+            sampler_log_softmax(lg + (size_t)(ps[p].n - 1 + i) * V, V, lp);
+            ref_lp[p * o.n_new + i] = lp[ps[p].ids[ps[p].n + i]];
+        }
+    }
+    const enum kv_dtype dts[] = {KV_DTYPE_BF16, KV_DTYPE_FP8_E4M3};
+    const char *names[] = {"bf16", "fp8_e4m3"};
+    for (int d = 0; d < 2; d++) {
+        struct model *m = load(&o, b, dts[d], max_len);
+        if (dts[d] == KV_DTYPE_FP8_E4M3) set_scales(m, &o, m32, ps, np);
+        double max_d = 0, sum_d = 0;
+        int n = 0, agree = 0, run_agree = 0;
+        for (int p = 0; p < np; p++) {
+            struct kv_cache kv;
+            prefill(m, &o, &kv, ps[p].ids, ps[p].n + o.n_new, lg);
+            kv_cache_free(&kv);
+            for (int i = 0; i < o.n_new; i++) {
+                const float *row = lg + (size_t)(ps[p].n - 1 + i) * V;
+                int32_t want = ps[p].ids[ps[p].n + i];
+                sampler_log_softmax(row, V, lp);
+                double dl = fabs((double)lp[want] - ref_lp[p * o.n_new + i]);
+                max_d = dl > max_d ? dl : max_d;
+                sum_d += dl;
+                n++;
+                agree += sampler_sample(row, V, 0.0f, NULL) == want;
+            }
+            memcpy(mine, ps[p].ids, sizeof(int32_t) * (size_t)ps[p].n);
+            greedy(m, &o, mine, ps[p].n, o.n_new);
+            int k = 0;
+            while (k < o.n_new && mine[ps[p].n + k] == ps[p].ids[ps[p].n + k]) k++;
+            run_agree += k;
+        }
+        printf("%-9s %s%s: %d tokens, |d logprob| max %.2e mean %.2e; greedy ids agree %d/%d teacher-forced, "
+               "%d/%d free-running (before the first difference)\n",
+               names[d], o.pattern ? "duo" : "full", dts[d] == KV_DTYPE_FP8_E4M3 ? "" : "", n, max_d, sum_d / n, agree,
+               n, run_agree, n);
+        model_free(m);
+    }
+    for (int p = 0; p < np; p++) free(ps[p].ids);
+    free(lg), free(lp), free(ref_lp), free(mine);
+    model_free(m32);
+    backend_destroy(b);
+    return 0;
+}
