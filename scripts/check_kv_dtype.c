@@ -6,8 +6,10 @@
  * - free-running: its own greedy continuation, and how many ids match the reference's before the
  *   first difference.
  * Prompts: the cases of DIR/expected.json (the HF parity fixtures), else BOS alone (stories260k).
- *   build/check_kv_dtype MODEL_DIR [--new N] [--pattern TSV --sparsity S] [--sink N --recent N]
- *                        [--scales ones|amax|amax2|layer|weights] */
+ * The stored K and V values' relative RMS rounding error is measured without a pattern (every
+ * head in the full pool).
+ *   make build/check_kv_dtype && build/check_kv_dtype MODEL_DIR [--new N] [--pattern TSV --sparsity S]
+ *                                                     [--sink N --recent N] */
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdio.h>
@@ -25,7 +27,7 @@
 #define BS 16
 
 struct opts {
-    const char *dir, *pattern, *scales;
+    const char *dir, *pattern;
     float sparsity;
     int n_new, sink, recent;
 };
@@ -94,108 +96,38 @@ static void greedy(struct model *m, const struct opts *o, int32_t *toks, int n, 
     free(blocks), free(pos), free(lg);
 }
 
-/* ---- the scale experiment ---- */
-
-/* amax of K and V of every (layer, KV head) in an f32 cache of all-retrieval heads. */
-static void cache_amax(const struct model *m, const struct kv_cache *kv, float *ka, float *va) {
-    const struct kv_shard *sh = &kv->shards[0];
-    int hd = m->cfg.head_dim, KV = m->cfg.n_kv_heads;
-    for (int l = 0; l < m->cfg.n_layers; l++) {
-        size_t n = (size_t)kv->n_blocks * BS * sh->n_full[l] * hd;
-        for (size_t i = 0; i < n; i++) {
-            int h = (int)(i / hd % sh->n_full[l]);
-            float k = fabsf(((const float *)sh->k_full[l])[i]), v = fabsf(((const float *)sh->v_full[l])[i]);
-            if (k > ka[l * KV + h]) ka[l * KV + h] = k;
-            if (v > va[l * KV + h]) va[l * KV + h] = v;
-        }
-    }
-}
-
-/* Bounds of |K| (after RoPE) and |V| of every (layer, KV head) from the weights: h = rmsnorm(x) * g
- * has norm <= sqrt(dim), so |k_d| <= sqrt(dim) * ||W_d * g|| + |b_d|; RoPE rotates pairs (i, i + hd/2). */
-static void weight_bounds(const struct model *m, float *kb, float *vb) {
-    const struct model_config *c = &m->cfg;
-    int D = c->dim, hd = c->head_dim, KV = m->sh.n_kv_heads, QD = m->sh.n_heads * hd;
-    float *rb = malloc(sizeof(float) * hd);
-    for (int l = 0; l < c->n_layers; l++) {
-        const float *w = m->layers[l].wqkv, *g = m->layers[l].attn_norm, *bias = m->layers[l].bqkv;
-        for (int h = 0; h < KV; h++)
-            for (int kv = 0; kv < 2; kv++) {
-                int r0 = QD + kv * KV * hd + h * hd;
-                for (int d = 0; d < hd; d++) {
-                    double s = 0;
-                    for (int j = 0; j < D; j++) s += (double)w[(size_t)(r0 + d) * D + j] * g[j] * w[(size_t)(r0 + d) * D + j] * g[j];
-                    rb[d] = (float)(sqrt(s) * sqrt((double)D) + (bias ? fabsf(bias[r0 + d]) : 0));
-                }
-                float mx = 0;
-                for (int d = 0; d < hd; d++) {
-                    float v = kv ? rb[d] : sqrtf(rb[d % (hd / 2)] * rb[d % (hd / 2)] + rb[d % (hd / 2) + hd / 2] * rb[d % (hd / 2) + hd / 2]);
-                    if (v > mx) mx = v;
-                }
-                (kv ? vb : kb)[l * KV + h] = mx;
-            }
-    }
-    free(rb);
-}
-
-static float pow2_up(float x) { return x > 0 ? exp2f(ceilf(log2f(x))) : 1.0f; }
-
-/* Sets m's fp8 scales by the experiment's rule (amax: from the f32 runs of every prompt). */
-static void set_scales(struct model *m, const struct opts *o, const struct model *m32, struct prompt *ps, int np) {
-    int L = m->cfg.n_layers, KV = m->cfg.n_kv_heads;
-    size_t n = (size_t)L * KV;
-    float *ka = calloc(n, sizeof(float)), *va = calloc(n, sizeof(float));
-    if (!strcmp(o->scales, "ones")) {
-    } else if (!strcmp(o->scales, "weights")) {
-        weight_bounds(m, ka, va);
-        for (size_t i = 0; i < n; i++) m->k_scale[i] = pow2_up(ka[i] / 448), m->v_scale[i] = pow2_up(va[i] / 448);
-    } else {
-        for (int p = 0; p < np; p++) {
-            struct kv_cache kv;
-            prefill((struct model *)m32, o, &kv, ps[p].ids, ps[p].n + o->n_new, NULL);
-            cache_amax(m32, &kv, ka, va);
-            kv_cache_free(&kv);
-        }
-        for (int l = 0; !strcmp(o->scales, "layer") && l < L; l++)
-            for (int h = 1; h < KV; h++) {
-                if (ka[l * KV + h] > ka[l * KV]) ka[l * KV] = ka[l * KV + h];
-                if (va[l * KV + h] > va[l * KV]) va[l * KV] = va[l * KV + h];
-            }
-        for (size_t i = 0; i < n; i++) {
-            float k = ka[!strcmp(o->scales, "layer") ? i / KV * KV : i] / 448;
-            float v = va[!strcmp(o->scales, "layer") ? i / KV * KV : i] / 448;
-            m->k_scale[i] = !strcmp(o->scales, "amax2") ? pow2_up(k) : k;
-            m->v_scale[i] = !strcmp(o->scales, "amax2") ? pow2_up(v) : v;
-        }
-    }
-    /* the rounding error of the stored K and V themselves */
-    double e2[2] = {0}, x2[2] = {0};
-    long sub[2] = {0}, sat[2] = {0}, cnt[2] = {0};
+/* The relative RMS rounding error of the K and V values the pools hold in dtype dt (with m's
+ * scales) over the f32 runs of every prompt, and the share of them below e4m3's normal range. */
+static void stored_error(const struct model *m, const struct opts *o, const struct model *m32, struct prompt *ps,
+                         int np, enum kv_dtype dt, double err[2], double sub[2]) {
+    int KV = m->sh.n_kv_heads, hd = m->cfg.head_dim;
+    double e2[2] = {0}, x2[2] = {0}, ns[2] = {0}, cnt[2] = {0};
     for (int p = 0; p < np; p++) {
         struct kv_cache kv;
         prefill((struct model *)m32, o, &kv, ps[p].ids, ps[p].n + o->n_new, NULL);
         const struct kv_shard *sh = &kv.shards[0];
-        int hd = m->cfg.head_dim, used = (ps[p].n + o->n_new);
-        for (int l = 0; l < L; l++)
+        for (int l = 0; l < m->cfg.n_layers; l++)
             for (int w = 0; w < 2; w++) {
                 const float *a = w ? sh->v_full[l] : sh->k_full[l];
-                for (size_t i = 0; i < (size_t)used * sh->n_full[l] * hd; i++) {
-                    int h = (int)(i / hd % sh->n_full[l]);
-                    float sc = (w ? m->v_scale : m->k_scale)[l * KV + h], x = a[i], y = x / sc;
-                    float q = fp8_e4m3_to_f32(fp8_e4m3_from_f32(y)) * sc;
-                    e2[w] += (double)(q - x) * (q - x), x2[w] += (double)x * x;
-                    sub[w] += fabsf(y) < 0x1p-6f, sat[w] += fabsf(y) > 448, cnt[w]++;
+                size_t n = (size_t)(ps[p].n + o->n_new) * sh->n_full[l] * hd; /* blocks 0.. in position order */
+                for (size_t i = 0; i < n; i++) {
+                    float sc = dt == KV_DTYPE_FP8_E4M3 ? (w ? m->v_scale : m->k_scale)[l * KV + i / hd % sh->n_full[l]]
+                                                       : 1.0f;
+                    float x = a[i], y = x / sc;
+                    float q = dt == KV_DTYPE_FP8_E4M3 ? fp8_e4m3_to_f32(fp8_e4m3_from_f32(y)) * sc
+                                                      : util_bf16_to_f32(util_f32_to_bf16(x));
+                    e2[w] += (double)(q - x) * (q - x);
+                    x2[w] += (double)x * x;
+                    ns[w] += fabsf(y) < 0x1p-6f;
+                    cnt[w]++;
                 }
             }
         kv_cache_free(&kv);
     }
-    fprintf(stderr, "scales %s: rel rms error K %.4f%% V %.4f%%; subnormal K %.3f%% V %.3f%%; saturated K %ld V %ld\n",
-            o->scales, 100 * sqrt(e2[0] / x2[0]), 100 * sqrt(e2[1] / x2[1]), 100.0 * sub[0] / cnt[0],
-            100.0 * sub[1] / cnt[1], sat[0], sat[1]);
-    for (size_t i = 0; i < n && getenv("SHOW"); i++)
-        fprintf(stderr, "l%zu h%zu: k %.3g (amax %.3g) v %.3g (amax %.3g)\n", i / KV, i % KV, m->k_scale[i], ka[i],
-                m->v_scale[i], va[i]);
-    free(ka), free(va);
+    for (int w = 0; w < 2; w++) {
+        err[w] = sqrt(e2[w] / x2[w]);
+        sub[w] = ns[w] / cnt[w];
+    }
 }
 
 /* ---- prompts ---- */
@@ -228,7 +160,7 @@ static int read_prompts(const struct opts *o, struct prompt *ps) {
 }
 
 int main(int argc, char **argv) {
-    struct opts o = {.n_new = 64, .sink = 4, .recent = 32, .scales = "ones", .sparsity = 0.5f};
+    struct opts o = {.n_new = 64, .sink = 4, .recent = 32, .sparsity = 0.5f};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : "";
         if (!strcmp(a, "--new")) o.n_new = atoi(v), i++;
@@ -236,7 +168,6 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--sparsity")) o.sparsity = (float)atof(v), i++;
         else if (!strcmp(a, "--sink")) o.sink = atoi(v), i++;
         else if (!strcmp(a, "--recent")) o.recent = atoi(v), i++;
-        else if (!strcmp(a, "--scales")) o.scales = v, i++;
         else if (a[0] != '-' && !o.dir) o.dir = a;
         else {
             fprintf(stderr, "usage: %s MODEL_DIR [--new N] [--pattern TSV --sparsity S] [--sink N --recent N]\n",
@@ -269,7 +200,6 @@ int main(int argc, char **argv) {
     const char *names[] = {"bf16", "fp8_e4m3"};
     for (int d = 0; d < 2; d++) {
         struct model *m = load(&o, b, dts[d], max_len);
-        if (dts[d] == KV_DTYPE_FP8_E4M3) set_scales(m, &o, m32, ps, np);
         double max_d = 0, sum_d = 0;
         int n = 0, agree = 0, run_agree = 0;
         for (int p = 0; p < np; p++) {
@@ -292,10 +222,17 @@ int main(int argc, char **argv) {
             while (k < o.n_new && mine[ps[p].n + k] == ps[p].ids[ps[p].n + k]) k++;
             run_agree += k;
         }
-        printf("%-9s %s%s: %d tokens, |d logprob| max %.2e mean %.2e; greedy ids agree %d/%d teacher-forced, "
-               "%d/%d free-running (before the first difference)\n",
-               names[d], o.pattern ? "duo" : "full", dts[d] == KV_DTYPE_FP8_E4M3 ? "" : "", n, max_d, sum_d / n, agree,
-               n, run_agree, n);
+        printf("%-8s %s: %d tokens, |d logprob| max %.2e mean %.2e; greedy ids agree %d/%d teacher-forced, %d/%d "
+               "free-running (before the first difference)",
+               names[d], o.pattern ? "duo " : "full", n, max_d, sum_d / n, agree, n, run_agree, n);
+        if (!o.pattern) {
+            double err[2], sub[2];
+            stored_error(m, &o, m32, ps, np, dts[d], err, sub);
+            printf("; stored K, V: rel RMS error %.2f%%, %.2f%%", 100 * err[0], 100 * err[1]);
+            if (dts[d] == KV_DTYPE_FP8_E4M3)
+                printf(", e4m3 subnormal (|x / scale| < 2^-6) %.2f%%, %.2f%%", 100 * sub[0], 100 * sub[1]);
+        }
+        printf("\n");
         model_free(m);
     }
     for (int p = 0; p < np; p++) free(ps[p].ids);
