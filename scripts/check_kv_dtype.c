@@ -1,15 +1,17 @@
 /* check_kv_dtype: what a KV cache dtype costs in accuracy, on the CPU. For each prompt, the greedy
- * continuation under f32 KV is the reference; then under each KV dtype (bf16, fp8 e4m3):
- * - teacher-forced: the prompt and the reference continuation in one prefill, and the logprob of
- *   each reference token against f32 KV's (max and mean |d logprob|), and whether it is still the
- *   argmax (greedy ids that agree);
- * - free-running: its own greedy continuation, and how many ids match the reference's before the
- *   first difference.
- * Prompts: the cases of DIR/expected.json (the HF parity fixtures), else BOS alone (stories260k).
+ * continuation under f32 KV is the reference; under each KV dtype (f32, bf16, fp8 e4m3):
+ * - teacher-forced: the prompt and the reference continuation in one prefill: the logprob of each
+ *   reference token and the argmax there;
+ * - free-running: its own greedy continuation.
+ * Printed for bf16 vs f32, fp8 vs f32 and fp8 vs bf16: max and mean |d logprob| of the reference
+ * tokens, how often the argmax agrees, and how many free-running ids agree before the first
+ * difference (summed over the prompts).
+ * Prompts: each --prompt-ids list (at most 8), else the cases of DIR/expected.json (the HF parity
+ * fixtures), else BOS alone.
  * The stored K and V values' relative RMS rounding error is measured without a pattern (every
  * head in the full pool).
  *   make build/check_kv_dtype && build/check_kv_dtype MODEL_DIR [--new N] [--pattern TSV --sparsity S]
- *                                                     [--sink N --recent N] */
+ *                                                     [--sink N --recent N] [--prompt-ids 1,2,3 ...] */
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdio.h>
@@ -28,6 +30,8 @@
 
 struct opts {
     const char *dir, *pattern;
+    const char *prompt_ids[MAXP]; // --prompt-ids lists, in place of the model's prompts
+    int n_prompt_ids;
     float sparsity;
     int n_new, sink, recent;
 };
@@ -136,7 +140,20 @@ static int read_prompts(const struct opts *o, struct prompt *ps) {
     char *path = util_path_join(o->dir, "expected.json"), *text;
     size_t len;
     int np = 0;
-    if (util_read_file(path, &text, &len) == 0) {
+    for (; np < o->n_prompt_ids; np++) {
+        struct prompt *p = &ps[np];
+        p->n = 1;
+        for (const char *c = o->prompt_ids[np]; *c; c++) p->n += *c == ',';
+        p->ids = malloc(sizeof(int32_t) * (size_t)(p->n + o->n_new));
+        const char *c = o->prompt_ids[np];
+        for (int i = 0; i < p->n; i++) {
+            char *e;
+            p->ids[i] = (int32_t)strtol(c, &e, 10);
+            c = *e ? e + 1 : e;
+        }
+    }
+    if (np) {
+    } else if (util_read_file(path, &text, &len) == 0) {
         cJSON *j = cJSON_ParseWithLength(text, len), *c;
         cJSON_ArrayForEach(c, cJSON_GetObjectItem(j, "cases")) {
             const cJSON *ids = cJSON_GetObjectItem(c, "prompt_ids"), *it;
@@ -168,9 +185,12 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--sparsity")) o.sparsity = (float)atof(v), i++;
         else if (!strcmp(a, "--sink")) o.sink = atoi(v), i++;
         else if (!strcmp(a, "--recent")) o.recent = atoi(v), i++;
+        else if (!strcmp(a, "--prompt-ids") && o.n_prompt_ids < MAXP) o.prompt_ids[o.n_prompt_ids++] = v, i++;
         else if (a[0] != '-' && !o.dir) o.dir = a;
         else {
-            fprintf(stderr, "usage: %s MODEL_DIR [--new N] [--pattern TSV --sparsity S] [--sink N --recent N]\n",
+            fprintf(stderr,
+                    "usage: %s MODEL_DIR [--new N] [--pattern TSV --sparsity S] [--sink N --recent N] "
+                    "[--prompt-ids 1,2,3 ...]\n",
                     argv[0]);
             return 2;
         }
@@ -181,62 +201,66 @@ int main(int argc, char **argv) {
     for (int p = 0; p < np; p++) max_len = ps[p].n + o.n_new > max_len ? ps[p].n + o.n_new : max_len;
     struct backend *b = backend_cpu_create();
     struct model *m32 = load(&o, b, KV_DTYPE_ACT, max_len);
-    int V = m32->cfg.vocab_size;
+    int V = m32->cfg.vocab_size, N = np * o.n_new;
     float *lg = malloc(sizeof(float) * (size_t)max_len * V), *lp = malloc(sizeof(float) * V);
-    float *ref_lp = malloc(sizeof(float) * (size_t)MAXP * o.n_new);
-    int32_t *mine = malloc(sizeof(int32_t) * (size_t)max_len);
-    /* the reference: f32 KV's greedy ids, and their teacher-forced logprobs */
-    for (int p = 0; p < np; p++) {
-        greedy(m32, &o, ps[p].ids, ps[p].n, o.n_new);
-        struct kv_cache kv;
-        prefill(m32, &o, &kv, ps[p].ids, ps[p].n + o.n_new, lg);
-        kv_cache_free(&kv);
-        for (int i = 0; i < o.n_new; i++) {
-            sampler_log_softmax(lg + (size_t)(ps[p].n - 1 + i) * V, V, lp);
-            ref_lp[p * o.n_new + i] = lp[ps[p].ids[ps[p].n + i]];
-        }
-    }
-    const enum kv_dtype dts[] = {KV_DTYPE_BF16, KV_DTYPE_FP8_E4M3};
-    const char *names[] = {"bf16", "fp8_e4m3"};
-    for (int d = 0; d < 2; d++) {
-        struct model *m = load(&o, b, dts[d], max_len);
-        double max_d = 0, sum_d = 0;
-        int n = 0, agree = 0, run_agree = 0;
+    /* per dtype (f32, bf16, fp8): teacher-forced logprob and argmax at each reference position, and
+     * its own greedy continuation */
+    enum { ND = 3 };
+    const enum kv_dtype dts[ND] = {KV_DTYPE_ACT, KV_DTYPE_BF16, KV_DTYPE_FP8_E4M3};
+    const char *names[ND] = {"f32", "bf16", "fp8"};
+    float *tlp[ND];
+    int32_t *targ[ND], *run[ND];
+    for (int p = 0; p < np; p++) greedy(m32, &o, ps[p].ids, ps[p].n, o.n_new); /* the reference continuation */
+    for (int d = 0; d < ND; d++) {
+        struct model *m = d ? load(&o, b, dts[d], max_len) : m32;
+        tlp[d] = malloc(sizeof(float) * (size_t)N);
+        targ[d] = malloc(sizeof(int32_t) * (size_t)N);
+        run[d] = malloc(sizeof(int32_t) * (size_t)N);
         for (int p = 0; p < np; p++) {
             struct kv_cache kv;
             prefill(m, &o, &kv, ps[p].ids, ps[p].n + o.n_new, lg);
             kv_cache_free(&kv);
             for (int i = 0; i < o.n_new; i++) {
                 const float *row = lg + (size_t)(ps[p].n - 1 + i) * V;
-                int32_t want = ps[p].ids[ps[p].n + i];
                 sampler_log_softmax(row, V, lp);
-                double dl = fabs((double)lp[want] - ref_lp[p * o.n_new + i]);
-                max_d = dl > max_d ? dl : max_d;
-                sum_d += dl;
-                n++;
-                agree += sampler_sample(row, V, 0.0f, NULL) == want;
+                tlp[d][p * o.n_new + i] = lp[ps[p].ids[ps[p].n + i]];
+                targ[d][p * o.n_new + i] = sampler_sample(row, V, 0.0f, NULL);
             }
+            int32_t *mine = malloc(sizeof(int32_t) * (size_t)(ps[p].n + o.n_new));
             memcpy(mine, ps[p].ids, sizeof(int32_t) * (size_t)ps[p].n);
             greedy(m, &o, mine, ps[p].n, o.n_new);
-            int k = 0;
-            while (k < o.n_new && mine[ps[p].n + k] == ps[p].ids[ps[p].n + k]) k++;
-            run_agree += k;
+            memcpy(run[d] + p * o.n_new, mine + ps[p].n, sizeof(int32_t) * (size_t)o.n_new);
+            free(mine);
         }
-        printf("%-8s %s: %d tokens, |d logprob| max %.2e mean %.2e; greedy ids agree %d/%d teacher-forced, %d/%d "
-               "free-running (before the first difference)",
-               names[d], o.pattern ? "duo " : "full", n, max_d, sum_d / n, agree, n, run_agree, n);
-        if (!o.pattern) {
+        if (d && !o.pattern) {
             double err[2], sub[2];
             stored_error(m, &o, m32, ps, np, dts[d], err, sub);
-            printf("; stored K, V: rel RMS error %.2f%%, %.2f%%", 100 * err[0], 100 * err[1]);
+            printf("%-4s stored K, V: rel RMS rounding error %.2f%%, %.2f%%", names[d], 100 * err[0], 100 * err[1]);
             if (dts[d] == KV_DTYPE_FP8_E4M3)
-                printf(", e4m3 subnormal (|x / scale| < 2^-6) %.2f%%, %.2f%%", 100 * sub[0], 100 * sub[1]);
+                printf("; e4m3 subnormal (|x / scale| < 2^-6) %.2f%%, %.2f%%", 100 * sub[0], 100 * sub[1]);
+            printf("\n");
         }
-        printf("\n");
-        model_free(m);
+        if (d) model_free(m);
     }
+    const int pairs[3][2] = {{1, 0}, {2, 0}, {2, 1}};
+    for (int k = 0; k < 3; k++) {
+        int x = pairs[k][0], y = pairs[k][1], agree = 0, runs = 0;
+        double max_d = 0, sum_d = 0;
+        for (int i = 0; i < N; i++) {
+            double dl = fabs((double)tlp[x][i] - tlp[y][i]);
+            max_d = dl > max_d ? dl : max_d;
+            sum_d += dl;
+            agree += targ[x][i] == targ[y][i];
+        }
+        for (int p = 0; p < np; p++)
+            for (int i = 0; i < o.n_new && run[x][p * o.n_new + i] == run[y][p * o.n_new + i]; i++) runs++;
+        printf("%-4s vs %-4s %s: %d tokens, |d logprob| max %.2e mean %.2e; greedy ids agree %d/%d teacher-forced, "
+               "%d/%d free-running (before the first difference)\n",
+               names[x], names[y], o.pattern ? "duo " : "full", N, max_d, sum_d / N, agree, N, runs, N);
+    }
+    for (int d = 0; d < ND; d++) free(tlp[d]), free(targ[d]), free(run[d]);
     for (int p = 0; p < np; p++) free(ps[p].ids);
-    free(lg), free(lp), free(ref_lp), free(mine);
+    free(lg), free(lp);
     model_free(m32);
     backend_destroy(b);
     return 0;
