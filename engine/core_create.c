@@ -79,7 +79,7 @@ static int plan_memory(struct core *c, char *err, size_t errlen) {
     for (int l = 0; l < mc->n_layers; l++) n_stream_total += c->m->n_stream[l];
     if (c->cfg.quiet) return 0;
     elog("info",
-         "KV cache (%s): full pool %zu blocks x %d tokens = %zu tokens (%zu B/token), streaming pool %d slots "
+         "KV cache: %s, full pool %zu blocks x %d tokens = %zu tokens (%zu B/token), streaming pool %d slots "
          "x %d tokens (%zu B/slot); %d of %d KV heads streaming; max concurrency at %d tokens: %zu; prefix "
          "caching %s",
          core_kv_dtype(c), n_blocks, c->cfg.block_size, n_blocks * c->cfg.block_size, block_bytes / c->cfg.block_size, n_slots,

@@ -29,7 +29,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def kv_line(lines):
     """(dtype, tokens, bytes a token) of the startup log's KV cache line, or None."""
     for line in lines:
-        m = re.search(r"KV cache \((\w+)\): full pool \d+ blocks x \d+ tokens = (\d+) tokens \((\d+) B/token\)", line)
+        m = re.search(r"KV cache: (\w+), full pool \d+ blocks x \d+ tokens = (\d+) tokens \((\d+) B/token\)", line)
         if m:
             return m.group(1), int(m.group(2)), int(m.group(3))
     return None
@@ -85,7 +85,7 @@ def test_values(binary, model):
     for v, name in (("fp8_e4m3", "fp8_e4m3"), ("bf16", "bfloat16"), ("bfloat16", "bfloat16"), ("auto", "float32")):
         rc, out, err = run(binary, *gen, "--kv-cache-dtype", v)
         check(f"generate --kv-cache-dtype {v}: exit 0, the log says {name}",
-              rc == 0 and f"KV cache ({name})" in err and out.strip(), (rc, err[-400:]))
+              rc == 0 and f"KV cache: {name}," in err and out.strip(), (rc, err[-400:]))
     for cmd in (gen, ["serve", "-m", model, "--port", "0"]):
         rc, _, err = run(binary, *cmd, "--kv-cache-dtype", "fp16", timeout=20)
         check(f"{cmd[0]} --kv-cache-dtype fp16: usage error (exit 2) naming the flag and the choices",
