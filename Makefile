@@ -110,7 +110,8 @@ bench: $(BUILD)/bench_engine $(BUILD)/bench_tokenizer
 
 # libFuzzer harness for request parsing and validation (clang), e.g. make fuzz FUZZ_SECONDS=600
 FUZZ_SECONDS ?= 60
-$(BUILD)/fuzz_request: tests/fuzz_request.c server/openai.c server/openai_nul.c server/openai_response.c \
+$(BUILD)/fuzz_request: tests/fuzz_request.c server/openai.c server/openai_choice.c server/openai_error.c \
+                       server/openai_fields.c server/openai_nul.c server/openai_request.c server/openai_response.c \
                        server/openai_tools.c server/tool_parser.c engine/text/utf8.c
 	@mkdir -p $(@D)
 	clang -std=c17 -g -O1 -D_GNU_SOURCE -I. -Wall -Wextra -fsanitize=fuzzer,address,undefined \

@@ -72,6 +72,7 @@ static struct core_seq *seq_new(struct core *c, struct core_request *r, int choi
     memcpy(s->tokens, tokens, sizeof(int32_t) * n);
     s->sq.n_tokens = n;
     s->sq.tokens = s->tokens;
+    s->sq.snapshot_at = n; /* the prompt's end (a fork starts there: none for it) */
     return s;
 }
 

@@ -536,40 +536,60 @@ void kv_cache_seq_commit(struct kv_cache *kv, struct kv_seq *t, const int32_t *t
     if (full > t->n_hashed) t->n_hashed = full;
 }
 
-void kv_cache_seq_retire(struct kv_cache *kv, struct kv_seq *t, const int32_t *tokens, int n_computed) {
+/* Keeps a snapshot of t at n_computed tokens: t's slot and partial block move to it (move), or the
+ * slot is copied into a new one and the partial block shared (!move: t goes on). Returns whether a
+ * snapshot was made (false: none needed, one of the same tokens stands, or no room). */
+static bool snap_take(struct kv_cache *kv, struct kv_seq *t, const int32_t *tokens, int n_computed, bool move) {
     struct kv_prefix *pc = kv->pc;
-    if (!pc || n_computed <= 0) {
-        kv_cache_seq_release(kv, t);
-        return;
-    }
     kv_cache_seq_commit(kv, t, tokens, n_computed);
     int bs = kv->block_size, n_full = n_computed / bs, n_tail = n_computed % bs;
-    bool keep = n_full <= t->n_hashed && (n_tail > 0 || t->slot >= 0) && (n_tail == 0 || n_full < t->n_blocks);
-    /* a snapshot of the same tokens replaces the older one */
+    if (!(n_full <= t->n_hashed && (n_tail > 0 || t->slot >= 0) && (n_tail == 0 || n_full < t->n_blocks)))
+        return false;
     uint64_t base = n_full ? t->hash[n_full - 1] : pc->salt;
-    for (int i = 0; keep && i < pc->n_snaps; i++) {
+    for (int i = 0; i < pc->n_snaps; i++) { /* the same tokens: the one that stands is used again */
         struct kv_snap *sn = &pc->snaps[i];
         if (sn->base == base && sn->n_full == n_full && sn->n_tail == n_tail &&
             !memcmp(sn->tail, tokens + (size_t)n_full * bs, sizeof(int32_t) * (size_t)n_tail)) {
-            snap_drop(kv, i);
-            break;
+            sn->used = ++pc->clock;
+            return false;
         }
     }
-    int32_t *tail = keep ? malloc(sizeof(int32_t) * (size_t)bs) : NULL;
-    if (tail && (pc->n_snaps < pc->max_snaps || evict_snapshot(kv, false, -1) >= 0)) {
-        memcpy(tail, tokens + (size_t)n_full * bs, sizeof(int32_t) * (size_t)n_tail);
-        struct kv_snap *sn = &pc->snaps[pc->n_snaps++];
-        *sn = (struct kv_snap){.base = base, .n_full = n_full, .n_tail = n_tail, .tail = tail, .block = -1,
-                               .slot = t->slot, .used = ++pc->clock};
-        if (n_tail) { /* the partial block moves to the snapshot */
-            sn->block = t->blocks[n_full];
-            t->blocks[n_full] = t->blocks[--t->n_blocks]; /* the rest is released below, in any order */
-        }
-        t->slot = -1;
-    } else {
+    int32_t slot = -1;
+    if (!move && t->slot >= 0 && kv_cache_alloc_slot(kv, &slot) != KV_STATUS_OK) return false;
+    int32_t *tail = malloc(sizeof(int32_t) * (size_t)bs);
+    if (!tail || (pc->n_snaps == pc->max_snaps && evict_snapshot(kv, false, -1) < 0)) {
         free(tail);
+        if (slot >= 0) kv_cache_release_slot(kv, slot);
+        return false;
     }
+    memcpy(tail, tokens + (size_t)n_full * bs, sizeof(int32_t) * (size_t)n_tail);
+    struct kv_snap *sn = &pc->snaps[pc->n_snaps++];
+    *sn = (struct kv_snap){.base = base, .n_full = n_full, .n_tail = n_tail, .tail = tail, .block = -1, .slot = -1,
+                           .used = ++pc->clock};
+    if (n_tail && move) { /* the partial block moves to the snapshot */
+        sn->block = t->blocks[n_full];
+        t->blocks[n_full] = t->blocks[--t->n_blocks]; /* the rest is released by the caller, in any order */
+    } else if (n_tail) { /* shared: t's next write copies it */
+        sn->block = t->blocks[n_full];
+        kv_cache_ref(kv, sn->block);
+    }
+    if (move) {
+        sn->slot = t->slot;
+        t->slot = -1;
+    } else if (slot >= 0) {
+        kv_cache_copy_slot(kv, slot, t->slot);
+        sn->slot = slot;
+    }
+    return true;
+}
+
+void kv_cache_seq_retire(struct kv_cache *kv, struct kv_seq *t, const int32_t *tokens, int n_computed) {
+    if (kv->pc && n_computed > 0) snap_take(kv, t, tokens, n_computed, true);
     kv_cache_seq_release(kv, t);
+}
+
+void kv_cache_seq_snapshot(struct kv_cache *kv, struct kv_seq *t, const int32_t *tokens, int n_computed) {
+    if (kv->pc && kv->has_stream && n_computed > 0 && t->slot >= 0) snap_take(kv, t, tokens, n_computed, false);
 }
 
 int kv_cache_seq_match(struct kv_cache *kv, struct kv_seq *t, const int32_t *tokens, int n) {
@@ -618,7 +638,8 @@ int kv_cache_seq_match(struct kv_cache *kv, struct kv_seq *t, const int32_t *tok
                 if (bi == last) bi = d;
             }
             best = &pc->snaps[bi];
-            if (kv_cache_alloc_slot(kv, &slot) == KV_STATUS_OK) {
+            /* (with none free, kv_cache_alloc_slot would evict this very snapshot) */
+            if (kv->n_free_slots > 0 && kv_cache_alloc_slot(kv, &slot) == KV_STATUS_OK) {
                 kv_cache_copy_slot(kv, slot, best->slot);
                 t->slot = slot;
             } else { /* the snapshot's own slot is the only one left: take it over */

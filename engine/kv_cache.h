@@ -127,6 +127,10 @@ void kv_cache_seq_commit(struct kv_cache *kv, struct kv_seq *t, const int32_t *t
 /* t leaves: its blocks are registered and released, a snapshot of where it stood is kept, and
  * t holds nothing afterwards. Without prefix caching: kv_cache_seq_release. */
 void kv_cache_seq_retire(struct kv_cache *kv, struct kv_seq *t, const int32_t *tokens, int n_computed);
+/* t goes on, but a snapshot of where it stands (n_computed tokens: the end of its prompt) is kept
+ * for later sequences that begin the same way; only with streaming heads (whole blocks serve the
+ * rest). A chat's next turn holds the previous turn's prompt whatever the tokens of its answer. */
+void kv_cache_seq_snapshot(struct kv_cache *kv, struct kv_seq *t, const int32_t *tokens, int n_computed);
 struct kv_prefix_stats {
     uint64_t queries, hits; // tokens asked for by kv_cache_seq_match, and found
     int cached_blocks;      // registered blocks (in use or not)

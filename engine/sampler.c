@@ -1,7 +1,11 @@
 #include "engine/sampler.h"
 
 #include <math.h>
+#include <stdbool.h>
 #include <stdlib.h>
+#include <string.h>
+
+#include "engine/request.h"
 
 int sampler_argmax(const float *logits, int n) {
     int best = 0;
@@ -36,23 +40,7 @@ void sampler_top_k(const float *logprobs, int n, int k, int32_t *ids, float *val
     }
 }
 
-int sampler_sample(const float *logits, int n, float temperature, struct util_rng *rng) {
-    if (!(temperature > 0.0f)) return sampler_argmax(logits, n);
-    float mx = logits[sampler_argmax(logits, n)];
-    double sum = 0.0;
-    for (int i = 0; i < n; i++) sum += exp(((double)logits[i] - mx) / temperature);
-    double r = (double)util_rng_uniform(rng) * sum, acc = 0.0;
-    for (int i = 0; i < n; i++) {
-        acc += exp(((double)logits[i] - mx) / temperature);
-        if (r < acc) return i;
-    }
-    return sampler_argmax(logits, n);
-}
 
-#include <stdbool.h>
-#include <string.h>
-
-#include "engine/request.h"
 
 int sampler_seq_init(struct sampler_seq *s, const struct engine_sampling *sp, uint64_t seed, int choice, int vocab,
                      const int32_t *prompt, int n_prompt) {

@@ -17,8 +17,6 @@ void sampler_log_softmax(const float *logits, int n, float *out);
 /* The k largest of logprobs[n], largest first (ties: lower id first). */
 void sampler_top_k(const float *logprobs, int n, int k, int32_t *ids, float *vals);
 
-/* Greedy when temperature == 0, else a draw from softmax(logits / temperature) with rng. */
-int sampler_sample(const float *logits, int n, float temperature, struct util_rng *rng);
 
 /* Per-choice sampling state and the full pipeline in vLLM's order (struct sample_row in
  * engine/backend.h): logit bias, min_tokens masking, repetition / presence / frequency

@@ -145,6 +145,7 @@ void sched_step_done(struct sched *s) {
         struct sched_seq *q = s->plan.seqs[i];
         q->n_computed += s->plan.want[i];
         kv_cache_seq_commit(s->kv, &q->kv, q->tokens, q->n_computed);
+        if (q->n_computed == q->snapshot_at) kv_cache_seq_snapshot(s->kv, &q->kv, q->tokens, q->n_computed);
     }
 }
 

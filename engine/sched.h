@@ -29,6 +29,7 @@ struct sched_seq {
     int forks_pending; // seats held for choices still to fork from this one
     const int32_t *tokens; // [n_tokens] (the owner's array), for prefix caching
     int n_cached;      // prompt tokens the prefix cache gave at its first admission
+    int snapshot_at;   // tokens computed at which the prefix cache keeps a snapshot (its prompt's end); 0: none
     uint64_t admit_order;
     double t_scheduled; // first admission (kept across preemptions); 0 before
     struct kv_seq kv;

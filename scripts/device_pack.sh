@@ -16,6 +16,7 @@ mkdir -p .device/models .device/tokenizers
 [ -d .device/models/stories260k ] || cp -r "$SHARED/models/stories260k" .device/models/
 [ -d .device/traces ] || cp -r "$SHARED/traces" .device/
 [ -d .device/tokenizers/llama3 ] || cp -r "$SHARED/tokenizers/llama3" .device/tokenizers/
+[ -f .device/llama3_8b_pattern.tsv ] || cp "$SHARED/duo-attention/attn_patterns/Llama-3-8B-Instruct-Gradient-1048k/lr=0.02-reg=0.05-ctx=1000_32000-multi_passkey10/full_attention_heads.tsv" .device/llama3_8b_pattern.tsv
 make -j"$J" CUDA=1 BUILD=build-gpu build-gpu/duoserve build-gpu/duoserve-test-cuda build-gpu/duoserve-test-cuda-sampling \
     build-gpu/bench_gpu build-gpu/check_invariance build-gpu/libktrace.so
 [ "${CLK:-1}" = 0 ] || make -j"$J" CUDA=1 BUILD=build-clk NVCCFLAGS="-O3 -g -lineinfo -std=c++17 -gencode arch=compute_90a,code=sm_90a -Xcompiler -Wall,-Wextra,-Wno-unused-parameter -I. -DFA_CLOCKS" \

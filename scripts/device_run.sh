@@ -2,7 +2,7 @@
 # device_run.sh: one GPU-machine run of the checks, benchmarks, A/B of the switches, kernel
 # traces and ShareGPT serving; the stages to run are the arguments (default: all of them).
 #
-#   [AB="name:VAR=v,..."] [TRACE_AB="name:VAR=v,..."] bash scripts/device_run.sh [attnbench] [optest] [gemm] [gemmab] [ncu] [checks] [bench] [gemmprof] [gemmbench] [stamps] [ab] [trace] [optime] [serving] [sharegpt] [tp]
+#   [AB="name:VAR=v,..."] [TRACE_AB="name:VAR=v,..."] bash scripts/device_run.sh [attnbench] [optest] [gemm] [gemmab] [ncu] [checks] [bench] [gemmprof] [gemmbench] [stamps] [ab] [trace] [optime] [serving] [sharegpt] [multiturn] [tp]
 #
 # Expects .device/ as scripts/device_pack.sh leaves it (run there first): bin.txz (the stripped
 # binaries of make CUDA=1 BUILD=build-gpu, libktrace.so and libcupti.so.13 in bin/),
@@ -18,7 +18,7 @@ export LD_LIBRARY_PATH=$B:$LD_LIBRARY_PATH
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
 M=/tmp/llama8b
 mk=
-needs_8b() { for st in bench gemmprof gemmbench stamps ab trace optime serving sharegpt; do has $st && return 0; done; return 1; }
+needs_8b() { for st in bench gemmprof gemmbench stamps ab trace optime serving sharegpt multiturn; do has $st && return 0; done; return 1; }
 if needs_8b; then
   rm -f $M.ready
   ( python3 scripts/make_llama8b.py $M --tokenizer .device/tokenizers/llama3 > $L/mk8b.log 2>&1; touch $M.ready ) &
@@ -168,6 +168,25 @@ if has sharegpt; then
       --percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,99 $(echo "$extra" | tr ',' ' ') > $L/sharegpt_$name.log 2>&1
     kill -TERM $pid; wait $pid
     grep -iE "throughput|ttft|tpot|success|fail|duration|structured" $L/sharegpt_$name.log | head -20
+  done
+fi
+# issue 25's multi-turn replay: each conversation of sharegpt_test_8conv.json (and the prompts-only
+# file's first turns) as chat sessions, with the prefix cache on and off, full attention and the
+# published Llama-3-8B head pattern at duo 0.5. MULTITURN_RUNS="name:flag,value,... ..." overrides.
+if has multiturn; then
+  wait_8b
+  P8=.device/llama3_8b_pattern.tsv
+  for spec in ${MULTITURN_RUNS:-on: off:--no-enable-prefix-caching duo_on:--duo-pattern,$P8,--duo-sparsity,0.5 duo_off:--duo-pattern,$P8,--duo-sparsity,0.5,--no-enable-prefix-caching}; do
+    IFS=: read -r name flags <<< "$spec"
+    $B/duoserve serve -m $M --device cuda --port 18433 $(echo "$flags" | tr ',' ' ') > $L/server_mt_$name.log 2>&1 &
+    pid=$!; ts=$SECONDS
+    for _ in $(seq 1 600); do curl -sf http://127.0.0.1:18433/health >/dev/null 2>&1 && break; kill -0 $pid 2>/dev/null || break; sleep 0.5; done
+    echo "== multiturn $name: ready after $((SECONDS-ts)) s"; grep -iE "KV cache" $L/server_mt_$name.log | head -1 | cut -c1-300
+    timeout -s INT 200 python3 scripts/bench_serving.py --base-url http://127.0.0.1:18433 --multi-turn \
+      --dataset $SHARED/traces/sharegpt_test_8conv.json --server-tokenize --max-prompt-len 7000 --max-total-len 8192 \
+      --max-concurrency 8 --percentile-metrics ttft,tpot,e2el --metric-percentiles 50,99 > $L/multiturn_$name.log 2>&1
+    kill -TERM $pid; wait $pid
+    grep -iE "turns|ttft|hit rate|throughput|duration" $L/multiturn_$name.log | head -20
   done
 fi
 # tensor parallelism: the usual checks through the NCCL path on one GPU (DUOSERVE_TP_GROUP=1: a

@@ -6,7 +6,8 @@
  *   on_body: body bytes, bounded by max_request_bytes and, over all requests, max_buffered_bytes.
  *   on_end: the small endpoints answer at once; generation and tokenize requests go to a worker
  *      (http_gen.c).
- *   on_done: engine_release (cancels what still runs), metrics, one log line, free.
+ *   on_done: http_req_end (http_req.c): engine_release (cancels what still runs), metrics, one
+ *      log line, free.
  * Lock order: srv->mu, then the engine's. */
 #include "server/http.h"
 
@@ -16,7 +17,6 @@
 #include <netdb.h>
 #include <pthread.h>
 #include <signal.h>
-#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,36 +31,8 @@
 #include "server/log.h"
 #include "server/version.h"
 
-#define LARGE_REQUEST (1u << 20) // bytes held past which a request's end calls for malloc_trim
-
 static sigset_t drain_signals;
 static bool have_drain_signals;
-
-double http_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-void http_make_id(struct http_server *s, char *buf, size_t n, const char *prefix) {
-    unsigned long long k = atomic_fetch_add(&s->next_id, 1);
-    uint64_t x = s->id_salt ^ (k * 0x9E3779B97F4A7C15ull);
-    x ^= x >> 31;
-    x *= 0xBF58476D1CE4E5B9ull;
-    x ^= x >> 29;
-    snprintf(buf, n, "%s-%016llx%llx", prefix, (unsigned long long)x, k);
-}
-
-void http_limits_of(struct http_server *s, struct engine *e, struct openai_limits *lim) {
-    *lim = (struct openai_limits){
-        .model_name = s->cfg.model_name,
-        .vocab_size = engine_vocab_size(e),
-        .max_model_len = engine_max_model_len(e),
-        .max_n = s->cfg.max_n > 0 ? s->cfg.max_n : engine_max_num_seqs(e),
-        .max_request_tokens = s->cfg.max_request_tokens,
-        .max_request_logprobs = s->cfg.max_request_logprobs,
-    };
-}
 
 /* ---- routes ---- */
 
@@ -108,21 +80,8 @@ static char *target_path(const char *target) {
     return p;
 }
 
-/* The Allow header of a route (and the methods first_call admits). */
-static const char *allowed_methods(enum route rt) {
-    switch (rt) {
-    case ROUTE_HEALTH:
-    case ROUTE_VERSION:
-    case ROUTE_METRICS:
-    case ROUTE_MODELS:
-    case ROUTE_MODEL: return "GET, HEAD";
-    case ROUTE_PING: return "GET, HEAD, POST"; // SageMaker's probe; vLLM answers both
-    default: return "POST";
-    }
-}
-
 static bool method_allowed(enum route rt, const char *method) {
-    const char *allow = allowed_methods(rt);
+    const char *allow = http_allowed_methods(rt);
     size_t n = strlen(method);
     for (const char *p = allow; n && (p = strstr(p, method)); p += n)
         if ((p == allow || p[-1] == ' ') && (p[n] == ',' || !p[n])) return true;
@@ -132,63 +91,6 @@ static bool method_allowed(enum route rt, const char *method) {
 /* Probes and information that need neither an API key nor a loaded model. */
 static bool route_is_open(enum route rt) {
     return rt == ROUTE_HEALTH || rt == ROUTE_PING || rt == ROUTE_VERSION || rt == ROUTE_METRICS;
-}
-
-/* ---- responses ---- */
-
-/* Drain, X-Request-Id (vLLM's --enable-request-id-headers: the client's id echoed, else the
- * completion id, else a generated one) and CORS. */
-void http_common_headers(struct http_req *r, struct hio_headers *h) {
-    struct http_server *s = r->srv;
-    if (atomic_load(&s->state) == HTTP_STATE_DRAINING) h->close = true;
-    if (!r->req_id[0]) {
-        if (r->id[0]) snprintf(r->req_id, sizeof r->req_id, "%s", r->id);
-        else http_make_id(s, r->req_id, sizeof r->req_id, "req");
-    }
-    hio_headers_add(h, "X-Request-Id", r->req_id);
-    if (r->preflight) {
-        const char *acrh = hio_header(r->q, "Access-Control-Request-Headers");
-        cors_preflight_headers(&s->cors, r->origin, acrh, h);
-    } else {
-        cors_add_headers(&s->cors, r->origin, r->has_cookie, h);
-    }
-}
-
-int http_respond(struct http_req *r, int status, char *body, const char *ctype) {
-    if (!body) {
-        static const char oom[] = "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\",\"param\":null,\"code\":null}}";
-        status = 500;
-        body = strdup(oom);
-        ctype = "application/json";
-        if (!body) return -1;
-    }
-    struct hio_headers h = {0};
-    hio_headers_add(&h, "Content-Type", ctype);
-    http_common_headers(r, &h);
-    if (status == 401) hio_headers_add(&h, "WWW-Authenticate", "Bearer");
-    if (status == 429 || status == 503) hio_headers_add(&h, "Retry-After", "1");
-    if (status == 405) hio_headers_add(&h, "Allow", allowed_methods(r->route));
-    r->status = status;
-    size_t len = strlen(body);
-    if (len > LARGE_REQUEST) r->large = true;
-    return hio_respond(r->q, status, &h, body, len);
-}
-
-int http_respond_error(struct http_req *r, const struct openai_error *err) {
-    free(r->err_msg);
-    r->err_msg = strdup(err->message);
-    return http_respond(r, err->status, openai_error_json(err), "application/json");
-}
-
-int http_fail(struct http_req *r, int status, const char *code, const char *param, const char *fmt, ...) {
-    struct openai_error err;
-    char msg[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    openai_fail(&err, status, code, param, "%s", msg);
-    return http_respond_error(r, &err);
 }
 
 /* ---- auth ---- */
@@ -295,26 +197,6 @@ static void fail_busy(struct http_req *r) {
               r->srv->cfg.max_buffered_bytes);
 }
 
-/* Counts n more body bytes against the server's budget; false (nothing counted) past it. */
-static bool hold_bytes(struct http_req *r, size_t n) {
-    struct http_server *s = r->srv;
-    size_t cap = s->cfg.max_buffered_bytes;
-    size_t cur = atomic_load(&s->buffered);
-    do {
-        if (cap && (cur + n > cap || cur + n < cur)) return false;
-    } while (!atomic_compare_exchange_weak(&s->buffered, &cur, cur + n));
-    r->held += n;
-    return true;
-}
-
-void http_release_body(struct http_req *r) {
-    atomic_fetch_sub(&r->srv->buffered, r->held);
-    r->held = 0;
-    free(r->body);
-    r->body = NULL;
-    r->body_len = r->body_cap = 0;
-}
-
 /* The announced Content-Length: over the limit, a client waiting on "Expect: 100-continue"
  * (or one announcing more than the discard limit) gets the 413 now, before it sends the
  * body; any other has its body read and dropped, then gets the 413. Within the limit, the
@@ -331,7 +213,7 @@ static void check_length(struct http_req *r) {
         return;
     }
     if (n == 0) return;
-    if (!hold_bytes(r, (size_t)n + 1)) {
+    if (!http_hold_body(r, (size_t)n + 1)) {
         fail_busy(r);
         return;
     }
@@ -360,7 +242,7 @@ static void take_body(struct http_req *r, const char *data, size_t n) {
         size_t cap = r->body_cap ? r->body_cap : 4096;
         while (cap < r->body_len + n + 1) cap *= 2;
         if (cap > s->cfg.max_request_bytes + 1) cap = s->cfg.max_request_bytes + 1;
-        if (!hold_bytes(r, cap - r->body_cap)) {
+        if (!http_hold_body(r, cap - r->body_cap)) {
             fail_busy(r);
             return;
         }
@@ -425,6 +307,7 @@ static void first_call(struct http_req *r) {
         return;
     }
     int st = atomic_load(&s->state);
+    if (st == HTTP_STATE_READY && drain_signal_pending()) st = HTTP_STATE_DRAINING; /* as /health says */
     if (st != HTTP_STATE_READY) {
         http_fail(r, 503, NULL, NULL, st == HTTP_STATE_LOADING ? "the model is loading" : "the server is shutting down");
         return;
@@ -481,38 +364,6 @@ static void on_writable(void *rq) {
     }
 }
 
-/* The end of a request: its log line and counters, then the memory. */
-static void request_end(struct http_req *r, bool completed) {
-    struct http_server *s = r->srv;
-    http_gen_end(r);
-    if (r->status == 0) r->status = completed ? 200 : 499;
-    if (r->status != 499) metrics_count_status(&s->metrics, r->status);
-    const char *finish = r->n_choices > 0 ? openai_finish_reason(r->choices[0].finish) : NULL;
-    bool client_gone = !completed && r->gen;
-    struct log_request lr = {
-        .id = r->id[0] ? r->id : r->req_id[0] ? r->req_id : NULL, .method = r->method, .path = r->path,
-        .status = client_gone ? 499 : r->status,
-        .prompt_tokens = r->prompt_tokens, .completion_tokens = r->choices ? http_gen_completion_tokens(r) : 0,
-        .n_choices = r->n_choices, .ttft_s = r->ttft, .e2e_s = http_now() - r->t_start, .finish = finish,
-        .error = r->err_msg ? r->err_msg : client_gone ? "client disconnected" : NULL,
-    };
-    log_request(&lr);
-    if (r->large || r->held > LARGE_REQUEST) atomic_store(&s->trim_due, true);
-    http_release_body(r);
-    openai_request_free(&r->oreq);
-    for (int i = 0; r->choices && i < r->n_choices; i++) openai_choice_free(&r->choices[i]);
-    free(r->choices);
-    free(r->cs);
-    free(r->h);
-    free(r->h_done);
-    free(r->out.s);
-    free(r->job_body);
-    free(r->err_msg);
-    free(r->origin);
-    free(r->url);
-    free(r);
-}
-
 static void on_done(void *rq, bool completed) {
     struct http_req *r = rq;
     r->q = NULL;
@@ -520,11 +371,7 @@ static void on_done(void *rq, bool completed) {
         r->gone = true;
         return;
     }
-    request_end(r, completed);
-}
-
-void http_end_orphan(struct http_req *r) {
-    request_end(r, false);
+    http_req_end(r, completed);
 }
 
 static char *on_reject(void *ud, int status, const char *message, const char *method, const char *target) {

@@ -14,7 +14,6 @@
 
 #include "engine/engine.h"
 #include "server/http_impl.h"
-#include "server/openai_tools.h"
 #include "server/prompt.h"
 
 #define HIGH_WATER (1u << 20)   // unsent bytes of a stream past which it waits for the client
@@ -78,10 +77,10 @@ static const char *stop_reason(const struct http_req *r, const struct engine_eve
 
 /* Streams one event of choice ci as SSE. */
 static int stream_event(struct http_req *r, int ci, const struct engine_event *ev) {
-    if (r->choices[ci].tools) { // content and tool-call deltas (server/openai_tools.c)
+    if (r->choices[ci].tools) { // content and tool-call deltas
         struct engine_event tev = *ev;
         tev.stop_reason_str = stop_reason(r, ev);
-        return sbuf_put_owned(&r->out, openai_tools_event_sse(&r->rctx, ci, &r->choices[ci], &tev));
+        return sbuf_put_owned(&r->out, openai_chunk_tools_sse(&r->rctx, ci, &r->choices[ci], &tev));
     }
     const char *text = ev->text ? ev->text : "";
     struct choice_state *cs = &r->cs[ci];
@@ -108,12 +107,6 @@ static int accumulate_event(struct http_req *r, int ci, const struct engine_even
         if (ev->completion_tokens > 0) c->completion_tokens = ev->completion_tokens;
     }
     return 0;
-}
-
-int http_gen_completion_tokens(const struct http_req *r) {
-    int n = 0;
-    for (int i = 0; i < r->n_choices; i++) n += r->choices[i].completion_tokens;
-    return n;
 }
 
 /* Pops every queued event of every prompt; sets r->finished when all are done. Returns -1
@@ -162,7 +155,7 @@ static int pump(struct http_req *r) {
 }
 
 static struct openai_usage usage_of(const struct http_req *r) {
-    return (struct openai_usage){.prompt_tokens = r->prompt_tokens, .completion_tokens = http_gen_completion_tokens(r),
+    return (struct openai_usage){.prompt_tokens = r->prompt_tokens, .completion_tokens = http_req_completion_tokens(r),
                                  .cached_tokens = r->cached_tokens};
 }
 
@@ -195,7 +188,7 @@ static void pump_plain(struct http_req *r) {
         http_respond_error(r, &r->ferr);
         return;
     }
-    long long entries = (long long)http_gen_completion_tokens(r) * (1 + (r->rctx.logprobs > 0 ? r->rctx.logprobs : 0));
+    long long entries = (long long)http_req_completion_tokens(r) * (1 + (r->rctx.logprobs > 0 ? r->rctx.logprobs : 0));
     if (entries > BUILD_ON_WORKER) {
         r->large = true;
         job_start(r, build_work);
@@ -311,7 +304,7 @@ static void gen_work(void *arg) {
         openai_choice_init(&r->choices[i]);
         const char *echo = q->echo && !r->stream ? q->prompts[i / q->sp.n].text : NULL;
         if ((echo && openai_choice_append(&r->choices[i], echo, strlen(echo))) ||
-            openai_tools_choice_init(&r->choices[i], q, (uint64_t)(http_now() * 1e9) ^ (uintptr_t)r ^ (uint64_t)i << 48)) {
+            openai_choice_init_tools(&r->choices[i], q, (uint64_t)(http_now() * 1e9) ^ (uintptr_t)r ^ (uint64_t)i << 48)) {
             r->n_handles = 0;
             openai_fail(err, 500, NULL, NULL, "out of memory");
             return;
@@ -325,25 +318,10 @@ static void gen_work(void *arg) {
         char msg[256] = "";
         int rc = engine_submit(e, &er, http_gen_notify, r, &r->h[p], msg, sizeof msg);
         if (rc == ENGINE_OK) continue;
-        r->n_handles = p; // http_gen_end releases these
+        r->n_handles = p; // http_req_end releases these
         cancel_handles(r);
-        switch (rc) {
-        case ENGINE_ERR_QUEUE_FULL:
-            openai_fail(err, 429, "queue_full", NULL, "the server is busy (request queue full); retry later");
-            return;
-        case ENGINE_ERR_DRAINING: openai_fail(err, 503, NULL, NULL, "the server is shutting down"); return;
-        case ENGINE_ERR_TOO_LONG:
-            openai_fail(err, 400, "context_length_exceeded", "max_tokens", "%s", msg[0] ? msg : engine_strerror(rc));
-            return;
-        case ENGINE_ERR_INVALID: openai_fail(err, 400, NULL, NULL, "%s", msg[0] ? msg : engine_strerror(rc)); return;
-        case ENGINE_ERR_GRAMMAR: { // the schema of response_format & co. or of the tools does not compile
-            char m[512];
-            openai_tools_grammar_error(q, msg, m, sizeof m);
-            openai_fail(err, 400, NULL, q->st.param, "%s", m);
-            return;
-        }
-        default: openai_fail(err, 500, NULL, NULL, "%s", msg[0] ? msg : engine_strerror(rc)); return;
-        }
+        openai_submit_error(q, rc, msg[0] ? msg : engine_strerror(rc), err);
+        return;
     }
     add_active(r);
 }
@@ -398,7 +376,7 @@ static void job_done(void *arg) {
     s->n_jobs--;
     pthread_mutex_unlock(&s->mu);
     if (r->gone) {
-        http_end_orphan(r);
+        http_req_end(r, false); // the connection closed while the job ran
         return;
     }
     if (r->jerr.status) {
@@ -466,31 +444,5 @@ void http_gen_tick(struct http_server *s) {
             r->t_last_write = t;
         }
     }
-    pthread_mutex_unlock(&s->mu);
-}
-
-void http_gen_end(struct http_req *r) {
-    struct http_server *s = r->srv;
-    if (r->gen) {
-        pthread_mutex_lock(&s->mu);
-        if (r->prev) r->prev->next = r->next;
-        else s->active = r->next;
-        if (r->next) r->next->prev = r->prev;
-        s->n_active--;
-        r->gen = false;
-        pthread_mutex_unlock(&s->mu);
-    }
-    // engine_release waits for a notify in progress, which takes srv->mu: not under it.
-    for (int p = 0; p < r->n_handles; p++)
-        if (r->h[p]) engine_release(r->h[p]);
-    r->n_handles = 0;
-    pthread_mutex_lock(&s->mu);
-    if (r->queued)
-        for (struct http_req **p = &s->ready; *p; p = &(*p)->ready_next)
-            if (*p == r) {
-                *p = r->ready_next;
-                break;
-            }
-    r->queued = false;
     pthread_mutex_unlock(&s->mu);
 }

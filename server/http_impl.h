@@ -1,5 +1,11 @@
-/* http_impl: what http.c (routing, limits, small endpoints, the request's life) and
- * http_gen.c (generation, streams, tokenize) share. Private to those two files.
+/* http_impl: what the three files of the HTTP front end share, private to them. Each calls
+ * only those below it:
+ *   http.c      routing, the API key, body limits, the small endpoints, the transport's
+ *               callbacks and the server's lifecycle;
+ *   http_gen.c  completions, chat, tokenize: parsing and submitting on a worker, answering on
+ *               the loop thread;
+ *   http_req.c  what every handler does with a request: answer it, count its body against the
+ *               server's budget, end it.
  *
  * Which thread touches what of a struct http_req: the loop thread everything, except while a
  * job for it runs on a worker (r->job), when the worker owns the request's generation fields
@@ -19,6 +25,8 @@
 #include "server/http_io.h"
 #include "server/metrics.h"
 #include "server/openai.h"
+#include "server/openai_choice.h"
+#include "server/openai_response.h"
 
 enum route {
     ROUTE_NONE,
@@ -129,21 +137,36 @@ struct http_req {
     struct http_req *prev, *next;   // the active list
 };
 
-double http_now(void);
+#define LARGE_REQUEST (1u << 20) // bytes held past which a request's end calls for malloc_trim
+
+/* http_req.c */
+double http_now(void); // monotonic seconds
+/* A fresh id "PREFIX-..." (unique in this process, not guessable across runs). Any thread. */
 void http_make_id(struct http_server *s, char *buf, size_t n, const char *prefix);
+/* What the parser allows, from the server's flags and the engine. */
 void http_limits_of(struct http_server *s, struct engine *e, struct openai_limits *lim);
+/* The Allow header of a route (the methods http.c admits on it). */
+const char *http_allowed_methods(enum route rt);
 
 /* Answers r: body (malloc'd, taken over; NULL = out of memory, answered 500). */
 int http_respond(struct http_req *r, int status, char *body, const char *ctype);
 int http_respond_error(struct http_req *r, const struct openai_error *err);
 int http_fail(struct http_req *r, int status, const char *code, const char *param, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
-/* Frees r's body and gives its bytes back to the server's budget. */
-void http_release_body(struct http_req *r);
-/* Ends a request whose connection closed while its job ran. */
-void http_end_orphan(struct http_req *r);
 /* The headers every response carries (X-Request-Id, CORS, Connection: close while draining). */
 void http_common_headers(struct http_req *r, struct hio_headers *h);
+
+/* Counts n more body bytes of r against the server's budget; false (nothing counted) past it. */
+bool http_hold_body(struct http_req *r, size_t n);
+/* Frees r's body and gives its bytes back to the server's budget. */
+void http_release_body(struct http_req *r);
+
+/* The tokens r's choices generated. */
+int http_req_completion_tokens(const struct http_req *r);
+/* The end of r (loop thread; completed: its response was sent whole): its engine handles
+ * released (what still runs is cancelled), off the server's lists, its log line and counters,
+ * then its memory. */
+void http_req_end(struct http_req *r, bool completed);
 
 /* http_gen.c */
 /* Starts a completion, chat or tokenize request on a worker (the body is in). */
@@ -154,8 +177,5 @@ void http_gen_pump(struct http_req *r);
 void http_gen_notify(void *ud);
 /* Loop thread, each tick: keep-alive comments and request timeouts of the active requests. */
 void http_gen_tick(struct http_server *s);
-/* Releases r's engine handles and frees its generation state (loop thread, r is ending). */
-void http_gen_end(struct http_req *r);
-int http_gen_completion_tokens(const struct http_req *r);
 
 #endif

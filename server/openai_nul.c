@@ -1,9 +1,9 @@
-/* openai_nul: U+0000 in request strings (see OPENAI_NUL in openai.h). */
+/* openai_nul: U+0000 in request strings (server/openai_nul.h). */
+#include "server/openai_nul.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#include "server/openai.h"
 
 char *openai_bytes(const char *s, size_t *len) {
     size_t n = strlen(s);

@@ -1,89 +1,17 @@
-/* openai_response: choice accumulation and the JSON of responses, stream chunks, models and
- * tokenize/detokenize, in OpenAI's (and for the extensions vLLM's) shapes. */
+/* openai_response: the JSON of responses, stream chunks, models and tokenize/detokenize
+ * (server/openai_response.h). */
+#include "server/openai_response.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "server/openai.h"
+#include <cjson/cJSON.h>
 
 #include "engine/text/utf8.h"
-
-/* ---- choice accumulation ---- */
-
-void openai_choice_init(struct openai_choice *c) {
-    memset(c, 0, sizeof *c);
-    c->stop_reason_id = -1;
-}
-
-void openai_choice_free(struct openai_choice *c) {
-    if (!c) return;
-    free(c->text);
-    free(c->tok_ids);
-    free(c->tok_lps);
-    free(c->tok_offsets);
-    free(c->tok_n_top);
-    free(c->top_ids);
-    free(c->top_lps);
-    free(c->stop_reason_str);
-    openai_tools_choice_free(c);
-    openai_choice_init(c);
-}
-
-int openai_choice_append(struct openai_choice *c, const char *s, size_t n) {
-    if (c->len + n + 1 > c->cap) {
-        size_t cap = c->cap ? c->cap : 64;
-        while (cap < c->len + n + 1) cap *= 2;
-        char *t = realloc(c->text, cap);
-        if (!t) return -1;
-        c->text = t;
-        c->cap = cap;
-    }
-    if (n) memcpy(c->text + c->len, s, n);
-    c->len += n;
-    c->chars += utf8_count(s, n);
-    c->text[c->len] = 0;
-    return 0;
-}
-
-static int grow_tokens(struct openai_choice *c) {
-    int cap = c->cap_tok ? c->cap_tok * 2 : 32;
-    int32_t *ids = realloc(c->tok_ids, sizeof *ids * (size_t)cap);
-    if (ids) c->tok_ids = ids;
-    float *lps = realloc(c->tok_lps, sizeof *lps * (size_t)cap);
-    if (lps) c->tok_lps = lps;
-    size_t *offs = realloc(c->tok_offsets, sizeof *offs * (size_t)cap);
-    if (offs) c->tok_offsets = offs;
-    int *nt = realloc(c->tok_n_top, sizeof *nt * (size_t)cap);
-    if (nt) c->tok_n_top = nt;
-    int32_t *ti = realloc(c->top_ids, sizeof *ti * (size_t)cap * ENGINE_MAX_LOGPROBS);
-    if (ti) c->top_ids = ti;
-    float *tl = realloc(c->top_lps, sizeof *tl * (size_t)cap * ENGINE_MAX_LOGPROBS);
-    if (tl) c->top_lps = tl;
-    if (!ids || !lps || !offs || !nt || !ti || !tl) return -1;
-    c->cap_tok = cap;
-    return 0;
-}
-
-int openai_choice_add_event(struct openai_choice *c, const struct engine_event *ev, bool keep_logprobs) {
-    size_t offset = c->chars + (ev->token_text_at > 0 ? (size_t)ev->token_text_at : 0);
-    if (ev->text && openai_choice_append(c, ev->text, strlen(ev->text))) return -1;
-    if (c->tools && openai_tools_accumulate(c, ev)) return -1;
-    if (ev->type != ENGINE_EVENT_TOKEN) return 0;
-    c->completion_tokens++;
-    if (!keep_logprobs) return 0;
-    if (c->n_tok == c->cap_tok && grow_tokens(c)) return -1;
-    int i = c->n_tok++;
-    int n_top = ev->n_top < 0 ? 0 : ev->n_top > ENGINE_MAX_LOGPROBS ? ENGINE_MAX_LOGPROBS : ev->n_top;
-    if (ev->text_start && c->n_start_tok == i) c->n_start_tok++;
-    c->tok_ids[i] = ev->token;
-    c->tok_lps[i] = ev->logprob;
-    c->tok_offsets[i] = offset;
-    c->tok_n_top[i] = n_top;
-    memcpy(c->top_ids + (size_t)i * ENGINE_MAX_LOGPROBS, ev->top_ids, sizeof(int32_t) * (size_t)n_top);
-    memcpy(c->top_lps + (size_t)i * ENGINE_MAX_LOGPROBS, ev->top_lps, sizeof(float) * (size_t)n_top);
-    return 0;
-}
+#include "server/openai_nul.h"
+#include "server/tool_parser.h"
 
 /* ---- helpers ---- */
 
@@ -94,6 +22,31 @@ const char *openai_finish_reason(enum engine_finish f) {
     case ENGINE_FINISH_ABORT: return "abort";
     default: return NULL;
     }
+}
+
+/* A growing output buffer: the JSON written without cJSON, a run of SSE frames. */
+struct jbuf {
+    char *s;
+    size_t len, cap;
+    bool oom;
+};
+
+static void jb_put(struct jbuf *b, const char *s, size_t n) {
+    if (b->oom) return;
+    if (b->len + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 4096;
+        while (cap < b->len + n + 1) cap *= 2;
+        char *t = realloc(b->s, cap);
+        if (!t) {
+            b->oom = true;
+            return;
+        }
+        b->s = t;
+        b->cap = cap;
+    }
+    memcpy(b->s + b->len, s, n);
+    b->len += n;
+    b->s[b->len] = 0;
 }
 
 /* JSON cannot hold -inf; vLLM clamps the same way. */
@@ -230,6 +183,26 @@ static char *sse_frame(cJSON *root) {
 
 /* ---- responses ---- */
 
+/* A chat message's "content" and "tool_calls" from what c's tool parser found; returns the
+ * finish_reason to report ("tool_calls" when there are calls and the choice stopped). */
+static const char *tool_message(const struct openai_choice *c, cJSON *msg) {
+    const struct openai_tool_result *res = c->tres;
+    if (res->n && !res->len) cJSON_AddNullToObject(msg, "content");
+    else cJSON_AddStringToObject(msg, "content", res->content ? res->content : "");
+    if (!res->n) return openai_finish_reason(c->finish);
+    cJSON *calls = cJSON_AddArrayToObject(msg, "tool_calls");
+    for (int i = 0; calls && i < res->n; i++) {
+        cJSON *tc = cJSON_CreateObject(), *fn = cJSON_CreateObject();
+        cJSON_AddItemToArray(calls, tc);
+        cJSON_AddStringToObject(tc, "id", res->calls[i].id);
+        cJSON_AddStringToObject(tc, "type", "function");
+        cJSON_AddItemToObject(tc, "function", fn);
+        cJSON_AddStringToObject(fn, "name", res->calls[i].name);
+        cJSON_AddStringToObject(fn, "arguments", res->calls[i].args);
+    }
+    return c->finish == ENGINE_FINISH_STOP ? "tool_calls" : openai_finish_reason(c->finish);
+}
+
 char *openai_response_json(const struct openai_resp_ctx *ctx, const struct openai_choice *choices, int n_choices,
                            const struct openai_usage *usage) {
     cJSON *root = cJSON_CreateObject();
@@ -246,7 +219,7 @@ char *openai_response_json(const struct openai_resp_ctx *ctx, const struct opena
         if (ctx->kind == OPENAI_CHAT) {
             cJSON *msg = cJSON_AddObjectToObject(ch, "message");
             cJSON_AddStringToObject(msg, "role", "assistant");
-            if (c->tres) finish_reason = openai_tools_message(c, msg);
+            if (c->tres) finish_reason = tool_message(c, msg);
             else cJSON_AddStringToObject(msg, "content", text);
         } else {
             cJSON_AddStringToObject(ch, "text", text);
@@ -323,12 +296,6 @@ char *openai_chunk_sse(const struct openai_resp_ctx *ctx, int index, const char 
     return sse_frame(root);
 }
 
-cJSON *openai_chunk_object(const struct openai_resp_ctx *ctx, int index, cJSON **choice) {
-    return chunk_with_choice(ctx, index, choice);
-}
-
-char *openai_sse_frame(cJSON *root) { return sse_frame(root); }
-
 char *openai_chunk_role_sse(const struct openai_resp_ctx *ctx, int index) {
     cJSON *ch;
     cJSON *root = chunk_with_choice(ctx, index, &ch);
@@ -350,6 +317,82 @@ char *openai_chunk_usage_sse(const struct openai_resp_ctx *ctx, const struct ope
     return sse_frame(root);
 }
 
+/* ---- tool calls, streamed ---- */
+
+struct sse_out {
+    const struct openai_resp_ctx *ctx;
+    int index;
+    struct jbuf b;
+};
+
+/* Takes frame (NULL: out of memory). */
+static int put_frame(struct sse_out *o, char *frame) {
+    if (!frame) return -1;
+    jb_put(&o->b, frame, strlen(frame));
+    free(frame);
+    return o->b.oom ? -1 : 0;
+}
+
+static int sse_delta(void *ud, const struct tool_delta *d) {
+    struct sse_out *o = ud;
+    if (d->kind == TOOL_DELTA_CONTENT) {
+        char *t = strndup(d->text, d->len);
+        int rc = t ? put_frame(o, openai_chunk_sse(o->ctx, o->index, t, NULL, 0, ENGINE_FINISH_NONE, NULL, -1)) : -1;
+        free(t);
+        return rc;
+    }
+    cJSON *ch, *root = chunk_with_choice(o->ctx, o->index, &ch);
+    if (!root) return -1;
+    cJSON *delta = cJSON_AddObjectToObject(ch, "delta");
+    cJSON *calls = cJSON_AddArrayToObject(delta, "tool_calls"), *tc = cJSON_CreateObject(), *fn = cJSON_CreateObject();
+    char *text = strndup(d->text, d->len);
+    cJSON_AddItemToArray(calls, tc);
+    cJSON_AddNumberToObject(tc, "index", d->index);
+    if (d->kind == TOOL_DELTA_CALL) {
+        cJSON_AddStringToObject(tc, "id", d->id);
+        cJSON_AddStringToObject(tc, "type", "function");
+    }
+    cJSON_AddItemToObject(tc, "function", fn);
+    if (d->kind == TOOL_DELTA_CALL) cJSON_AddStringToObject(fn, "name", text ? text : "");
+    cJSON_AddStringToObject(fn, "arguments", d->kind == TOOL_DELTA_CALL ? "" : text ? text : "");
+    cJSON_AddNullToObject(ch, "logprobs");
+    cJSON_AddNullToObject(ch, "finish_reason");
+    int rc = text ? put_frame(o, sse_frame(root)) : (cJSON_Delete(root), -1);
+    free(text);
+    return rc;
+}
+
+char *openai_chunk_tools_sse(const struct openai_resp_ctx *ctx, int index, struct openai_choice *c,
+                            const struct engine_event *ev) {
+    struct sse_out o = {.ctx = ctx, .index = index};
+    const char *t = ev->text ? ev->text : "";
+    bool final = ev->type == ENGINE_EVENT_FINISH;
+    jb_put(&o.b, "", 0);
+    int rc = (o.b.oom ? -1 : 0) | tool_parser_feed(c->tools, t, strlen(t), final, sse_delta, &o);
+    if (!rc && final) {
+        if (tool_parser_calls(c->tools) && ev->finish == ENGINE_FINISH_STOP) {
+            cJSON *ch, *root = chunk_with_choice(ctx, index, &ch);
+            if (root) {
+                cJSON_AddObjectToObject(ch, "delta");
+                cJSON_AddNullToObject(ch, "logprobs");
+                cJSON_AddStringToObject(ch, "finish_reason", "tool_calls");
+                cJSON_AddNullToObject(ch, "stop_reason");
+            }
+            rc = root ? put_frame(&o, sse_frame(root)) : -1;
+        } else {
+            rc = put_frame(&o, openai_chunk_sse(ctx, index, "", NULL, 0, ev->finish, ev->stop_reason_str,
+                                                ev->stop_reason_id));
+        }
+    }
+    if (rc) {
+        free(o.b.s);
+        return NULL;
+    }
+    return o.b.s;
+}
+
+/* ---- models, tokenize, detokenize ---- */
+
 char *openai_models_json(const char *model_name, const char *root_dir, long long created, int max_model_len) {
     cJSON *root = cJSON_CreateObject();
     if (!root) return NULL;
@@ -365,31 +408,6 @@ char *openai_models_json(const char *model_name, const char *root_dir, long long
     cJSON_AddNullToObject(m, "parent");
     cJSON_AddNumberToObject(m, "max_model_len", max_model_len);
     return print_and_free(root);
-}
-
-/* A growing output buffer for the JSON written without cJSON. */
-struct jbuf {
-    char *s;
-    size_t len, cap;
-    bool oom;
-};
-
-static void jb_put(struct jbuf *b, const char *s, size_t n) {
-    if (b->oom) return;
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 4096;
-        while (cap < b->len + n + 1) cap *= 2;
-        char *t = realloc(b->s, cap);
-        if (!t) {
-            b->oom = true;
-            return;
-        }
-        b->s = t;
-        b->cap = cap;
-    }
-    memcpy(b->s + b->len, s, n);
-    b->len += n;
-    b->s[b->len] = 0;
 }
 
 /* s as a JSON string (OPENAI_NUL as \u0000). */

@@ -1,12 +1,10 @@
-/* openai_tools: response_format and tools on the request side, the grammar of tool calls, and
- * tool calls on the response side (server/openai_tools.h). */
+/* openai_tools: response_format and tools on the request side, and the grammar of tool calls
+ * (server/openai_tools.h). */
 #include "server/openai_tools.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#include "server/openai.h"
 
 #define BAD(param, ...) openai_fail(err, 400, NULL, param, __VA_ARGS__)
 #define NOMEM() openai_fail(err, 500, NULL, NULL, "out of memory")
@@ -205,14 +203,6 @@ int openai_structured_parse(const cJSON *root, struct openai_request *r, struct 
     return 0;
 }
 
-void openai_structured_free(struct openai_structured *st) {
-    free(st->schema);
-    cJSON_Delete(st->tools);
-    free(st->tool_name);
-    free(st->tool_schema);
-    memset(st, 0, sizeof *st);
-}
-
 /* ---- messages for the template ---- */
 
 int openai_tools_template_messages(cJSON *messages) {
@@ -347,179 +337,4 @@ void openai_tools_grammar_error(const struct openai_request *r, const char *msg,
         return;
     }
     snprintf(out, n, "'tools[%d].function.parameters': %.*s(at #%s", tool, (int)(at - msg), msg, rest);
-}
-
-/* ---- the response side ---- */
-
-struct tool_out {
-    char id[40];
-    char *name;
-    char *args;
-    size_t args_len, args_cap;
-};
-
-struct openai_tool_result {
-    char *content;
-    size_t len, cap;
-    struct tool_out *calls;
-    int n, cap_calls;
-};
-
-static int append(char **s, size_t *len, size_t *cap, const char *t, size_t n) {
-    if (*len + n + 1 > *cap) {
-        size_t c = *cap ? *cap : 64;
-        while (c < *len + n + 1) c *= 2;
-        char *ns = realloc(*s, c);
-        if (!ns) return -1;
-        *s = ns;
-        *cap = c;
-    }
-    if (n) memcpy(*s + *len, t, n);
-    *len += n;
-    (*s)[*len] = 0;
-    return 0;
-}
-
-int openai_tools_choice_init(struct openai_choice *c, const struct openai_request *r, uint64_t seed) {
-    const struct openai_structured *st = &r->st;
-    if (r->kind != OPENAI_CHAT || st->tool_mode == OPENAI_TOOLS_OFF || st->format != ENGINE_GRAMMAR_NONE) return 0;
-    c->tools = tool_parser_new(st->parallel_tool_calls && st->tool_mode != OPENAI_TOOLS_NAMED,
-                               st->syntax == OPENAI_TOOL_SYNTAX_MISTRAL, seed);
-    c->tres = calloc(1, sizeof *c->tres);
-    if (!c->tools || !c->tres) return -1;
-    for (const cJSON *t = st->tools->child; t; t = t->next)
-        if (st->tool_mode != OPENAI_TOOLS_NAMED || !strcmp(tool_name(t), st->tool_name))
-            if (tool_parser_allow_name(c->tools, tool_name(t))) return -1;
-    return 0;
-}
-
-void openai_tools_choice_free(struct openai_choice *c) {
-    tool_parser_free(c->tools);
-    c->tools = NULL;
-    if (!c->tres) return;
-    for (int i = 0; i < c->tres->n; i++) {
-        free(c->tres->calls[i].name);
-        free(c->tres->calls[i].args);
-    }
-    free(c->tres->calls);
-    free(c->tres->content);
-    free(c->tres);
-    c->tres = NULL;
-}
-
-static int result_delta(void *ud, const struct tool_delta *d) {
-    struct openai_tool_result *res = ud;
-    if (d->kind == TOOL_DELTA_CONTENT) return append(&res->content, &res->len, &res->cap, d->text, d->len);
-    if (d->kind == TOOL_DELTA_CALL) {
-        if (res->n == res->cap_calls) {
-            int nc = res->cap_calls ? res->cap_calls * 2 : 4;
-            struct tool_out *v = realloc(res->calls, sizeof *v * (size_t)nc);
-            if (!v) return -1;
-            res->calls = v;
-            res->cap_calls = nc;
-        }
-        struct tool_out *o = &res->calls[res->n];
-        memset(o, 0, sizeof *o);
-        snprintf(o->id, sizeof o->id, "%s", d->id);
-        if (!(o->name = strndup(d->text, d->len)) || append(&o->args, &o->args_len, &o->args_cap, "", 0)) return -1;
-        res->n++;
-        return 0;
-    }
-    struct tool_out *o = &res->calls[d->index];
-    return append(&o->args, &o->args_len, &o->args_cap, d->text, d->len);
-}
-
-int openai_tools_accumulate(struct openai_choice *c, const struct engine_event *ev) {
-    const char *t = ev->text ? ev->text : "";
-    return tool_parser_feed(c->tools, t, strlen(t), ev->type == ENGINE_EVENT_FINISH, result_delta, c->tres);
-}
-
-const char *openai_tools_message(const struct openai_choice *c, cJSON *msg) {
-    const struct openai_tool_result *res = c->tres;
-    if (res->n && !res->len) cJSON_AddNullToObject(msg, "content");
-    else cJSON_AddStringToObject(msg, "content", res->content ? res->content : "");
-    if (!res->n) return openai_finish_reason(c->finish);
-    cJSON *calls = cJSON_AddArrayToObject(msg, "tool_calls");
-    for (int i = 0; calls && i < res->n; i++) {
-        cJSON *tc = cJSON_CreateObject(), *fn = cJSON_CreateObject();
-        cJSON_AddItemToArray(calls, tc);
-        cJSON_AddStringToObject(tc, "id", res->calls[i].id);
-        cJSON_AddStringToObject(tc, "type", "function");
-        cJSON_AddItemToObject(tc, "function", fn);
-        cJSON_AddStringToObject(fn, "name", res->calls[i].name);
-        cJSON_AddStringToObject(fn, "arguments", res->calls[i].args);
-    }
-    return c->finish == ENGINE_FINISH_STOP ? "tool_calls" : openai_finish_reason(c->finish);
-}
-
-/* ---- streaming ---- */
-
-struct sse_out {
-    const struct openai_resp_ctx *ctx;
-    int index;
-    char *s;
-    size_t len, cap;
-};
-
-static int put_frame(struct sse_out *o, char *frame) {
-    int rc = frame ? append(&o->s, &o->len, &o->cap, frame, strlen(frame)) : -1;
-    free(frame);
-    return rc;
-}
-
-static int sse_delta(void *ud, const struct tool_delta *d) {
-    struct sse_out *o = ud;
-    if (d->kind == TOOL_DELTA_CONTENT) {
-        char *t = strndup(d->text, d->len);
-        int rc = t ? put_frame(o, openai_chunk_sse(o->ctx, o->index, t, NULL, 0, ENGINE_FINISH_NONE, NULL, -1)) : -1;
-        free(t);
-        return rc;
-    }
-    cJSON *ch, *root = openai_chunk_object(o->ctx, o->index, &ch);
-    if (!root) return -1;
-    cJSON *delta = cJSON_AddObjectToObject(ch, "delta");
-    cJSON *calls = cJSON_AddArrayToObject(delta, "tool_calls"), *tc = cJSON_CreateObject(), *fn = cJSON_CreateObject();
-    char *text = strndup(d->text, d->len);
-    cJSON_AddItemToArray(calls, tc);
-    cJSON_AddNumberToObject(tc, "index", d->index);
-    if (d->kind == TOOL_DELTA_CALL) {
-        cJSON_AddStringToObject(tc, "id", d->id);
-        cJSON_AddStringToObject(tc, "type", "function");
-    }
-    cJSON_AddItemToObject(tc, "function", fn);
-    if (d->kind == TOOL_DELTA_CALL) cJSON_AddStringToObject(fn, "name", text ? text : "");
-    cJSON_AddStringToObject(fn, "arguments", d->kind == TOOL_DELTA_CALL ? "" : text ? text : "");
-    cJSON_AddNullToObject(ch, "logprobs");
-    cJSON_AddNullToObject(ch, "finish_reason");
-    int rc = text ? put_frame(o, openai_sse_frame(root)) : (cJSON_Delete(root), -1);
-    free(text);
-    return rc;
-}
-
-char *openai_tools_event_sse(const struct openai_resp_ctx *ctx, int index, struct openai_choice *c,
-                             const struct engine_event *ev) {
-    struct sse_out o = {.ctx = ctx, .index = index};
-    const char *t = ev->text ? ev->text : "";
-    bool final = ev->type == ENGINE_EVENT_FINISH;
-    int rc = append(&o.s, &o.len, &o.cap, "", 0) | tool_parser_feed(c->tools, t, strlen(t), final, sse_delta, &o);
-    if (!rc && final) {
-        if (tool_parser_calls(c->tools) && ev->finish == ENGINE_FINISH_STOP) {
-            cJSON *ch, *root = openai_chunk_object(ctx, index, &ch);
-            if (root) {
-                cJSON_AddObjectToObject(ch, "delta");
-                cJSON_AddNullToObject(ch, "logprobs");
-                cJSON_AddStringToObject(ch, "finish_reason", "tool_calls");
-                cJSON_AddNullToObject(ch, "stop_reason");
-            }
-            rc = root ? put_frame(&o, openai_sse_frame(root)) : -1;
-        } else {
-            rc = put_frame(&o, openai_chunk_sse(ctx, index, "", NULL, 0, ev->finish, ev->stop_reason_str,
-                                                ev->stop_reason_id));
-        }
-    }
-    if (rc) {
-        free(o.s);
-        return NULL;
-    }
-    return o.s;
 }

@@ -6,6 +6,8 @@
 #include <string.h>
 
 #include "engine/text/tokenizer.h"
+#include "server/openai_nul.h"
+#include "server/openai_tools.h"
 #if __has_include("engine/text/chat_template.h")
 #include "engine/text/chat_template.h"
 #define PROMPT_HAVE_CHAT_TEMPLATE 1

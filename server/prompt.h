@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "server/openai.h"
+#include "server/openai_response.h"
 
 struct tokenizer;
 struct chat_template;

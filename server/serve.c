@@ -373,6 +373,71 @@ static struct http_config http_config_of(const struct serve_options *o, const ch
     };
 }
 
+/* Loads the engine (cfg with model_dir) on a thread of its own while this one waits for
+ * SIGTERM/SIGINT, which end the process at once: nothing is in flight yet. NULL (logged) when
+ * the engine fails to start. */
+static struct engine *load_in_background(const struct engine_config *cfg, const char *model_dir, const sigset_t *sigs) {
+    struct loader ld = {.cfg = *cfg};
+    ld.cfg.model_dir = model_dir;
+    pthread_mutex_init(&ld.mu, NULL);
+    pthread_t loader_thread;
+    if (pthread_create(&loader_thread, NULL, load_engine, &ld)) {
+        log_msg("error", "cannot start the loader thread");
+        pthread_mutex_destroy(&ld.mu);
+        return NULL;
+    }
+    while (!loader_done(&ld)) {
+        int sig = wait_signal(sigs, 100);
+        if (sig) {
+            // engine_create cannot be interrupted; nothing is in flight, so leave now.
+            log_msg("info", "%s while loading the model: exiting", strsignal(sig));
+            fflush(stderr);
+            _exit(0);
+        }
+    }
+    pthread_join(loader_thread, NULL);
+    pthread_mutex_destroy(&ld.mu);
+    if (ld.rc) {
+        log_msg("error", "%s", ld.err[0] ? ld.err : "the engine failed to start");
+        return NULL;
+    }
+    return ld.engine;
+}
+
+/* Serves until SIGTERM/SIGINT or the engine's failure, then drains: no new requests, running
+ * ones finish within shutdown_timeout seconds (a second signal stops the wait), what is left
+ * is cancelled. The state changes before the signal is taken, so that no moment sees neither.
+ * After an engine failure the requests have all ended with an error already. Returns true
+ * when the engine failed. */
+static bool serve_until_signal(struct http_server *srv, struct engine *e, const sigset_t *sigs,
+                               double shutdown_timeout) {
+    int sig = wait_pending_signal(sigs, e);
+    bool failed = !sig;
+    http_set_state(srv, HTTP_STATE_DRAINING);
+    engine_drain(e);
+    if (sig) sigtimedwait(sigs, NULL, &(struct timespec){0});
+    if (failed) log_msg("error", "the engine failed: stopping (%d request(s) still open)", http_num_active(srv));
+    else log_msg("info", "%s: draining %d request(s) (up to %.0fs)", strsignal(sig), http_num_active(srv), shutdown_timeout);
+    double deadline = mono() + shutdown_timeout;
+    bool forced = false;
+    while (http_num_active(srv) > 0 && mono() < deadline) {
+        if (wait_signal(sigs, 100)) { // a second signal: stop waiting
+            forced = true;
+            break;
+        }
+    }
+    if (http_num_active(srv) > 0) {
+        log_msg("warning", "%s: cancelling %d request(s)", forced ? "second signal" : "shutdown timeout",
+                http_num_active(srv));
+        http_cancel_all(srv);
+        double d2 = mono() + 5;
+        while (http_num_active(srv) > 0 && mono() < d2) {
+            wait_signal(sigs, 50);
+        }
+    }
+    return failed;
+}
+
 int serve_main(int argc, char **argv) {
     struct serve_options o = {
         .host = "127.0.0.1", .port = 8000, .timeout = 600, .shutdown_timeout = 30, .max_request_bytes = 8u << 20,
@@ -411,8 +476,8 @@ int serve_main(int argc, char **argv) {
     mallopt(M_MMAP_THRESHOLD, 256 << 10);
     mallopt(M_TRIM_THRESHOLD, 1 << 20);
 
-    // Signals: blocked here, so every thread started below inherits the mask; the loop below
-    // takes them with sigtimedwait (signalfd while serving). Until taken, a signal is pending,
+    // Signals: blocked here, so every thread started below inherits the mask; the waits below
+    // take them with sigtimedwait (signalfd while serving). Until taken, a signal is pending,
     // and /health says 503 from the moment it is sent.
     sigset_t sigs;
     sigemptyset(&sigs);
@@ -432,67 +497,19 @@ int serve_main(int argc, char **argv) {
     log_msg("info", "listening on http://%s%s%s:%d (model \"%s\", loading)", strchr(o.host, ':') ? "[" : "", o.host,
             strchr(o.host, ':') ? "]" : "", http_port(srv), name);
 
-    struct loader ld = {.cfg = o.ec};
-    ld.cfg.model_dir = o.model;
-    pthread_mutex_init(&ld.mu, NULL);
-    pthread_t loader_thread;
     double t0 = mono();
-    if (pthread_create(&loader_thread, NULL, load_engine, &ld)) {
-        log_msg("error", "cannot start the loader thread");
+    struct engine *e = load_in_background(&o.ec, o.model, &sigs);
+    if (!e) {
         http_stop(srv);
         cJSON_Delete(config_doc);
         return 1;
     }
-    while (!loader_done(&ld)) {
-        int sig = wait_signal(&sigs, 100);
-        if (sig) {
-            // engine_create cannot be interrupted; nothing is in flight, so leave now.
-            log_msg("info", "%s while loading the model: exiting", strsignal(sig));
-            fflush(stderr);
-            _exit(0);
-        }
-    }
-    pthread_join(loader_thread, NULL);
-    pthread_mutex_destroy(&ld.mu);
-    if (ld.rc) {
-        log_msg("error", "%s", ld.err[0] ? ld.err : "the engine failed to start");
-        http_stop(srv);
-        cJSON_Delete(config_doc);
-        return 1;
-    }
-    struct engine *e = ld.engine;
     http_set_engine(srv, e);
     log_msg("info", "ready in %.1fs: model \"%s\", max_model_len %d, max_num_seqs %d, vocabulary %d%s", mono() - t0,
             name, engine_max_model_len(e), engine_max_num_seqs(e), engine_vocab_size(e),
             o.api_key ? ", API key required" : "");
 
-    // Drain: no new requests, running ones finish within --shutdown-timeout. The state changes
-    // before the signal is taken, so that no moment sees neither. After an engine failure the
-    // requests have all ended with an error already.
-    int sig = wait_pending_signal(&sigs, e);
-    bool failed = !sig;
-    http_set_state(srv, HTTP_STATE_DRAINING);
-    engine_drain(e);
-    if (sig) sigtimedwait(&sigs, NULL, &(struct timespec){0});
-    if (failed) log_msg("error", "the engine failed: stopping (%d request(s) still open)", http_num_active(srv));
-    else log_msg("info", "%s: draining %d request(s) (up to %.0fs)", strsignal(sig), http_num_active(srv), o.shutdown_timeout);
-    double deadline = mono() + o.shutdown_timeout;
-    bool forced = false;
-    while (http_num_active(srv) > 0 && mono() < deadline) {
-        if (wait_signal(&sigs, 100)) { // a second signal: stop waiting
-            forced = true;
-            break;
-        }
-    }
-    if (http_num_active(srv) > 0) {
-        log_msg("warning", "%s: cancelling %d request(s)", forced ? "second signal" : "shutdown timeout",
-                http_num_active(srv));
-        http_cancel_all(srv);
-        double d2 = mono() + 5;
-        while (http_num_active(srv) > 0 && mono() < d2) {
-            wait_signal(&sigs, 50);
-        }
-    }
+    bool failed = serve_until_signal(srv, e, &sigs, o.shutdown_timeout);
     http_stop(srv);
     engine_destroy(e);
     cJSON_Delete(config_doc);

@@ -178,7 +178,8 @@ def test_golden(srv, model):
     golden_text = json.loads(d2)["prompt"] if st2 == 200 else None
     check("golden: text equals the decoded golden ids", text == golden_text, (text[:80], (golden_text or "")[:80]))
     check("golden: text is a prefix of llama2.c's expected text", len(text) > 200 and exp_text.startswith(text), text[:120])
-    check("golden: usage counts", resp["usage"] == {"prompt_tokens": 1, "completion_tokens": n, "total_tokens": n + 1},
+    check("golden: usage counts", resp["usage"] == {"prompt_tokens": 1, "completion_tokens": n, "total_tokens": n + 1,
+                                             "prompt_tokens_details": {"cached_tokens": 0}},
           resp["usage"])
     check("golden: finish_reason length", resp["choices"][0]["finish_reason"] == "length", resp["choices"][0])
     # ids through logprobs with return_tokens_as_token_ids
@@ -346,6 +347,7 @@ def test_errors(srv):
 
 def test_disconnect(srv):
     before = srv.metrics()
+    n_lines = len(srv.lines)
     s = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
     body = json.dumps({"prompt": [1], "max_tokens": 500, "temperature": 0, "ignore_eos": True, "stream": True})
     s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
@@ -366,6 +368,13 @@ def test_disconnect(srv):
             break
         time.sleep(0.05)
     check("disconnect: running/waiting and KV usage return to 0", ok, mt)
+    deadline = time.time() + 5
+    gone = []
+    while not gone and time.time() < deadline:
+        gone = [ln for ln in srv.lines[n_lines:] if "POST /v1/completions" in ln]
+        time.sleep(0.05)
+    check("disconnect: the access log says 499, client disconnected",
+          gone and " 499 " in gone[0] and "client disconnected" in gone[0], gone)
     k = 'duoserve:request_success_total{finished_reason="abort"}'
     print(f"  info disconnect: aborted sequences {before.get(k, 0):.0f} -> {mt.get(k, 0):.0f}")
     st, _, _ = srv.get("/health")

@@ -15,6 +15,10 @@
 #include <string.h>
 
 #include "server/openai.h"
+#include "server/openai_choice.h"
+#include "server/openai_response.h"
+#include "server/openai_tools.h"
+#include "server/tool_parser.h"
 
 /* Stands in for the tokenizer: some tokens hold part of a character (a byte >= 0x80). */
 static size_t piece(void *ud, int32_t id, bool first, char *buf, size_t cap) {
@@ -39,13 +43,13 @@ static void tools_path(struct openai_request *r, const struct openai_resp_ctx *c
     struct openai_choice a, b;
     openai_choice_init(&a);
     openai_choice_init(&b);
-    if (openai_tools_choice_init(&a, r, seed) == 0 && openai_tools_choice_init(&b, r, seed) == 0 && a.tools) {
+    if (openai_choice_init_tools(&a, r, seed) == 0 && openai_choice_init_tools(&b, r, seed) == 0 && a.tools) {
         size_t n = strlen(text), half = n / 2;
         char *first = strndup(text, half), *rest = strdup(text + half);
         struct engine_event e1 = {.type = ENGINE_EVENT_TOKEN, .text = first, .stop_index = -1, .stop_reason_id = -1};
         struct engine_event e2 = {.type = ENGINE_EVENT_FINISH, .text = rest, .finish = ENGINE_FINISH_STOP,
                                   .stop_index = -1, .stop_reason_id = -1};
-        char *s1 = openai_tools_event_sse(ctx, 0, &a, &e1), *s2 = openai_tools_event_sse(ctx, 0, &a, &e2);
+        char *s1 = openai_chunk_tools_sse(ctx, 0, &a, &e1), *s2 = openai_chunk_tools_sse(ctx, 0, &a, &e2);
         if (!s1 || !s2) abort();
         free(s1), free(s2);
         openai_choice_add_event(&b, &e1, false);

@@ -5,6 +5,7 @@
 #ifndef DUO_TEST_GENERATE_REF_H
 #define DUO_TEST_GENERATE_REF_H
 
+#include <math.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -33,6 +34,20 @@ struct gen_result {
 };
 
 #define GEN_BLOCK_SIZE 16
+
+/* Greedy at temperature 0, else a draw from softmax(logits / temperature). */
+static int ref_sample(const float *logits, int n, float temperature, struct util_rng *rng) {
+    if (!(temperature > 0.0f)) return sampler_argmax(logits, n);
+    float mx = logits[sampler_argmax(logits, n)];
+    double sum = 0.0;
+    for (int i = 0; i < n; i++) sum += exp(((double)logits[i] - mx) / temperature);
+    double r = (double)util_rng_uniform(rng) * sum, acc = 0.0;
+    for (int i = 0; i < n; i++) {
+        acc += exp(((double)logits[i] - mx) / temperature);
+        if (r < acc) return i;
+    }
+    return sampler_argmax(logits, n);
+}
 
 static inline void gen_result_free(struct gen_result *r) {
     if (!r) return;
@@ -100,7 +115,7 @@ static inline int generate_run(struct model *m, const int32_t *prompt, int n_pro
         }
         done_upto += n;
         if (!last) continue;
-        int id = sampler_sample(logits, V, p->temperature, &rng);
+        int id = ref_sample(logits, V, p->temperature, &rng);
         if (K) {
             sampler_log_softmax(logits, V, lp);
             sampler_top_k(lp, V, K, out->top_ids + (size_t)out->n * K, out->top_lps + (size_t)out->n * K);

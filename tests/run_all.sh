@@ -8,7 +8,7 @@ for t in "$@"; do
   if "$t"; then pass=$((pass+1)); else fail=$((fail+1)); failed+=("$t"); fi
   # the engine's cases again with the model split over two tensor-parallel ranks (CPU threads)
   case "$t" in
-    */test_engine)
+    */test_engine|*/test_prefix_cache)
       echo "=== $t (DUO_TEST_TP=2)"
       if DUO_TEST_TP=2 "$t"; then pass=$((pass+1)); else fail=$((fail+1)); failed+=("$t (DUO_TEST_TP=2)"); fi ;;
   esac

@@ -12,6 +12,9 @@
 #include <cmocka.h>
 
 #include "server/openai.h"
+#include "server/openai_choice.h"
+#include "server/openai_nul.h"
+#include "server/openai_response.h"
 
 static const struct openai_limits LIM = {.model_name = "m", .vocab_size = 512, .max_model_len = 64, .max_n = 8};
 
@@ -514,6 +517,41 @@ static void error_json_has_the_openai_shape(void **state) {
     free(j);
 }
 
+/* engine_submit's refusals: one mapping to HTTP statuses, codes and params. */
+static void engine_refusals_map_to_http_statuses(void **state) {
+    (void)state;
+    struct openai_request r;
+    struct openai_error e;
+    const char *body = "{\"prompt\":\"x\",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":"
+                       "{\"name\":\"n\",\"schema\":{\"type\":\"object\"}}}}";
+    assert_int_equal(parse(body, OPENAI_COMPLETION, &r, &e), 0);
+    const struct {
+        int status, http;
+        const char *code, *param, *message;
+    } cases[] = {
+        {ENGINE_ERR_QUEUE_FULL, 429, "queue_full", "", "the server is busy (request queue full); retry later"},
+        {ENGINE_ERR_DRAINING, 503, NULL, "", "the server is shutting down"},
+        {ENGINE_ERR_TOO_LONG, 400, "context_length_exceeded", "max_tokens", "engine says"},
+        {ENGINE_ERR_INVALID, 400, NULL, "", "engine says"},
+        {ENGINE_ERR_GRAMMAR, 400, NULL, "response_format", "'response_format': engine says"},
+        {ENGINE_ERR_OOM, 500, NULL, "", "engine says"},
+        {ENGINE_ERR_FATAL, 500, NULL, "", "engine says"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        memset(&e, 0, sizeof e);
+        assert_int_equal(openai_submit_error(&r, cases[i].status, "engine says", &e), -1);
+        assert_int_equal(e.status, cases[i].http);
+        if (cases[i].code) assert_string_equal(e.code, cases[i].code);
+        else assert_null(e.code);
+        assert_string_equal(e.param, cases[i].param);
+        assert_string_equal(e.message, cases[i].message);
+    }
+    assert_string_equal(e.type, "server_error");
+    openai_submit_error(&r, ENGINE_ERR_QUEUE_FULL, "", &e);
+    assert_string_equal(e.type, "rate_limit_error");
+    openai_request_free(&r);
+}
+
 static size_t fake_piece(void *ud, int32_t id, bool first, char *buf, size_t cap) {
     (void)ud;
     (void)first;
@@ -692,6 +730,7 @@ int main(void) {
         cmocka_unit_test(work_per_request_is_bounded),
         cmocka_unit_test(chat_messages_are_normalised_and_max_tokens_defaults_to_the_rest),
         cmocka_unit_test(error_json_has_the_openai_shape),
+        cmocka_unit_test(engine_refusals_map_to_http_statuses),
         cmocka_unit_test(completion_response_with_legacy_logprobs),
         cmocka_unit_test(chat_response_and_chunks_have_the_openai_shape),
         cmocka_unit_test(stream_finish_chunk_carries_reason_and_stop_id),

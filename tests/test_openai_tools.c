@@ -6,6 +6,9 @@
 
 #include "engine/grammar.h"
 #include "server/openai.h"
+#include "server/openai_choice.h"
+#include "server/openai_response.h"
+#include "server/openai_tools.h"
 
 static const struct openai_limits LIM = {.model_name = NULL, .vocab_size = 1000, .max_model_len = 4096, .max_n = 4};
 
@@ -219,8 +222,8 @@ static void message_and_stream_agree(void **state) {
     struct openai_choice plain, streamed;
     openai_choice_init(&plain);
     openai_choice_init(&streamed);
-    assert_int_equal(openai_tools_choice_init(&plain, &r, 9), 0);
-    assert_int_equal(openai_tools_choice_init(&streamed, &r, 9), 0);
+    assert_int_equal(openai_choice_init_tools(&plain, &r, 9), 0);
+    assert_int_equal(openai_choice_init_tools(&streamed, &r, 9), 0);
     char content[256] = "", args[2][256] = {"", ""}, names[2][64] = {"", ""}, finish[32] = "";
     int n_calls = 0;
     for (size_t i = 0; i <= sizeof pieces / sizeof *pieces; i++) {
@@ -229,7 +232,7 @@ static void message_and_stream_agree(void **state) {
                                   .stop_index = -1, .stop_reason_id = -1};
         ev.text = strdup(last ? "" : pieces[i]);
         assert_int_equal(openai_choice_add_event(&plain, &ev, false), 0);
-        char *sse = openai_tools_event_sse(&ctx, 0, &streamed, &ev);
+        char *sse = openai_chunk_tools_sse(&ctx, 0, &streamed, &ev);
         assert_non_null(sse);
         for (char *line = strtok(sse, "\n"); line; line = strtok(NULL, "\n")) {
             assert_memory_equal(line, "data: ", 6);

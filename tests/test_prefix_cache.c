@@ -54,11 +54,19 @@ static char *write_pattern(void) {
 /* --kv-cache-dtype of the cores make_core makes (NULL: auto, f32 on the CPU) */
 static const char *kv_dtype;
 
+/* DUO_TEST_TP=N: the model split over N tensor-parallel ranks (CPU threads), as tests/run_all.sh
+ * runs it a second time. */
+static int test_tp(void) {
+    const char *v = getenv("DUO_TEST_TP");
+    return v && atoi(v) > 1 ? atoi(v) : 1;
+}
+
 static struct core *make_core(const char *pattern, bool caching, int budget) {
     struct engine_config cfg = {.model_dir = "tests/fixtures/hf/llama3", .max_num_batched_tokens = budget,
                                 .max_num_seqs = 8, .block_size = 16, .duo_pattern = pattern,
                                 .duo_sparsity = 0.5f, .sink_tokens = 4, .recent_tokens = 8,
-                                .no_prefix_caching = !caching, .kv_cache_dtype = kv_dtype, .quiet = true};
+                                .no_prefix_caching = !caching, .tensor_parallel_size = test_tp(),
+                                .kv_cache_dtype = kv_dtype, .quiet = true};
     struct core *c;
     char err[512] = "";
     int rc = core_create(&c, &cfg, err, sizeof err);
@@ -144,10 +152,28 @@ static void check_turns(const char *pattern, int budget) {
     assert_same_bits(&r_on, &r_off, 1);
     assert_int_equal(r_on.cached[0], pattern ? 0 : 32);
 
+    /* turn 2's prompt and another answer than the model's (a client that edits the history): the
+     * snapshot kept at the end of turn 2's prompt (64 tokens, 4 whole blocks) */
+    int32_t p5[96];
+    int n5 = cat(p5, p2, n2, other, 13);
+    run(on, p5, n5, 1, 8, &r_on);
+    run(off, p5, n5, 1, 8, &r_off);
+    assert_same_bits(&r_on, &r_off, 1);
+    assert_int_equal(r_on.cached[0], n2);
+
+    /* turn 1's prompt (45 tokens, 13 into its third block) and something else: with streaming
+     * heads the snapshot at the end of that prompt, mid-block; without, its 2 whole blocks */
+    int32_t p6[64];
+    int n6 = cat(p6, a, 45, other, 13);
+    run(on, p6, n6, 1, 8, &r_on);
+    run(off, p6, n6, 1, 8, &r_off);
+    assert_same_bits(&r_on, &r_off, 1);
+    assert_int_equal(r_on.cached[0], pattern ? 45 : 32);
+
     struct engine_stats st;
     core_stats(on, &st);
-    assert_true(st.prefix_cache_hits == (uint64_t)(56 + 75 + (pattern ? 0 : 32)));
-    assert_true(st.prefix_cache_queries == (uint64_t)(45 + n2 + n3 + n4));
+    assert_true(st.prefix_cache_hits == (uint64_t)(56 + 75 + (pattern ? 0 : 32) + n2 + (pattern ? 45 : 32)));
+    assert_true(st.prefix_cache_queries == (uint64_t)(45 + n2 + n3 + n4 + n5 + n6));
     assert_true(st.prefix_cache_blocks > 0);
     core_stats(off, &st);
     assert_true(st.prefix_cache_queries == 0 && st.prefix_cache_hits == 0 && st.prefix_cache_blocks == 0);
@@ -194,7 +220,7 @@ static void test_pressure_keeps_bits(void **state) {
         struct engine_config cfg = {.model_dir = "tests/fixtures/hf/llama3", .max_num_batched_tokens = 32,
                                     .max_num_seqs = 4, .block_size = 16, .duo_pattern = pat, .duo_sparsity = 0.5f,
                                     .sink_tokens = 4, .recent_tokens = 8, .kv_cache_memory = (size_t)with ? 90000 : 120000,
-                                    .quiet = true};
+                                    .tensor_parallel_size = test_tp(), .quiet = true};
         struct core *on;
         char err[512] = "";
         assert_int_equal(core_create(&on, &cfg, err, sizeof err), 0);

@@ -254,6 +254,7 @@ static void random_walk(bool caching) {
             int family = (int)(util_rng_next(&rng) % 3);
             for (int k = 0; k < 64; k++) walk_tokens[i][k] = k < 6 ? family : family * 100 + k % (2 + family);
             q[i]->tokens = walk_tokens[i];
+            q[i]->snapshot_at = q[i]->n_tokens; /* the prompt's end */
             if (what == 9) q[i]->forks_pending = 1;
             assert_int_equal(sched_add(&f.s, q[i]), 0);
         } else if (what < 5) {
