@@ -94,7 +94,7 @@ static void greedy(struct model *m, const struct opts *o, int32_t *toks, int n, 
                                false};
         if (model_forward(m, &kv, &bt, lg)) exit(1);
         done = k;
-        toks[k] = sampler_sample(lg, V, 0.0f, NULL);
+        toks[k] = sampler_argmax(lg, V);
     }
     kv_cache_free(&kv);
     free(blocks), free(pos), free(lg);
@@ -224,7 +224,7 @@ int main(int argc, char **argv) {
                 const float *row = lg + (size_t)(ps[p].n - 1 + i) * V;
                 sampler_log_softmax(row, V, lp);
                 tlp[d][p * o.n_new + i] = lp[ps[p].ids[ps[p].n + i]];
-                targ[d][p * o.n_new + i] = sampler_sample(row, V, 0.0f, NULL);
+                targ[d][p * o.n_new + i] = sampler_argmax(row, V);
             }
             int32_t *mine = malloc(sizeof(int32_t) * (size_t)(ps[p].n + o.n_new));
             memcpy(mine, ps[p].ids, sizeof(int32_t) * (size_t)ps[p].n);
