@@ -21,7 +21,6 @@ struct engine_config {
     const char *duo_pattern;    // full_attention_heads.tsv or NULL (all heads retrieval)
     float duo_sparsity;         // fraction of heads made streaming, [0, 1]
     int sink_tokens, recent_tokens; // streaming heads keep these (default 64, 256)
-    const char *chat_template_file; // overrides the model's template, or NULL
     int tensor_parallel_size;   // ranks the model is split over (GPUs; threads on the CPU); 0 or 1: none
     const char *load_format;    // "auto" or "safetensors" (NULL: auto): the checkpoint; "dummy": random
                                 // weights made from config.json alone

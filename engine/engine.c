@@ -11,7 +11,6 @@
 #include <string.h>
 #include <uv.h>
 
-#include "engine/text/chat_template.h"
 #include "engine/elog.h"
 #include "engine/engine_core.h"
 #include "engine/grammar_cache.h"
@@ -38,7 +37,6 @@ struct engine_handle {
 
 struct engine {
     struct core *core;
-    struct chat_template *tmpl;
     uv_loop_t loop;
     uv_async_t wake;
     uv_idle_t idle;
@@ -312,21 +310,11 @@ int engine_create(struct engine **out, const struct engine_config *cfg, char *er
         free(e);
         return -1;
     }
-    /* chat template: the user's file, else the model's (absent is fine: chat requests then fail) */
-    char terr[512] = "";
-    int trc = chat_template_load(core_model_dir(e->core), cfg->chat_template_file, &e->tmpl, terr, sizeof terr);
-    if (trc != 0 && trc != CHAT_TEMPLATE_ERR_NONE) {
-        util_err(err, errlen, "%s", terr);
-        core_free(e->core);
-        free(e);
-        return -1;
-    }
     /* warm-up: on a GPU the decode graphs of every batch size, before anyone is told "ready" */
     double t0 = util_now();
     int steps = warmup_run(e->core, strcmp(core_device(e->core), "cpu") ? core_max_num_seqs(e->core) : 0, err, errlen);
     if (steps < 0) {
         core_free(e->core);
-        chat_template_free(e->tmpl);
         free(e);
         return -1;
     }
@@ -346,7 +334,6 @@ int engine_create(struct engine **out, const struct engine_config *cfg, char *er
         uv_run(&e->loop, UV_RUN_DEFAULT);
         uv_loop_close(&e->loop);
         core_free(e->core);
-        chat_template_free(e->tmpl);
         free(e);
         return util_err(err, errlen, "cannot start the engine thread");
     }
@@ -372,7 +359,6 @@ void engine_destroy(struct engine *e) {
         handle_unref_locked(h);
     }
     pthread_mutex_unlock(&e->mu);
-    chat_template_free(e->tmpl);
     pthread_mutex_destroy(&e->mu);
     free(e);
 }
@@ -489,7 +475,6 @@ void engine_get_stats(struct engine *e, struct engine_stats *st) {
 }
 
 const struct tokenizer *engine_tokenizer(const struct engine *e) { return core_tokenizer(e->core); }
-const struct chat_template *engine_chat_template(const struct engine *e) { return e->tmpl; }
 int engine_vocab_size(const struct engine *e) { return core_model(e->core)->cfg.vocab_size; }
 int engine_max_model_len(const struct engine *e) { return core_max_model_len(e->core); }
 int engine_max_num_seqs(const struct engine *e) { return core_max_num_seqs(e->core); }

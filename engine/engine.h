@@ -17,7 +17,6 @@
 #include "engine/stats.h"
 
 struct tokenizer;
-struct chat_template;
 
 struct engine;
 struct engine_handle;
@@ -50,10 +49,9 @@ void engine_get_stats(struct engine *e, struct engine_stats *st);
 
 /* Read-only after engine_create; safe to use from any thread. */
 const struct tokenizer *engine_tokenizer(const struct engine *e);
-const struct chat_template *engine_chat_template(const struct engine *e); // NULL when the model has none
 int engine_vocab_size(const struct engine *e);
 int engine_max_model_len(const struct engine *e);
 int engine_max_num_seqs(const struct engine *e);
-const char *engine_model_dir(const struct engine *e);
+const char *engine_model_dir(const struct engine *e); // the model's directory (the built-in demo's when none was given)
 
 #endif

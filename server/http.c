@@ -540,7 +540,8 @@ int http_start(struct http_server **out, const struct http_config *cfg, char *er
     return 0;
 }
 
-void http_set_engine(struct http_server *s, struct engine *e) {
+void http_set_engine(struct http_server *s, struct engine *e, const struct chat_template *tmpl) {
+    s->tmpl = tmpl; /* before the engine: whoever sees the engine sees the template */
     atomic_store(&s->engine, e);
     atomic_store(&s->state, HTTP_STATE_READY);
 }

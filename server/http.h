@@ -20,6 +20,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+struct chat_template;
 struct engine;
 
 struct http_config {
@@ -63,7 +64,9 @@ int http_check_config(const struct http_config *cfg, char *err, size_t errlen);
  * error (never shared with another process). */
 int http_start(struct http_server **out, const struct http_config *cfg, char *err, size_t errlen);
 /* The engine is loaded: requests are served from now on (state READY). e is borrowed. */
-void http_set_engine(struct http_server *s, struct engine *e);
+/* The engine is loaded: requests are served from now on, chat ones with tmpl (borrowed: it must
+ * outlive the server; NULL when the model has no chat template). */
+void http_set_engine(struct http_server *s, struct engine *e, const struct chat_template *tmpl);
 void http_set_state(struct http_server *s, enum http_state st);
 /* /health answers 503 while one of these signals is pending (sent, not yet taken by the
  * caller's sigwait), so that no probe is answered 200 after SIGTERM. Set before http_start. */

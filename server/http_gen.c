@@ -275,7 +275,7 @@ static void gen_work(void *arg) {
     http_release_body(r); // parsed: the request's own copy holds what is needed
     if (prc) return;
     const struct tokenizer *tok = engine_tokenizer(e);
-    if (prompt_prepare(q, tok, engine_chat_template(e), &lim, err)) return;
+    if (prompt_prepare(q, tok, s->tmpl, &lim, err)) return;
 
     // The client's request id (header first, then the body's request_id) names the response, as in vLLM.
     const char *prefix = kind == OPENAI_CHAT ? "chatcmpl" : "cmpl";
@@ -343,7 +343,7 @@ static void tok_work(void *arg) {
         char *text = prompt_decode(tok, q->prompts[0].ids, q->prompts[0].n_ids, false, err);
         if (text) r->job_body = openai_detokenize_json(text);
         free(text);
-    } else if (!prompt_prepare(q, tok, engine_chat_template(e), &lim, err)) {
+    } else if (!prompt_prepare(q, tok, r->srv->tmpl, &lim, err)) {
         const struct openai_prompt *p = &q->prompts[0];
         // A token string costs a JSON string each: bounded like a prompt, by the context.
         if (q->return_token_strs && p->n_ids > lim.max_model_len) {

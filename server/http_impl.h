@@ -50,6 +50,7 @@ struct http_server {
     int port;
     _Atomic int state;              // enum http_state
     struct engine *_Atomic engine;  // set once by http_set_engine
+    const struct chat_template *tmpl; // the chat template (set with the engine), or NULL
     struct metrics metrics;
     long long created;              // unix seconds at start (for /v1/models)
     pthread_mutex_t mu;             // guards the active and ready lists

@@ -20,6 +20,7 @@
 #include "engine/backend.h"
 #include "engine/elog.h"
 #include "engine/engine.h"
+#include "engine/text/chat_template.h"
 #include "engine/model_config.h"
 #include "engine/tp.h"
 #include "server/http.h"
@@ -50,6 +51,7 @@ struct serve_options {
     const char *allowed_headers;
     bool allow_credentials;
     const char *config;
+    const char *chat_template; // a Jinja file overriding the model's template, or NULL
     struct engine_config ec; // the engine's flags (opt_engine) and the few below
 };
 
@@ -79,7 +81,7 @@ static const struct opt opts[] = {
      "a request's body must arrive within this of its headers; else 408 (default 60)"},
     {"sse-keepalive", NULL, OPT_DOUBLE, O(sse_keepalive), 0.05, 3600, "S", "comment line on a stream idle this long (default 15)"},
     {"log-format", NULL, OPT_CHOICE, O(log_format), 0, 0, "text|json", "log lines as text (default) or JSON objects, one a line"},
-    {"chat-template", NULL, OPT_STR, O(ec.chat_template_file), 0, 0, "FILE", "Jinja chat template overriding the model's"},
+    {"chat-template", NULL, OPT_STR, O(chat_template), 0, 0, "FILE", "Jinja chat template overriding the model's"},
     {"allowed-origins", NULL, OPT_STR, O(allowed_origins), 0, 0, "JSON",
      "CORS: origins browsers may call from, e.g. '[\"https://app.example\"]' (default '[\"*\"]': any; '[]': none)"},
     {"allowed-methods", NULL, OPT_STR, O(allowed_methods), 0, 0, "JSON", "CORS: methods allowed in a preflight (default '[\"*\"]')"},
@@ -220,7 +222,9 @@ static int apply_config(struct serve_options *o, const char *path, cJSON **doc) 
 
 struct loader {
     struct engine_config cfg;
+    const char *template_file;    // --chat-template, or NULL: the model's own
     struct engine *engine;
+    struct chat_template *tmpl;   // NULL when the model has none (chat requests then get a 400)
     int rc;
     char err[1024];
     volatile int done; // written once by the loader thread, read under `mu`
@@ -230,6 +234,14 @@ struct loader {
 static void *load_engine(void *arg) {
     struct loader *l = arg;
     int rc = engine_create(&l->engine, &l->cfg, l->err, sizeof l->err);
+    if (rc == 0) { /* the chat template: the user's file, else the model's (resolved: the demo's too) */
+        int trc = chat_template_load(engine_model_dir(l->engine), l->template_file, &l->tmpl, l->err, sizeof l->err);
+        if (trc != 0 && trc != CHAT_TEMPLATE_ERR_NONE) {
+            engine_destroy(l->engine);
+            l->engine = NULL;
+            rc = -1;
+        }
+    }
     pthread_mutex_lock(&l->mu);
     l->rc = rc;
     l->done = 1;
@@ -313,7 +325,7 @@ static int check_inputs(const struct serve_options *o, const struct http_config 
         log_msg("error", "%s", err);
         return 1;
     }
-    const char *files[][2] = {{"--duo-pattern", o->ec.duo_pattern}, {"--chat-template", o->ec.chat_template_file}};
+    const char *files[][2] = {{"--duo-pattern", o->ec.duo_pattern}, {"--chat-template", o->chat_template}};
     for (size_t i = 0; i < sizeof files / sizeof files[0]; i++)
         if (files[i][1] && access(files[i][1], R_OK) != 0) {
             log_msg("error", "%s %s: %s", files[i][0], files[i][1], strerror(errno));
@@ -376,8 +388,9 @@ static struct http_config http_config_of(const struct serve_options *o, const ch
 /* Loads the engine (cfg with model_dir) on a thread of its own while this one waits for
  * SIGTERM/SIGINT, which end the process at once: nothing is in flight yet. NULL (logged) when
  * the engine fails to start. */
-static struct engine *load_in_background(const struct engine_config *cfg, const char *model_dir, const sigset_t *sigs) {
-    struct loader ld = {.cfg = *cfg};
+static struct engine *load_in_background(const struct engine_config *cfg, const char *model_dir,
+                                         const char *template_file, struct chat_template **tmpl, const sigset_t *sigs) {
+    struct loader ld = {.cfg = *cfg, .template_file = template_file};
     ld.cfg.model_dir = model_dir;
     pthread_mutex_init(&ld.mu, NULL);
     pthread_t loader_thread;
@@ -401,6 +414,7 @@ static struct engine *load_in_background(const struct engine_config *cfg, const 
         log_msg("error", "%s", ld.err[0] ? ld.err : "the engine failed to start");
         return NULL;
     }
+    *tmpl = ld.tmpl;
     return ld.engine;
 }
 
@@ -498,13 +512,14 @@ int serve_main(int argc, char **argv) {
             strchr(o.host, ':') ? "]" : "", http_port(srv), name);
 
     double t0 = mono();
-    struct engine *e = load_in_background(&o.ec, o.model, &sigs);
+    struct chat_template *tmpl = NULL;
+    struct engine *e = load_in_background(&o.ec, o.model, o.chat_template, &tmpl, &sigs);
     if (!e) {
         http_stop(srv);
         cJSON_Delete(config_doc);
         return 1;
     }
-    http_set_engine(srv, e);
+    http_set_engine(srv, e, tmpl);
     log_msg("info", "ready in %.1fs: model \"%s\", max_model_len %d, max_num_seqs %d, vocabulary %d%s", mono() - t0,
             name, engine_max_model_len(e), engine_max_num_seqs(e), engine_vocab_size(e),
             o.api_key ? ", API key required" : "");
@@ -512,6 +527,7 @@ int serve_main(int argc, char **argv) {
     bool failed = serve_until_signal(srv, e, &sigs, o.shutdown_timeout);
     http_stop(srv);
     engine_destroy(e);
+    chat_template_free(tmpl);
     cJSON_Delete(config_doc);
     log_msg("info", "stopped");
     return failed ? 1 : 0;

@@ -110,6 +110,14 @@ def test_bad_inputs(binary, model):
             check(f"{flag} missing file: exit 1 naming it, before listening",
                   rc == 1 and f"{flag} {path}: No such file or directory" in log and "listening" not in log, (rc, log))
 
+        bad = os.path.join(tmp, "bad.jinja")  # the server loads the template once the engine is up
+        with open(bad, "w") as f:
+            f.write("{% if %}")
+        rc, lines = run_serve(binary, "-m", model, "--chat-template", bad)
+        log = "\n".join(lines)
+        check("--chat-template that does not parse: exit 1 with the template's error, never ready",
+              rc == 1 and f"chat template {bad}: line 1" in log and "ready in" not in log, (rc, log))
+
         # the same refusals as JSON lines
         rc, lines = run_serve(binary, "-m", missing, "--log-format", "json")
         check("-m missing dir, --log-format json: every line JSON", rc == 1 and lines and not json_lines(lines),
