@@ -28,6 +28,11 @@ struct fwd_batch {
     bool skip_logits;            // with argmax_out: the logits themselves are not needed on the host
 };
 
+/* The KV pools' element type. KV_DTYPE_ACT (0) is the activation dtype (f32 on the CPU, bf16 on
+ * CUDA); KV_DTYPE_FP8_E4M3 holds each K or V element x of KV head h as e4m3(x / scale[h])
+ * (engine/fp8.h: nearest even, saturating), read back as e4m3 * scale[h]. */
+enum kv_dtype { KV_DTYPE_ACT = 0, KV_DTYPE_BF16 = 1, KV_DTYPE_FP8_E4M3 = 2 };
+
 /* Attention geometry and the KV of one layer. Its KV heads are ordered retrieval first:
  * heads 0..n_full-1 live in the full pool, heads n_full..n_kv_heads-1 in the streaming pool.
  * Full pool: [n_blocks][block_size][n_full][head_dim], indexed by the batch's block table.
@@ -44,6 +49,8 @@ struct attn_layer {
     float scale;        // 1/sqrt(head_dim)
     void *k_full, *v_full;
     void *k_stream, *v_stream;
+    enum kv_dtype kv_dtype;         // the pools' elements; the attention rounds this batch's K/V to it too
+    const float *k_scale, *v_scale; // KV_DTYPE_FP8_E4M3: [n_kv_heads] f32 backend memory, the order above
 };
 
 /* One draw of the sample op, in vLLM's order (engine/sampler.c defines it): logit bias (added
@@ -99,6 +106,8 @@ struct backend_ops {
     void (*copy)(struct backend *b, void *dst, const void *src, size_t bytes);
     /* bytes of one activation element (4 on CPU, 2 for bf16 on CUDA) */
     size_t act_size;
+    /* the KV pool element types the attention ops take besides KV_DTYPE_ACT: bit 1 << KV_DTYPE_* */
+    unsigned kv_dtypes;
     /* weights: copies (and converts) a checkpoint tensor into backend memory */
     int (*weight_upload)(struct backend *b, const struct st_tensor *t, void **out);
     /* uploads f32 host data into a buffer of `n` floats kept as f32 (RoPE tables) */

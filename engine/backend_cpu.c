@@ -1,11 +1,14 @@
 /* backend_cpu: the reference implementation of every op, plain fp32 loops in the order of the
- * math (llama2.c's forward). Activations and weights are f32 host memory. Single-threaded. */
+ * math (llama2.c's forward). Activations and weights are f32 host memory; the KV pools f32, bf16
+ * or e4m3 (struct attn_layer), whose values the attention computes with in f32. Single-threaded. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "engine/backend.h"
+#include "engine/fp8.h"
 #include "engine/sampler.h"
+#include "engine/util.h"
 
 struct cpu_ctx {
     struct fwd_batch batch; // borrowed for the duration of a step
@@ -14,6 +17,8 @@ struct cpu_ctx {
     size_t own_cap;
     float *scores;          // attention scratch, grown as needed
     size_t scores_cap;
+    float *row;             // attention scratch: a decoded K/V row, then a stored one (2 * head_dim floats)
+    size_t row_cap;
     float *samp;            // sample op scratch: a row and sampler_run's scratch rows, grown as needed
     size_t samp_cap;
 };
@@ -141,18 +146,49 @@ static void cpu_rope(struct backend *b, void *qk, int n_heads, int head_dim, int
         rope_rows((float *)qk + (size_t)t * row_stride, n_heads, head_dim, bt->pos[t], inv_freq);
 }
 
-/* Full-pool row of (sequence s, position p, retrieval head h). */
-static float *full_row(float *cache, const struct fwd_batch *bt, const struct attn_layer *L, int s, int p, int h) {
+/* Element offset of the full-pool row of (sequence s, position p, retrieval head h). */
+static size_t full_row(const struct fwd_batch *bt, const struct attn_layer *L, int s, int p, int h) {
     int blk = bt->block_ids[bt->block_indptr[s] + p / L->block_size];
     size_t row = ((size_t)blk * L->block_size + (size_t)(p % L->block_size)) * L->n_full + (size_t)h;
-    return cache + row * L->head_dim;
+    return row * L->head_dim;
 }
 
-/* Streaming-slot row of (slot, position p, streaming head h). */
-static float *stream_row(float *cache, const struct attn_layer *L, int slot, int p, int h) {
+/* Element offset of the streaming-slot row of (slot, position p, streaming head h). */
+static size_t stream_row(const struct attn_layer *L, int slot, int p, int h) {
     int r = p < L->sink ? p : L->sink + (p - L->sink) % L->recent;
     size_t row = ((size_t)slot * (L->sink + L->recent) + (size_t)r) * L->n_stream + (size_t)h;
-    return cache + row * L->head_dim;
+    return row * L->head_dim;
+}
+
+/* The scale of KV head kvh (reordered index) of an fp8 pool; 1 otherwise. */
+static float kv_scale(const struct attn_layer *L, int kvh, int want_v) {
+    const float *sc = want_v ? L->v_scale : L->k_scale;
+    return L->kv_dtype == KV_DTYPE_FP8_E4M3 && sc ? sc[kvh] : 1.0f;
+}
+
+/* Stores a row of head_dim values at element offset `at` of a pool: f32, bf16 (nearest even) or
+ * e4m3 of x / scale (engine/fp8.h). */
+static void kv_store(const struct attn_layer *L, void *pool, size_t at, const float *x, float scale) {
+    int hd = L->head_dim;
+    if (L->kv_dtype == KV_DTYPE_FP8_E4M3)
+        for (int i = 0; i < hd; i++) ((uint8_t *)pool)[at + i] = fp8_e4m3_from_f32(x[i] / scale);
+    else if (L->kv_dtype == KV_DTYPE_BF16)
+        for (int i = 0; i < hd; i++) ((uint16_t *)pool)[at + i] = util_f32_to_bf16(x[i]);
+    else
+        memcpy((float *)pool + at, x, hd * sizeof(float));
+}
+
+/* The f32 values of the row at element offset `at` of a pool: the row itself when f32, else
+ * decoded into buf (e4m3 * scale). */
+static const float *kv_load(const struct attn_layer *L, const void *pool, size_t at, float scale, float *buf) {
+    int hd = L->head_dim;
+    if (L->kv_dtype == KV_DTYPE_FP8_E4M3)
+        for (int i = 0; i < hd; i++) buf[i] = fp8_e4m3_to_f32(((const uint8_t *)pool)[at + i]) * scale;
+    else if (L->kv_dtype == KV_DTYPE_BF16)
+        for (int i = 0; i < hd; i++) buf[i] = util_bf16_to_f32(((const uint16_t *)pool)[at + i]);
+    else
+        return (const float *)pool + at;
+    return buf;
 }
 
 /* One query head over the keys `visible` says it sees; scores in sc[0..pos]. */
@@ -190,7 +226,8 @@ static int visible_full(const struct attn_layer *L, int i, int j) {
 
 static int visible_stream(const struct attn_layer *L, int i, int j) { return j < L->sink || i - j < L->recent; }
 
-/* Where a key/value row lives: this batch's k/v (positions >= chunk_pos) or the pools. */
+/* Where a key/value row lives: this batch's k/v (positions >= chunk_pos) or the pools. A row
+ * returned is read before the next call (decoded rows share buf). */
 struct key_ctx {
     const struct fwd_batch *bt;
     const struct attn_layer *L;
@@ -198,18 +235,28 @@ struct key_ctx {
     int row_stride;
     int s, kvh;         // sequence, KV head (reordered index)
     int row0, pos0;     // first batch row of the sequence and its position
+    float *buf;         // [head_dim] a decoded row
+    uint8_t *raw;       // [head_dim * 4] a stored row
 };
 
 static const float *key_full(const void *ctx_, int j, int want_v) {
     const struct key_ctx *c = ctx_;
-    return full_row(want_v ? c->L->v_full : c->L->k_full, c->bt, c->L, c->s, j, c->kvh);
+    const struct attn_layer *L = c->L;
+    return kv_load(L, want_v ? L->v_full : L->k_full, full_row(c->bt, L, c->s, j, c->kvh), kv_scale(L, c->kvh, want_v),
+                   c->buf);
 }
 
 static const float *key_stream(const void *ctx_, int j, int want_v) {
     const struct key_ctx *c = ctx_;
-    if (j >= c->pos0) /* in this chunk: the ring may already be too small to hold it */
-        return (want_v ? c->v : c->k) + (size_t)(c->row0 + j - c->pos0) * c->row_stride + (size_t)c->kvh * c->L->head_dim;
-    return stream_row(want_v ? c->L->v_stream : c->L->k_stream, c->L, c->bt->stream_slot[c->s], j, c->kvh - c->L->n_full);
+    const struct attn_layer *L = c->L;
+    float sc = kv_scale(L, c->kvh, want_v);
+    if (j >= c->pos0) { /* in this chunk: the ring may already be too small to hold it; read as stored */
+        const float *x = (want_v ? c->v : c->k) + (size_t)(c->row0 + j - c->pos0) * c->row_stride + (size_t)c->kvh * L->head_dim;
+        kv_store(L, c->raw, 0, x, sc);
+        return kv_load(L, c->raw, 0, sc, c->buf);
+    }
+    return kv_load(L, want_v ? L->v_stream : L->k_stream, stream_row(L, c->bt->stream_slot[c->s], j, c->kvh - L->n_full),
+                   sc, c->buf);
 }
 
 static void cpu_attention(struct backend *b, void *out_, const void *qkv, int rs, const struct attn_layer *L) {
@@ -217,14 +264,20 @@ static void cpu_attention(struct backend *b, void *out_, const void *qkv, int rs
     const struct fwd_batch *bt = &c->batch;
     int hd = L->head_dim, group = L->n_heads / L->n_kv_heads;
     const float *q_ = qkv, *kin = q_ + (size_t)L->n_heads * hd, *vin = kin + (size_t)L->n_kv_heads * hd;
+    if ((size_t)hd * 2 > c->row_cap) {
+        float *nr = realloc(c->row, (size_t)hd * 2 * sizeof(float));
+        if (!nr) abort(); /* host OOM in the reference backend: nothing sensible to do */
+        c->row = nr;
+        c->row_cap = (size_t)hd * 2;
+    }
 
     /* 1. retrieval heads: append this step's keys and values to the full pool */
     for (int s = 0; s < bt->n_seqs; s++)
         for (int t = bt->seq_start[s]; t < bt->seq_start[s + 1]; t++)
             for (int h = 0; h < L->n_full; h++) {
-                size_t src = (size_t)t * rs + (size_t)h * hd;
-                memcpy(full_row(L->k_full, bt, L, s, bt->pos[t], h), kin + src, hd * sizeof(float));
-                memcpy(full_row(L->v_full, bt, L, s, bt->pos[t], h), vin + src, hd * sizeof(float));
+                size_t src = (size_t)t * rs + (size_t)h * hd, at = full_row(bt, L, s, bt->pos[t], h);
+                kv_store(L, L->k_full, at, kin + src, kv_scale(L, h, 0));
+                kv_store(L, L->v_full, at, vin + src, kv_scale(L, h, 1));
             }
 
     /* 2. every query head over the keys its mask allows */
@@ -241,7 +294,7 @@ static void cpu_attention(struct backend *b, void *out_, const void *qkv, int rs
             }
             for (int h = 0; h < L->n_heads; h++) {
                 int kvh = h / group;
-                struct key_ctx kc = {bt, L, kin, vin, rs, s, kvh, row0, pos0};
+                struct key_ctx kc = {bt, L, kin, vin, rs, s, kvh, row0, pos0, c->row, (uint8_t *)(c->row + hd)};
                 const float *q = q_ + (size_t)t * rs + (size_t)h * hd;
                 float *o = (float *)out_ + ((size_t)t * L->n_heads + h) * hd;
                 if (kvh < L->n_full) {
@@ -259,8 +312,9 @@ static void cpu_attention(struct backend *b, void *out_, const void *qkv, int rs
         for (int t = bt->seq_start[s]; t < bt->seq_start[s + 1]; t++)
             for (int h = 0; h < L->n_stream; h++) {
                 size_t src = (size_t)t * rs + (size_t)(L->n_full + h) * hd;
-                memcpy(stream_row(L->k_stream, L, bt->stream_slot[s], bt->pos[t], h), kin + src, hd * sizeof(float));
-                memcpy(stream_row(L->v_stream, L, bt->stream_slot[s], bt->pos[t], h), vin + src, hd * sizeof(float));
+                size_t at = stream_row(L, bt->stream_slot[s], bt->pos[t], h);
+                kv_store(L, L->k_stream, at, kin + src, kv_scale(L, L->n_full + h, 0));
+                kv_store(L, L->v_stream, at, vin + src, kv_scale(L, L->n_full + h, 1));
             }
 }
 
@@ -394,6 +448,7 @@ static int cpu_sync(struct backend *b) { return BACKEND_OK; }
 static void cpu_destroy(struct backend *b) {
     struct cpu_ctx *c = b->ctx;
     free(c->scores);
+    free(c->row);
     free(c->own_logits);
     free(c->samp);
     free(c);
@@ -405,6 +460,7 @@ static const struct backend_ops cpu_ops = {
     .free = cpu_free,
     .copy = cpu_copy,
     .act_size = sizeof(float),
+    .kv_dtypes = 1u << KV_DTYPE_BF16 | 1u << KV_DTYPE_FP8_E4M3,
     .weight_upload = cpu_weight_upload,
     .upload_f32 = cpu_upload_f32,
     .upload_act = cpu_upload_act,

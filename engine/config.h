@@ -15,6 +15,8 @@ struct engine_config {
     int max_queue;              // waiting requests before submit says ENGINE_ERR_QUEUE_FULL, default 1024
     int block_size;             // full-pool block size in tokens, default 16
     size_t kv_cache_memory;     // CPU: bytes for both KV pools (0 = default 256 MiB)
+    const char *kv_cache_dtype; // the KV pools' elements: "auto" (NULL; the activation dtype: f32 on the CPU,
+                                // bf16 on CUDA), "bf16" ("bfloat16") or "fp8" ("fp8_e4m3": e4m3, 1 byte)
     float gpu_memory_utilization; // CUDA: fraction of the card, default 0.9
     const char *duo_pattern;    // full_attention_heads.tsv or NULL (all heads retrieval)
     float duo_sparsity;         // fraction of heads made streaming, [0, 1]

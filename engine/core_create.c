@@ -12,11 +12,13 @@
 /* ---- creation ---- */
 
 /* What besides the tokens makes the KV: the model, the head pattern and its sparsity, sink and
- * recent (all fixed for the process; the salt keeps a cache entry from ever meaning two things). */
+ * recent, the pools' dtype (all fixed for the process; the salt keeps a cache entry from ever
+ * meaning two things). */
 static uint64_t prefix_salt(const struct core *c) {
     char key[4200];
-    snprintf(key, sizeof key, "%s|%s|%.6f|%d|%d|%d", c->cfg.model_dir, c->cfg.duo_pattern ? c->cfg.duo_pattern : "",
-             (double)c->cfg.duo_sparsity, c->cfg.sink_tokens, c->cfg.recent_tokens, c->cfg.block_size);
+    snprintf(key, sizeof key, "%s|%s|%.6f|%d|%d|%d|%d", c->cfg.model_dir, c->cfg.duo_pattern ? c->cfg.duo_pattern : "",
+             (double)c->cfg.duo_sparsity, c->cfg.sink_tokens, c->cfg.recent_tokens, c->cfg.block_size,
+             (int)kv_cache_dtype(c->kv));
     uint64_t h = 1469598103934665603ull; /* FNV-1a */
     for (const char *p = key; *p; p++) h = (h ^ (unsigned char)*p) * 1099511628211ull;
     return h;
@@ -25,7 +27,7 @@ static uint64_t prefix_salt(const struct core *c) {
 static int plan_memory(struct core *c, char *err, size_t errlen) {
     struct kv_geometry g;
     model_kv_geometry(c->m, c->cfg.block_size, c->cfg.sink_tokens, c->cfg.recent_tokens, &g);
-    size_t es = c->b->ops->act_size;
+    size_t es = kv_cache_elem_size(c->b, c->m->kv_dtype);
     size_t block_bytes = kv_cache_block_bytes(&g, es), slot_bytes = kv_cache_slot_bytes(&g, es);
     size_t budget = c->cfg.kv_cache_memory ? c->cfg.kv_cache_memory : (size_t)256 << 20;
     size_t dev_free = 0, dev_total = 0;
@@ -77,10 +79,10 @@ static int plan_memory(struct core *c, char *err, size_t errlen) {
     for (int l = 0; l < mc->n_layers; l++) n_stream_total += c->m->n_stream[l];
     if (c->cfg.quiet) return 0;
     elog("info",
-         "KV cache: full pool %zu blocks x %d tokens = %zu tokens (%zu B/token), streaming pool %d slots "
+         "KV cache: %s, full pool %zu blocks x %d tokens = %zu tokens (%zu B/token), streaming pool %d slots "
          "x %d tokens (%zu B/slot); %d of %d KV heads streaming; max concurrency at %d tokens: %zu; prefix "
          "caching %s",
-         n_blocks, c->cfg.block_size, n_blocks * c->cfg.block_size, block_bytes / c->cfg.block_size, n_slots,
+         core_kv_dtype(c), n_blocks, c->cfg.block_size, n_blocks * c->cfg.block_size, block_bytes / c->cfg.block_size, n_slots,
          c->cfg.sink_tokens + c->cfg.recent_tokens, slot_bytes, n_stream_total, mc->n_layers * mc->n_kv_heads,
          c->max_model_len,
          block_bytes ? n_blocks / ((size_t)(c->max_model_len + c->cfg.block_size - 1) / c->cfg.block_size)
@@ -125,6 +127,21 @@ static int pick_backend(struct core *c, int cuda_flags, char *why, size_t whylen
     } else if (!(c->b = backend_cpu_create())) {
         return util_err(err, errlen, "out of memory");
     }
+    return 0;
+}
+
+/* --kv-cache-dtype on the backend chosen: auto (the activation dtype), bf16 (the activation dtype on
+ * a bf16 backend) or fp8 (e4m3). */
+static int kv_dtype_of(const struct core *c, enum kv_dtype *out, char *err, size_t errlen) {
+    const char *v = c->cfg.kv_cache_dtype;
+    *out = KV_DTYPE_ACT;
+    if (!v || !strcmp(v, "auto")) return 0;
+    if (!strcmp(v, "bf16") || !strcmp(v, "bfloat16")) *out = c->b->ops->act_size == 2 ? KV_DTYPE_ACT : KV_DTYPE_BF16;
+    else if (!strcmp(v, "fp8") || !strcmp(v, "fp8_e4m3")) *out = KV_DTYPE_FP8_E4M3;
+    else return util_err(err, errlen, "kv cache dtype \"%s\" is not auto, bf16, bfloat16, fp8 or fp8_e4m3", v);
+    if (*out != KV_DTYPE_ACT && !(c->b->ops->kv_dtypes & 1u << *out))
+        return util_err(err, errlen, "--kv-cache-dtype %s is not implemented on the %s backend yet", v,
+                        !strcmp(c->b->name, "cuda") ? "CUDA" : c->b->name);
     return 0;
 }
 
@@ -240,6 +257,8 @@ int core_create(struct core **out, const struct engine_config *cfg_in, char *err
     if (pick_backend(c, cuda_flags, why, sizeof why, &why_level, err, errlen) != 0) goto fail;
     struct model_config mc;
     uint8_t *streaming = NULL;
+    enum kv_dtype kv_dtype;
+    if (kv_dtype_of(c, &kv_dtype, err, errlen) != 0) goto fail;
     if (model_config_load(&mc, dir, err, errlen) != 0 || load_pattern(c, &mc, &streaming, err, errlen) != 0) goto fail;
     if (!strcmp(c->cfg.device, "cuda") && mc.head_dim > 256) {
         util_err(err, errlen, "%s: head_dim %d is larger than the CUDA attention kernels support (256)", dir, mc.head_dim);
@@ -257,7 +276,7 @@ int core_create(struct core **out, const struct engine_config *cfg_in, char *err
     }
     struct model_load_opts lo = {.max_tokens = c->max_batch, .streaming = streaming,
                                  .tensor_parallel_size = c->cfg.tensor_parallel_size, .cuda_flags = cuda_flags,
-                                 .dummy = dummy};
+                                 .dummy = dummy, .kv_dtype = kv_dtype};
     int rc = model_load_with(&c->m, dir, c->b, &lo, err, errlen);
     free(streaming);
     if (rc) goto fail;

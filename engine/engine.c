@@ -292,7 +292,7 @@ static void cache_info(struct engine *e, const struct engine_config *cfg) {
         .sink_tokens = core_config(e->core)->sink_tokens,
         .recent_tokens = core_config(e->core)->recent_tokens,
         .gpu_memory_utilization = cfg->gpu_memory_utilization > 0 ? cfg->gpu_memory_utilization : 0.9f,
-        .cache_dtype_bytes = core_kv_dtype_bytes(e->core),
+        .cache_dtype = core_kv_dtype(e->core),
         .enable_prefix_caching = kv_cache_prefix_caching(kv),
     };
 }

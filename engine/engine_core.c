@@ -420,7 +420,11 @@ int core_max_queue(const struct core *c) { return c->cfg.max_queue; }
 int core_max_num_seqs(const struct core *c) { return c->cfg.max_num_seqs; }
 const char *core_device(const struct core *c) { return c->b->name; }
 const struct engine_config *core_config(const struct core *c) { return &c->cfg; }
-int core_kv_dtype_bytes(const struct core *c) { return (int)c->b->ops->act_size; }
+const char *core_kv_dtype(const struct core *c) {
+    enum kv_dtype dt = kv_cache_dtype(c->kv);
+    if (dt == KV_DTYPE_FP8_E4M3) return "fp8_e4m3";
+    return dt == KV_DTYPE_BF16 || c->b->ops->act_size == 2 ? "bfloat16" : "float32";
+}
 struct grammar_cache *core_grammar_cache(struct core *c) { return c->gcache; }
 
 void core_reset_stats(struct core *c) {

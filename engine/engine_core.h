@@ -66,7 +66,7 @@ int core_max_num_seqs(const struct core *c);
 const char *core_device(const struct core *c); // the backend's name: "cpu" or "cuda"
 /* The configuration with its defaults filled in. */
 const struct engine_config *core_config(const struct core *c);
-int core_kv_dtype_bytes(const struct core *c); // bytes of one cached K or V value
+const char *core_kv_dtype(const struct core *c); // the KV pools' elements: "float32", "bfloat16" or "fp8_e4m3"
 /* The compiled grammars of structured output (thread-safe; NULL when the model has no tokenizer). */
 struct grammar_cache *core_grammar_cache(struct core *c);
 

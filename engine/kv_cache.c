@@ -37,6 +37,10 @@ static size_t sum_heads(const int *h, int n) {
     return s;
 }
 
+size_t kv_cache_elem_size(const struct backend *b, enum kv_dtype dt) {
+    return dt == KV_DTYPE_FP8_E4M3 ? 1 : dt == KV_DTYPE_BF16 ? 2 : b->ops->act_size;
+}
+
 size_t kv_cache_block_bytes(const struct kv_geometry *g, size_t es) {
     return 2 * sum_heads(g->n_full, g->n_layers) * (size_t)g->block_size * g->head_dim * es;
 }
@@ -66,10 +70,16 @@ static int shard_init(struct kv_shard *sh, struct backend *b, const struct kv_ge
     sh->v_full = calloc(L, sizeof(void *));
     sh->k_stream = calloc(L, sizeof(void *));
     sh->v_stream = calloc(L, sizeof(void *));
+    bool fp8 = g->dtype == KV_DTYPE_FP8_E4M3;
+    if (fp8) {
+        sh->k_scale = calloc(L, sizeof(float *));
+        sh->v_scale = calloc(L, sizeof(float *));
+        if (!sh->k_scale || !sh->v_scale) return -1;
+    }
     if (!sh->n_full || !sh->n_stream || !sh->k_full || !sh->v_full || !sh->k_stream || !sh->v_stream) return -1;
     memcpy(sh->n_full, g->n_full, sizeof(int) * L);
     memcpy(sh->n_stream, g->n_stream, sizeof(int) * L);
-    size_t es = b->ops->act_size;
+    size_t es = sh->es = kv_cache_elem_size(b, g->dtype);
     for (int l = 0; l < L; l++) {
         size_t fb = (size_t)n_blocks * g->block_size * g->n_full[l] * g->head_dim * es;
         size_t sb = (size_t)n_slots * (g->sink + g->recent) * g->n_stream[l] * g->head_dim * es;
@@ -83,15 +93,27 @@ static int shard_init(struct kv_shard *sh, struct backend *b, const struct kv_ge
             sh->v_stream[l] = b->ops->alloc(b, sb, &s[3]);
         }
         if (s[0] || s[1] || s[2] || s[3]) return -1;
+        int nh = g->n_full[l] + g->n_stream[l];
+        if (fp8 && nh) { /* scales of 1 until kv_cache_set_scales */
+            float *ones = malloc(sizeof(float) * (size_t)nh);
+            if (!ones) return -1;
+            for (int h = 0; h < nh; h++) ones[h] = 1.0f;
+            sh->k_scale[l] = b->ops->alloc(b, sizeof(float) * (size_t)nh, &s[0]);
+            sh->v_scale[l] = b->ops->alloc(b, sizeof(float) * (size_t)nh, &s[1]);
+            if (!s[0] && !s[1]) s[0] = b->ops->upload_f32(b, sh->k_scale[l], ones, (size_t)nh);
+            if (!s[0] && !s[1]) s[1] = b->ops->upload_f32(b, sh->v_scale[l], ones, (size_t)nh);
+            free(ones);
+            if (s[0] || s[1]) return -1;
+        }
     }
     return 0;
 }
 
 static void shard_free(struct kv_shard *sh, int n_layers) {
-    void **arrs[4] = {sh->k_full, sh->v_full, sh->k_stream, sh->v_stream};
-    for (int i = 0; i < 4; i++)
+    void **arrs[6] = {sh->k_full, sh->v_full, sh->k_stream, sh->v_stream, (void **)sh->k_scale, (void **)sh->v_scale};
+    for (int i = 0; i < 6; i++)
         for (int l = 0; arrs[i] && l < n_layers; l++) sh->b->ops->free(sh->b, arrs[i][l]);
-    for (int i = 0; i < 4; i++) free(arrs[i]);
+    for (int i = 0; i < 6; i++) free(arrs[i]);
     free(sh->n_full);
     free(sh->n_stream);
 }
@@ -107,6 +129,7 @@ int kv_cache_init_shards(struct kv_cache *kv, int n, struct backend *const *b, c
     kv->recent = g[0].recent;
     kv->n_blocks = n_blocks;
     kv->n_slots = n_slots;
+    kv->dtype = g[0].dtype;
     kv->n_shards = n;
     kv->shards = calloc((size_t)n, sizeof *kv->shards);
     kv->ref = calloc((size_t)n_blocks + 1, sizeof(int32_t));
@@ -128,6 +151,16 @@ int kv_cache_init_shards(struct kv_cache *kv, int n, struct backend *const *b, c
     kv->has_stream = kv_cache_has_stream(kv);
     return KV_STATUS_OK;
 }
+
+int kv_cache_set_scales(struct kv_cache *kv, int r, int l, const float *k, const float *v) {
+    const struct kv_shard *sh = &kv->shards[r];
+    size_t nh = (size_t)(sh->n_full[l] + sh->n_stream[l]);
+    if (kv->dtype != KV_DTYPE_FP8_E4M3 || !nh) return 0;
+    int rc = sh->b->ops->upload_f32(sh->b, sh->k_scale[l], k, nh);
+    return rc ? rc : sh->b->ops->upload_f32(sh->b, sh->v_scale[l], v, nh);
+}
+
+enum kv_dtype kv_cache_dtype(const struct kv_cache *kv) { return kv->dtype; }
 
 static void prefix_free(struct kv_prefix *pc);
 
@@ -186,7 +219,7 @@ void kv_cache_release(struct kv_cache *kv, const int32_t *ids, int n) {
 void kv_cache_copy_block(struct kv_cache *kv, int32_t dst, int32_t src) {
     for (int r = 0; r < kv->n_shards; r++) {
         const struct kv_shard *sh = &kv->shards[r];
-        size_t es = sh->b->ops->act_size;
+        size_t es = sh->es;
         for (int l = 0; l < kv->n_layers; l++) {
             size_t row = (size_t)kv->block_size * sh->n_full[l] * kv->head_dim * es;
             if (!row) continue;
@@ -215,7 +248,7 @@ void kv_cache_release_slot(struct kv_cache *kv, int32_t slot) {
 void kv_cache_copy_slot(struct kv_cache *kv, int32_t dst, int32_t src) {
     for (int r = 0; r < kv->n_shards; r++) {
         const struct kv_shard *sh = &kv->shards[r];
-        size_t es = sh->b->ops->act_size;
+        size_t es = sh->es;
         for (int l = 0; l < kv->n_layers; l++) {
             size_t row = (size_t)(kv->sink + kv->recent) * sh->n_stream[l] * kv->head_dim * es;
             if (!row) continue;

@@ -27,6 +27,7 @@ struct kv_geometry {
     const int *n_full;   // [n_layers] retrieval KV heads R_l
     const int *n_stream; // [n_layers] streaming KV heads S_l
     int sink, recent;    // streaming slot rows: sink + recent
+    enum kv_dtype dtype; // the arrays' elements (KV_DTYPE_ACT: the backend's activation dtype)
 };
 
 struct kv_cache;
@@ -41,6 +42,8 @@ struct kv_seq {
     int n_hashed;
 };
 
+/* Bytes of one K or V element of type dt in backend b. */
+size_t kv_cache_elem_size(const struct backend *b, enum kv_dtype dt);
 /* Bytes one full-pool block and one streaming slot take across all layers (K and V). */
 size_t kv_cache_block_bytes(const struct kv_geometry *g, size_t elem_size);
 size_t kv_cache_slot_bytes(const struct kv_geometry *g, size_t elem_size);
@@ -55,6 +58,10 @@ int kv_cache_init(struct kv_cache *kv, struct backend *b, const struct kv_geomet
 int kv_cache_init_shards(struct kv_cache *kv, int n, struct backend *const *b, const struct kv_geometry *g,
                          int n_blocks, int n_slots);
 void kv_cache_free(struct kv_cache *kv);
+/* KV_DTYPE_FP8_E4M3: sets the scales of layer l of rank r's heads (k and v: [n_full + n_stream] of
+ * that rank and layer, retrieval heads first); they are 1 until set. 0, or a backend_status. */
+int kv_cache_set_scales(struct kv_cache *kv, int r, int l, const float *k, const float *v);
+enum kv_dtype kv_cache_dtype(const struct kv_cache *kv);
 
 /* Pops n free blocks (ref = 1) into out; all or nothing. */
 enum kv_status kv_cache_alloc(struct kv_cache *kv, int n, int32_t *out);

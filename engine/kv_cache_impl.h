@@ -13,12 +13,15 @@ struct kv_shard {
     int *n_full, *n_stream;       // [n_layers] this rank's retrieval / streaming KV heads
     void **k_full, **v_full;      // [n_layers] backend arrays (NULL when the rank has no retrieval head there)
     void **k_stream, **v_stream;  // [n_layers] backend arrays (NULL when it has no streaming head there)
+    float **k_scale, **v_scale;   // KV_DTYPE_FP8_E4M3: [n_layers] backend f32 [n_full + n_stream]; else NULL
+    size_t es;                    // bytes of one element of the arrays
 };
 
 struct kv_cache {
     struct backend *b; // shards[0].b
     int n_layers, head_dim, block_size, sink, recent;
     int n_blocks, n_slots;
+    enum kv_dtype dtype;      // the arrays' elements
     int n_shards;             // tensor-parallel ranks; 1 without tensor parallelism
     struct kv_shard *shards;  // [n_shards]
     int32_t *ref;                 // [n_blocks] reference counts (0 = free)

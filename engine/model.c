@@ -16,7 +16,8 @@
 #include "engine/util.h"
 
 void model_kv_geometry(const struct model *m, int block_size, int sink, int recent, struct kv_geometry *g) {
-    *g = (struct kv_geometry){m->cfg.n_layers, m->cfg.head_dim, block_size, m->n_full, m->n_stream, sink, recent};
+    *g = (struct kv_geometry){m->cfg.n_layers, m->cfg.head_dim, block_size, m->n_full, m->n_stream, sink, recent,
+                              m->kv_dtype};
 }
 
 void model_rope_inv_freq(const struct model_config *cfg, float *inv_freq) {
@@ -436,6 +437,17 @@ static int alloc_acts(struct model *m) {
     return rc == BACKEND_OK ? 0 : -1;
 }
 
+/* The fp8 KV pools' scales of the rank's heads: 1 (as vLLM's kv_cache_dtype=fp8 without
+ * calibration). */
+static int kv_scales(struct model *m) {
+    size_t n = (size_t)m->cfg.n_layers * m->sh.n_kv_heads;
+    m->k_scale = malloc(sizeof(float) * (n ? n : 1));
+    m->v_scale = malloc(sizeof(float) * (n ? n : 1));
+    if (!m->k_scale || !m->v_scale) return -1;
+    for (size_t i = 0; i < n; i++) m->k_scale[i] = m->v_scale[i] = 1.0f;
+    return 0;
+}
+
 /* The rank's share of the model's shape. */
 static void shard_init(struct model *m, const struct model_rank_spec *spec) {
     const struct model_config *c = &m->cfg;
@@ -482,6 +494,7 @@ int model_load_rank(struct model **out, const char *dir, struct backend *b, cons
     if (!m) return util_err(err, errlen, "out of memory");
     m->b = b;
     m->max_tokens = o->max_tokens;
+    m->kv_dtype = o->kv_dtype;
     struct safetensors *st = NULL;
     int *heads = NULL;
     int rc = model_config_load(&m->cfg, dir, err, errlen);
@@ -508,6 +521,7 @@ int model_load_rank(struct model **out, const char *dir, struct backend *b, cons
         if (ld.progress_on) elog_progress_end(&ld.progress);
         free(ld.used);
     }
+    if (!rc && m->kv_dtype == KV_DTYPE_FP8_E4M3 && kv_scales(m) != 0) rc = util_err(err, errlen, "out of memory");
     if (!rc && alloc_acts(m) != 0)
         rc = util_err(err, errlen, "out of %s memory for activations of %d tokens", b->name, o->max_tokens);
     free(heads);
@@ -537,6 +551,8 @@ void model_free_rank(struct model *m) {
     void *acts[] = {m->x, m->x2, m->h, m->qkv, m->att, m->o, m->gu, m->act, m->inv_freq, m->lg_part, m->lg_all};
     for (size_t i = 0; i < sizeof acts / sizeof acts[0]; i++) fr(b, acts[i]);
     free(m->layers);
+    free(m->k_scale);
+    free(m->v_scale);
     free(m->n_full);
     free(m->n_stream);
     free(m->sh.n_full);
@@ -600,7 +616,9 @@ static int forward_ops(struct model *m, struct kv_cache *kv, const struct fwd_ba
                                .n_stream = sh->n_stream[l], .block_size = kv->block_size, .sink = kv->sink,
                                .recent = kv->recent, .sliding_window = c->sliding_window,
                                .scale = 1.0f / sqrtf((float)hd), .k_full = ks->k_full[l], .v_full = ks->v_full[l],
-                               .k_stream = ks->k_stream[l], .v_stream = ks->v_stream[l]};
+                               .k_stream = ks->k_stream[l], .v_stream = ks->v_stream[l], .kv_dtype = kv->dtype,
+                               .k_scale = ks->k_scale ? ks->k_scale[l] : NULL,
+                               .v_scale = ks->v_scale ? ks->v_scale[l] : NULL};
         // attention block (h = rmsnorm(x) on entry): x += o(attn(rope(q), rope(k), v)), h = rmsnorm(x)
         if (m->fused_norm && l > 0) {
             op->norm_matmul(b, m->qkv, m->gu, m->h, alt, cur, m->o, w->attn_norm, c->norm_eps, w->wqkv, w->bqkv, T,

@@ -55,6 +55,9 @@ struct model {
     int *n_full, *n_stream;       // [n_layers] retrieval / streaming KV heads of the whole model
     void *inv_freq;               // (head_dim/2) f32 RoPE frequencies
     int max_tokens;               // activation buffers hold this many tokens per step
+    enum kv_dtype kv_dtype;       // the KV pools' elements (model_load_opts)
+    float *k_scale, *v_scale;     // KV_DTYPE_FP8_E4M3: [n_layers][sh.n_kv_heads] host, the rank's heads in
+                                  // pool order (retrieval first): the pools' scales; else NULL
     bool fused_swiglu;            // w_gateup's rows in matmul_swiglu's order, and the MLP runs through it
     bool fused_norm;              // the norms feed their GEMMs through norm_matmul (residual in x / x2)
     // activations, backend memory, [max_tokens][...]
@@ -77,6 +80,7 @@ struct model_load_opts {
     int tensor_parallel_size; // ranks; <= 1: none
     int cuda_flags;           // BACKEND_CUDA_* of the other ranks' backends
     bool dummy;               // --load-format dummy: random weights from config.json alone (no safetensors)
+    enum kv_dtype kv_dtype;   // the KV pools' elements (the backend must take them: backend_ops.kv_dtypes)
 };
 
 /* Loads DIR into backend b with activation buffers for max_tokens tokens per step. On error
@@ -98,7 +102,8 @@ int model_tp_size(const struct model *m);
 /* True once a rank has failed: the model cannot run another step (the server should stop). */
 bool model_failed(const struct model *m);
 
-/* The KV pools for this model, on every rank (each rank its heads' arrays). */
+/* The KV pools for this model, on every rank (each rank its heads' arrays), of the model's KV
+ * dtype and scales. */
 int model_kv_cache_init(const struct model *m, struct kv_cache *kv, int block_size, int sink, int recent,
                         int n_blocks, int n_slots);
 /* On a backend that plans from device memory: the bytes the KV pools of the whole model may take

@@ -149,7 +149,21 @@ static int tp_forward(struct model *m, struct kv_cache *kv, const struct fwd_bat
 static void rank_geometry(const struct model *m, int r, int block_size, int sink, int recent, struct kv_geometry *g) {
     const struct model *rm = rank_model(m, r);
     *g = (struct kv_geometry){m->cfg.n_layers, m->cfg.head_dim, block_size, rm->sh.n_full, rm->sh.n_stream, sink,
-                              recent};
+                              recent, m->kv_dtype};
+}
+
+/* Each rank's scales into its shard of the fp8 pools. */
+static int set_kv_scales(const struct model *m, struct kv_cache *kv) {
+    for (int r = 0; m->kv_dtype == KV_DTYPE_FP8_E4M3 && r < m->sh.size; r++) {
+        const struct model *rm = rank_model(m, r);
+        int kvr = rm->sh.n_kv_heads;
+        for (int l = 0; l < m->cfg.n_layers; l++)
+            if (kv_cache_set_scales(kv, r, l, rm->k_scale + (size_t)l * kvr, rm->v_scale + (size_t)l * kvr) != 0) {
+                kv_cache_free(kv);
+                return KV_STATUS_OOM;
+            }
+    }
+    return KV_STATUS_OK;
 }
 
 int model_kv_cache_init(const struct model *m, struct kv_cache *kv, int block_size, int sink, int recent,
@@ -158,7 +172,8 @@ int model_kv_cache_init(const struct model *m, struct kv_cache *kv, int block_si
     if (!m->tp) {
         struct kv_geometry g;
         model_kv_geometry(m, block_size, sink, recent, &g);
-        return kv_cache_init(kv, m->b, &g, n_blocks, n_slots);
+        int rc = kv_cache_init(kv, m->b, &g, n_blocks, n_slots);
+        return rc ? rc : set_kv_scales(m, kv);
     }
     struct backend **b = calloc((size_t)n, sizeof *b);
     struct kv_geometry *g = calloc((size_t)n, sizeof *g);
@@ -172,13 +187,13 @@ int model_kv_cache_init(const struct model *m, struct kv_cache *kv, int block_si
     }
     free(b);
     free(g);
-    return rc;
+    return rc ? rc : set_kv_scales(m, kv);
 }
 
 int model_kv_budget(const struct model *m, int block_size, int sink, int recent, float util, double *budget,
                     char *err, size_t errlen) {
     int n = m->sh.size;
-    size_t es = m->b->ops->act_size;
+    size_t es = kv_cache_elem_size(m->b, m->kv_dtype);
     struct kv_geometry whole;
     model_kv_geometry(m, block_size, sink, recent, &whole);
     double block_tot = (double)kv_cache_block_bytes(&whole, es), slot_tot = (double)kv_cache_slot_bytes(&whole, es);

@@ -49,7 +49,7 @@ struct engine_cache_info {
     int block_size, num_gpu_blocks; // the full pool (the KV blocks, on the CPU too)
     int num_streaming_slots, sink_tokens, recent_tokens; // the streaming pool
     float gpu_memory_utilization;
-    int cache_dtype_bytes;          // 2: bfloat16, 4: float32
+    const char *cache_dtype;        // the KV pools' elements: "float32", "bfloat16" or "fp8_e4m3" (static)
     bool enable_prefix_caching;
 };
 

@@ -140,7 +140,7 @@ static void render_cache_info(struct sbuf *b, const struct engine_stats *st, con
         "duoserve:cache_config_info{%s,block_size=\"%d\",cache_dtype=\"%s\",enable_prefix_caching=\"%s\","
         "gpu_memory_utilization=\"%g\",num_gpu_blocks=\"%d\",num_streaming_slots=\"%d\",sink_tokens=\"%d\","
         "recent_tokens=\"%d\"} 1\n",
-        lbl, c->block_size, c->cache_dtype_bytes == 2 ? "bfloat16" : "float32",
+        lbl, c->block_size, c->cache_dtype ? c->cache_dtype : "",
         c->enable_prefix_caching ? "True" : "False", (double)c->gpu_memory_utilization,
         c->num_gpu_blocks, c->num_streaming_slots, c->sink_tokens, c->recent_tokens);
 }

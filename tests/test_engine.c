@@ -1,6 +1,7 @@
 /* The engine core on the CPU backend: invariance of greedy ids (alone, batched, chunked,
- * preempted; with and without a DuoAttention pattern), DuoAttention math against a dense-mask
- * reference, allocator properties, seeded sampling, stop conditions, n > 1 prefix sharing. */
+ * preempted; with and without a DuoAttention pattern; f32 and fp8 KV), an fp8 KV cache end to
+ * end, DuoAttention math against a dense-mask reference, allocator properties, seeded sampling,
+ * stop conditions, n > 1 prefix sharing. */
 #include <cjson/cJSON.h>
 #include <math.h>
 
@@ -80,12 +81,15 @@ static int test_tp(void) {
     return v && atoi(v) > 1 ? atoi(v) : 1;
 }
 
+/* --kv-cache-dtype of the cores make_core makes (NULL: auto, f32 on the CPU) */
+static const char *kv_dtype;
+
 static struct core *make_core(const char *dir, int budget, size_t kv_bytes, const char *pattern, float sparsity,
                               int sink, int recent) {
     struct engine_config cfg = {.model_dir = dir, .max_num_batched_tokens = budget, .max_num_seqs = 32,
                                 .kv_cache_memory = kv_bytes, .block_size = 16, .duo_pattern = pattern,
                                 .duo_sparsity = sparsity, .sink_tokens = sink, .recent_tokens = recent,
-                                .tensor_parallel_size = test_tp(), .quiet = true};
+                                .tensor_parallel_size = test_tp(), .kv_cache_dtype = kv_dtype, .quiet = true};
     struct core *c;
     char err[512] = "";
     int rc = core_create(&c, &cfg, err, sizeof err);
@@ -150,10 +154,10 @@ static void check_invariance(const char *pattern, float sparsity) {
         size_t kv;
     } runs[] = {{7, 0}, {16, 0}, {4096, 0}, {64, 0}, {33, 0}};
     /* a pool of 14 blocks (224 tokens) for ~470 tokens of work: preemption under load. llama3
-     * fixture: a block is K+V x 2 layers x R heads x 16 tokens x 16 dims x 4 B; a slot (sink 4 +
-     * recent 8 rows) K+V x 2 layers x S heads x 12 x 16 x 4 B, 48 of them (32 seats and 16 for
-     * the prefix cache's snapshots) */
-    runs[3].kv = pattern ? 14 * 4096 + 48 * 3072 : 14 * 8192;
+     * fixture: a block is K+V x 2 layers x R heads x 16 tokens x 16 dims x 4 B (1 B with fp8); a
+     * slot (sink 4 + recent 8 rows) K+V x 2 layers x S heads x 12 x 16 x 4 B, 48 of them (32 seats
+     * and 16 for the prefix cache's snapshots) */
+    runs[3].kv = (pattern ? 14 * 4096 + 48 * 3072 : 14 * 8192) / (kv_dtype ? 4 : 1);
     uint64_t preemptions = 0;
     for (size_t k = 0; k < sizeof runs / sizeof runs[0]; k++) {
         memset(mixed, 0, sizeof mixed);
@@ -181,6 +185,69 @@ static void test_greedy_invariant_alone_batched_chunked_preempted(void **state) 
 static void test_greedy_invariant_with_duo_pattern(void **state) {
     char *p = write_pattern("0.9\t0.1\n0.2\t0.8\n");
     check_invariance(p, 0.5f);
+    unlink(p);
+    free(p);
+}
+
+/* The same with an fp8 KV cache: its rounding is per element, whatever the batch or the chunk. */
+static void test_greedy_invariant_fp8_kv(void **state) {
+    char *p = write_pattern("0.9\t0.1\n0.2\t0.8\n");
+    kv_dtype = "fp8";
+    check_invariance(NULL, 0);
+    check_invariance(p, 0.5f);
+    kv_dtype = NULL;
+    unlink(p);
+    free(p);
+}
+
+/* --kv-cache-dtype fp8 end to end, with and without a head pattern: the pools are fp8 (a quarter
+ * of f32's bytes: at least 4x the tokens in the same memory), a request runs to the end, and its
+ * logprobs are near f32's but not the same. */
+static void test_fp8_kv_end_to_end(void **state) {
+    char *p = write_pattern("0.9\t0.1\n0.2\t0.8\n");
+    int32_t prompt[37];
+    for (int i = 0; i < 37; i++) prompt[i] = 3 + (i * 29) % 500;
+    for (int with = 0; with < 2; with++) {
+        const char *pat = with ? p : NULL;
+        static struct collect o32, o8;
+        struct core *c[2];
+        struct engine_stats st[2];
+        for (int k = 0; k < 2; k++) {
+            kv_dtype = k ? "fp8_e4m3" : NULL;
+            c[k] = make_core("tests/fixtures/hf/llama3", 16, (size_t)1 << 20, pat, 0.5f, 4, 8);
+            struct collect *o = k ? &o8 : &o32;
+            memset(o, 0, sizeof *o);
+            struct engine_sampling sp = greedy(24);
+            sp.logprobs = 20;
+            submit(c[k], prompt, 37, sp, o);
+            run_all(c[k]);
+            assert_int_equal(o->n[0], 24);
+            core_stats(c[k], &st[k]);
+            assert_kv_idle(core_kv(c[k]));
+        }
+        kv_dtype = NULL;
+        assert_string_equal(core_kv_dtype(c[0]), "float32");
+        assert_string_equal(core_kv_dtype(c[1]), "fp8_e4m3");
+        assert_true(kv_cache_has_stream(core_kv(c[1])) == (pat != NULL));
+        int cap32 = st[0].kv_capacity_tokens, cap8 = st[1].kv_capacity_tokens;
+        assert_true(cap32 > 0 && cap8 >= 4 * cap32);
+        if (!pat) assert_true(cap8 < 4 * cap32 + 4 * 16);
+        /* the first token's top-20 logprobs, from the same prompt (matched by id: near ties may swap) */
+        float d = 0;
+        int matched = 0;
+        for (int t = 0; t < 20; t++)
+            for (int u = 0; u < 20; u++)
+                if (o8.top_ids[0][0][u] == o32.top_ids[0][0][t]) {
+                    d = fmaxf(d, fabsf(o8.top_lps[0][0][u] - o32.top_lps[0][0][t]));
+                    matched++;
+                }
+        assert_true(matched >= 15);
+        print_message("fp8 KV %s: %d tokens of capacity (f32: %d); first token's top-20 |d logprob| <= %.2e\n",
+                      pat ? "with a pattern" : "full attention", cap8, cap32, d);
+        assert_true(d > 0 && d < 0.25f);
+        core_free(c[0]);
+        core_free(c[1]);
+    }
     unlink(p);
     free(p);
 }
@@ -789,6 +856,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_greedy_invariant_alone_batched_chunked_preempted),
         cmocka_unit_test(test_greedy_invariant_with_duo_pattern),
+        cmocka_unit_test(test_greedy_invariant_fp8_kv),
+        cmocka_unit_test(test_fp8_kv_end_to_end),
         cmocka_unit_test(test_duo_attention_equals_dense_mask_reference),
         cmocka_unit_test(test_duo_sparsity_zero_equals_no_pattern),
         cmocka_unit_test(test_allocator_random_workload_never_leaks),

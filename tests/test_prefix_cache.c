@@ -1,7 +1,8 @@
 /* Prefix caching through the engine core (tests/fixtures/hf/llama3, the CPU reference): a request
  * that repeats an earlier one's prefix gets exactly the bits of a cache miss (ids, logprobs, top
- * logprobs), with and without a DuoAttention head pattern, for a prefix that ends mid-block and
- * reaches past sink + recent; usage reports the cached tokens; off means off. */
+ * logprobs), with and without a DuoAttention head pattern, with an f32 or fp8 KV cache, for a
+ * prefix that ends mid-block and reaches past sink + recent; usage reports the cached tokens; off
+ * means off. */
 #include "tests/test_common.h"
 #include "tests/test_kv.h"
 
@@ -50,6 +51,9 @@ static char *write_pattern(void) {
     return p;
 }
 
+/* --kv-cache-dtype of the cores make_core makes (NULL: auto, f32 on the CPU) */
+static const char *kv_dtype;
+
 /* DUO_TEST_TP=N: the model split over N tensor-parallel ranks (CPU threads), as tests/run_all.sh
  * runs it a second time. */
 static int test_tp(void) {
@@ -61,7 +65,8 @@ static struct core *make_core(const char *pattern, bool caching, int budget) {
     struct engine_config cfg = {.model_dir = "tests/fixtures/hf/llama3", .max_num_batched_tokens = budget,
                                 .max_num_seqs = 8, .block_size = 16, .duo_pattern = pattern,
                                 .duo_sparsity = 0.5f, .sink_tokens = 4, .recent_tokens = 8,
-                                .no_prefix_caching = !caching, .tensor_parallel_size = test_tp(), .quiet = true};
+                                .no_prefix_caching = !caching, .tensor_parallel_size = test_tp(),
+                                .kv_cache_dtype = kv_dtype, .quiet = true};
     struct core *c;
     char err[512] = "";
     int rc = core_create(&c, &cfg, err, sizeof err);
@@ -193,6 +198,18 @@ static void test_hit_equals_miss_with_streaming_heads(void **state) {
     free(p);
 }
 
+/* With an fp8 KV cache: a hit still finds the bytes a miss computes. */
+static void test_hit_equals_miss_fp8(void **state) {
+    (void)state;
+    char *p = write_pattern();
+    kv_dtype = "fp8";
+    check_turns(NULL, 7);
+    check_turns(p, 7);
+    kv_dtype = NULL;
+    unlink(p);
+    free(p);
+}
+
 /* Many conversations at once on a pool too small for all: the cache evicts, preemption retires
  * sequences into it, and every answer is still the miss's. */
 static void test_pressure_keeps_bits(void **state) {
@@ -245,6 +262,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_hit_equals_miss_full_attention),
         cmocka_unit_test(test_hit_equals_miss_with_streaming_heads),
+        cmocka_unit_test(test_hit_equals_miss_fp8),
         cmocka_unit_test(test_pressure_keeps_bits),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
