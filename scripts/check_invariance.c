@@ -88,7 +88,9 @@ int main(int argc, char **argv) {
             const struct kv_cache *kvc = core_kv(c);
             struct kv_geometry g;
             model_kv_geometry(core_model(c), 16, 4, 8, &g);
-            kv = 22 * kv_cache_block_bytes(&g, kvc->b->ops->act_size) + 16 * kv_cache_slot_bytes(&g, kvc->b->ops->act_size);
+            struct kv_cache_usage u; /* the slots the plan makes for 16 seats (and the prefix cache's snapshots) */
+            kv_cache_usage(kvc, &u);
+            kv = 22 * kv_cache_block_bytes(&g, kvc->b->ops->act_size) + (size_t)u.n_slots * kv_cache_slot_bytes(&g, kvc->b->ops->act_size);
             core_free(c);
         }
         if (run(argv[1], argv[2], pat, sp, cfgs[k].budget, kv, -1, mixed, &pre)) return 1;

@@ -361,9 +361,11 @@ static struct http_config http_config_of(const struct serve_options *o, const ch
     int tp = o->ec.tensor_parallel_size;
     bool dummy = o->ec.load_format && !strcmp(o->ec.load_format, "dummy");
     /* settings that change outputs; the defaults add nothing, so fingerprints stay as they were */
-    char tps[32] = "";
+    char tps[32] = "", kvd[48] = "";
     if (tp > 1) snprintf(tps, sizeof tps, " tp=%d", tp);
-    snprintf(backend, n, "device=%s gemm=%s%s%s", o->ec.device, o->ec.gemm, tps, dummy ? " load_format=dummy" : "");
+    const char *kd = o->ec.kv_cache_dtype;
+    if (kd && strcmp(kd, "auto")) snprintf(kvd, sizeof kvd, " kv_cache_dtype=%s", kd);
+    snprintf(backend, n, "device=%s gemm=%s%s%s%s", o->ec.device, o->ec.gemm, tps, kvd, dummy ? " load_format=dummy" : "");
     snprintf(label, nl, "%s", name);
     if (!o->served_model_name && o->model) {
         size_t len = strlen(o->model);
