@@ -89,9 +89,17 @@ class Log:
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
         return e
 
+    def done(self, e):
+        """The answer is complete: stamped before its last bytes go out, so that a client that
+        sends its next turn at once can never be seen sending it before this one ended."""
+        with self.lock:
+            if e["t1"] is None:
+                e["t1"] = time.monotonic()
+
     def end(self, e):
         with self.lock:
-            e["t1"] = time.monotonic()
+            if e["t1"] is None:
+                e["t1"] = time.monotonic()
             self.in_flight -= 1
 
 
@@ -207,6 +215,7 @@ def scripted_server(log, counters):
             e["answer"] = answer
             send({"choices": [], "usage": {"prompt_tokens": prompt, "completion_tokens": len(words),
                                            "prompt_tokens_details": {"cached_tokens": cached}}})
+            log.done(e)
             self.wfile.write(b"data: [DONE]\n\n")
             self.wfile.flush()
 
@@ -363,6 +372,8 @@ def recording_proxy(log, upstream_port):
                             e["answer"] += (c.get("delta") or {}).get("content") or ""
                         if obj.get("usage"):
                             e["usage"] = obj["usage"]
+                    if e and line.strip() == b"data: [DONE]":
+                        log.done(e)
                     self.wfile.write(line)
                     self.wfile.flush()
             finally:
