@@ -123,7 +123,12 @@ static int pick_backend(struct core *c, int cuda_flags, char *why, size_t whylen
     if (c->b) return 0;
     if (!strcmp(c->cfg.device, "cuda")) {
         c->b = backend_cuda_create(0, cuda_flags, why, whylen);
-        if (!c->b) return util_err(err, errlen, "--device cuda: %s; --device auto or cpu runs on the CPU", why);
+        if (!c->b) {
+            char tmp[300];
+            bool setting = backend_cuda_probe(0, tmp, sizeof tmp) == BACKEND_CUDA_BAD_SETTING; /* not the GPU's fault */
+            return util_err(err, errlen, "--device cuda: %s%s", why,
+                            setting ? "" : "; --device auto or cpu runs on the CPU");
+        }
     } else if (!(c->b = backend_cpu_create())) {
         return util_err(err, errlen, "out of memory");
     }

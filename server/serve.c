@@ -331,8 +331,10 @@ static int check_inputs(const struct serve_options *o, const struct http_config 
             log_msg("error", "%s %s: %s", files[i][0], files[i][1], strerror(errno));
             return 1;
         }
-    if (!strcmp(o->ec.device, "cuda") && backend_cuda_probe(0, err, sizeof err) != BACKEND_CUDA_OK) {
-        log_msg("error", "--device cuda: %s; --device auto or cpu runs on the CPU", err);
+    int probe = !strcmp(o->ec.device, "cuda") ? backend_cuda_probe(0, err, sizeof err) : BACKEND_CUDA_OK;
+    if (probe != BACKEND_CUDA_OK) {
+        log_msg("error", "--device cuda: %s%s", err,
+                probe == BACKEND_CUDA_BAD_SETTING ? "" : "; --device auto or cpu runs on the CPU");
         return 1;
     }
     /* tensor parallelism: the model's shapes and the GPUs it needs */
