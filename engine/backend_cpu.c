@@ -23,8 +23,12 @@ struct cpu_ctx {
     size_t samp_cap;
 };
 
+/* Zeroed and touched now (calloc would map large blocks lazily): what the engine holds is resident
+ * from the start, as on a GPU, so a KV pool that the prefix cache spreads over does not look like
+ * growth later. */
 static void *cpu_alloc(struct backend *b, size_t bytes, enum backend_status *st) {
     void *p = calloc(1, bytes ? bytes : 1);
+    for (size_t i = 0; p && i < bytes; i += 4096) ((volatile char *)p)[i] = 0; /* every page, now */
     if (st) *st = p ? BACKEND_OK : BACKEND_ERR_OOM;
     return p;
 }
