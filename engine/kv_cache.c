@@ -178,7 +178,9 @@ void kv_cache_free(struct kv_cache *kv) {
 }
 
 static bool evict_block(struct kv_cache *kv);
-static int evict_snapshot(struct kv_cache *kv, bool want_slot, int keep);
+static void snap_drop(struct kv_cache *kv, int i);
+enum snap_want { SNAP_ANY, SNAP_SLOT, SNAP_BLOCK };
+static int evict_snapshot(struct kv_cache *kv, enum snap_want want, int keep);
 static void idle_remove(struct kv_prefix *pc, int32_t id);
 static void idle_push(struct kv_prefix *pc, int32_t id);
 
@@ -187,7 +189,7 @@ enum kv_status kv_cache_alloc(struct kv_cache *kv, int n, int32_t *out) {
         struct kv_cache_usage u;
         kv_cache_usage(kv, &u);
         if (n > u.n_free_blocks) return KV_STATUS_NO_SPACE;
-        while (kv->n_free_blocks < n && (evict_block(kv) || evict_snapshot(kv, false, -1) >= 0)) {
+        while (kv->n_free_blocks < n && (evict_block(kv) || evict_snapshot(kv, SNAP_BLOCK, -1) >= 0)) {
         }
     }
     if (n > kv->n_free_blocks) return KV_STATUS_NO_SPACE;
@@ -230,7 +232,7 @@ void kv_cache_copy_block(struct kv_cache *kv, int32_t dst, int32_t src) {
 }
 
 enum kv_status kv_cache_alloc_slot(struct kv_cache *kv, int32_t *slot) {
-    while (kv->n_free_slots == 0 && kv->pc && evict_snapshot(kv, true, -1) >= 0) {
+    while (kv->n_free_slots == 0 && kv->pc && evict_snapshot(kv, SNAP_SLOT, -1) >= 0) {
     }
     if (kv->n_free_slots == 0) return KV_STATUS_NO_SPACE;
     *slot = kv->free_slots[--kv->n_free_slots];
@@ -326,6 +328,20 @@ enum kv_status kv_cache_seq_ensure(struct kv_cache *kv, struct kv_seq *t, int fr
     int new_blocks = (need > t->n_blocks ? need - t->n_blocks : 0) + (cow ? 1 : 0);
     struct kv_cache_usage u;
     kv_cache_usage(kv, &u);
+    if (cow && new_blocks > u.n_free_blocks && kv->pc) {
+        /* the block's other holders are snapshots only: take it over (drop them) rather than copy */
+        int32_t b = t->blocks[first_write];
+        int by_snaps = 0;
+        for (int i = 0; i < kv->pc->n_snaps; i++) by_snaps += kv->pc->snaps[i].block == b;
+        if (kv->ref[b] - by_snaps == 1 && new_blocks - 1 <= u.n_free_blocks) {
+            for (int i = 0; i < kv->pc->n_snaps;)
+                if (kv->pc->snaps[i].block == b) snap_drop(kv, i);
+                else i++;
+            cow = false;
+            new_blocks--;
+            kv_cache_usage(kv, &u);
+        }
+    }
     if (new_blocks > u.n_free_blocks) return KV_STATUS_NO_SPACE;
     if (!seq_table_grow(t, need + 1)) return KV_STATUS_OOM;
     if (cow) {
@@ -364,7 +380,7 @@ enum kv_status kv_cache_seq_fork(struct kv_cache *kv, struct kv_seq *dst, const 
 }
 
 void kv_cache_seq_release(struct kv_cache *kv, struct kv_seq *t) {
-    if (t->n_blocks) kv_cache_release(kv, t->blocks, t->n_blocks);
+    for (int i = t->n_blocks - 1; i >= 0; i--) kv_cache_release(kv, &t->blocks[i], 1); /* leaves first: evicted first */
     t->n_blocks = 0;
     t->n_hashed = 0;
     if (t->slot >= 0) kv_cache_release_slot(kv, t->slot);
@@ -402,7 +418,7 @@ int kv_cache_enable_prefix_caching(struct kv_cache *kv, uint64_t salt) {
     if (!pc) return -1;
     size_t nb = (size_t)kv->n_blocks;
     pc->n_buckets = 16;
-    while ((size_t)pc->n_buckets < 2 * nb) pc->n_buckets *= 2;
+    while ((size_t)pc->n_buckets < 2 * nb && pc->n_buckets < (1 << 30)) pc->n_buckets *= 2;
     pc->salt = salt;
     pc->hash = malloc(sizeof(uint64_t) * nb);
     pc->parent = malloc(sizeof(uint64_t) * nb);
@@ -504,14 +520,16 @@ static void snap_drop(struct kv_cache *kv, int i) {
     pc->snaps[i] = pc->snaps[--pc->n_snaps];
 }
 
-/* Drops the least recently used snapshot (one holding a slot when want_slot) but snapshot `keep`,
+/* Drops the least recently used snapshot (SNAP_SLOT: one holding a slot; SNAP_BLOCK: one whose
+ * partial block nobody else holds) but snapshot `keep`,
  * and returns its index (where the last snapshot moved), or -1 when there is none to drop. */
-static int evict_snapshot(struct kv_cache *kv, bool want_slot, int keep) {
+static int evict_snapshot(struct kv_cache *kv, enum snap_want want, int keep) {
     struct kv_prefix *pc = kv->pc;
     int best = -1;
     for (int i = 0; i < pc->n_snaps; i++) {
         const struct kv_snap *sn = &pc->snaps[i];
-        if (i == keep || (want_slot && sn->slot < 0)) continue;
+        if (i == keep || (want == SNAP_SLOT && sn->slot < 0)) continue;
+        if (want == SNAP_BLOCK && !(sn->block >= 0 && kv->ref[sn->block] == 1)) continue; /* frees none */
         if (best < 0 || sn->used < pc->snaps[best].used) best = i;
     }
     if (best >= 0) snap_drop(kv, best);
@@ -557,7 +575,7 @@ static bool snap_take(struct kv_cache *kv, struct kv_seq *t, const int32_t *toke
     int32_t slot = -1;
     if (!move && t->slot >= 0 && kv_cache_alloc_slot(kv, &slot) != KV_STATUS_OK) return false;
     int32_t *tail = malloc(sizeof(int32_t) * (size_t)bs);
-    if (!tail || (pc->n_snaps == pc->max_snaps && evict_snapshot(kv, false, -1) < 0)) {
+    if (!tail || (pc->n_snaps == pc->max_snaps && evict_snapshot(kv, SNAP_ANY, -1) < 0)) {
         free(tail);
         if (slot >= 0) kv_cache_release_slot(kv, slot);
         return false;
@@ -598,7 +616,6 @@ int kv_cache_seq_match(struct kv_cache *kv, struct kv_seq *t, const int32_t *tok
     assert(t->n_blocks == 0 && t->slot < 0);
     int bs = kv->block_size, max = n - 1; /* the last token is computed: its logits are needed */
     if (!seq_table_grow(t, max / bs + 2)) return 0;
-    pc->queries += (uint64_t)n;
     /* the chain of cached blocks */
     int depth = 0;
     uint64_t parent = pc->salt;
@@ -633,7 +650,7 @@ int kv_cache_seq_match(struct kv_cache *kv, struct kv_seq *t, const int32_t *tok
             int32_t slot;
             int bi = (int)(best - pc->snaps);
             while (kv->n_free_slots == 0) { /* room for a copy: other snapshots go first */
-                int last = pc->n_snaps - 1, d = evict_snapshot(kv, true, bi);
+                int last = pc->n_snaps - 1, d = evict_snapshot(kv, SNAP_SLOT, bi);
                 if (d < 0) break;
                 if (bi == last) bi = d;
             }
@@ -660,8 +677,13 @@ int kv_cache_seq_match(struct kv_cache *kv, struct kv_seq *t, const int32_t *tok
         int i = (int)(best - pc->snaps);
         snap_drop(kv, i);
     }
-    pc->hits += (uint64_t)found;
     return found;
+}
+
+void kv_cache_prefix_count(struct kv_cache *kv, int n, int found) {
+    if (!kv->pc || n < 2) return;
+    kv->pc->queries += (uint64_t)n;
+    kv->pc->hits += (uint64_t)found;
 }
 
 void kv_cache_prefix_stats(const struct kv_cache *kv, struct kv_prefix_stats *st) {

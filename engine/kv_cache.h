@@ -122,6 +122,9 @@ bool kv_cache_prefix_caching(const struct kv_cache *kv);
 /* For t (empty): the longest cached prefix of tokens[0, n), leaving at least the last token to
  * compute. t then holds its blocks (and slot). Returns the tokens found (0: none, or caching off). */
 int kv_cache_seq_match(struct kv_cache *kv, struct kv_seq *t, const int32_t *tokens, int n);
+/* Counts one admission's lookup in the prefix cache's statistics: n tokens asked for, found of
+ * them found (kv_cache_seq_match does not count: a request may be matched again while it waits). */
+void kv_cache_prefix_count(struct kv_cache *kv, int n, int found);
 /* Registers t's blocks that positions [0, n_computed) filled (after a step). */
 void kv_cache_seq_commit(struct kv_cache *kv, struct kv_seq *t, const int32_t *tokens, int n_computed);
 /* t leaves: its blocks are registered and released, a snapshot of where it stood is kept, and
@@ -132,7 +135,7 @@ void kv_cache_seq_retire(struct kv_cache *kv, struct kv_seq *t, const int32_t *t
  * rest). A chat's next turn holds the previous turn's prompt whatever the tokens of its answer. */
 void kv_cache_seq_snapshot(struct kv_cache *kv, struct kv_seq *t, const int32_t *tokens, int n_computed);
 struct kv_prefix_stats {
-    uint64_t queries, hits; // tokens asked for by kv_cache_seq_match, and found
+    uint64_t queries, hits; // tokens asked for at admissions (kv_cache_prefix_count), and found
     int cached_blocks;      // registered blocks (in use or not)
     int snapshots;
 };

@@ -114,7 +114,8 @@ int sched_step_plan(struct sched *s) {
         kv_cache_usage(s->kv, &u);
         if (s->has_stream && u.n_free_slots - s->reserved < seats) break;
         int hit = 0;
-        if (q->n_computed == 0 && q->kv.n_blocks == 0 && q->kv.slot < 0) {
+        bool looked = q->n_computed == 0 && q->kv.n_blocks == 0 && q->kv.slot < 0;
+        if (looked) {
             hit = q->n_computed = kv_cache_seq_match(s->kv, &q->kv, q->tokens, q->n_tokens);
             if (q->t_scheduled <= 0) q->n_cached = hit;
         }
@@ -122,12 +123,13 @@ int sched_step_plan(struct sched *s) {
         if (want > budget) want = budget;
         if (kv_cache_seq_ensure(s->kv, &q->kv, q->n_computed, q->n_computed + want) != KV_STATUS_OK) {
             if (hit) { /* no room for the rest: the cached part waits in the cache, not in q */
-                kv_cache_seq_release(s->kv, &q->kv);
+                kv_cache_seq_retire(s->kv, &q->kv, q->tokens, q->n_computed);
                 q->n_computed = 0;
             }
             break;
         }
         if (s->has_stream && q->kv.slot < 0) kv_cache_seq_slot(s->kv, &q->kv); /* checked free above */
+        if (looked) kv_cache_prefix_count(s->kv, q->n_tokens, hit);
         if (q->t_scheduled <= 0) q->t_scheduled = util_now();
         list_remove(&s->waiting, q);
         q->state = SCHED_RUNNING;

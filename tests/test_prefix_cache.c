@@ -258,12 +258,63 @@ static void test_pressure_keeps_bits(void **state) {
     free(p);
 }
 
+/* A pool of exactly 4 blocks of 16 (64 tokens) and one request of 62 prompt tokens + 2 out: the
+ * snapshot at the prompt's end shares the sequence's partial block, and a copy on the first decode
+ * would need a fifth block. It runs to its end with the cache as without it (once, the engine spun
+ * planning nothing). Returns the steps that computed nothing. */
+static int full_pool_idle_steps(const char *pattern, bool caching) {
+    size_t slot_bytes = pattern ? 3072 : 0, block_bytes = pattern ? 4096 : 8192; /* llama3 fixture, f32 */
+    int n_slots = pattern ? 4 + (caching ? 2 : 0) : 0;
+    struct engine_config cfg = {.model_dir = "tests/fixtures/hf/llama3", .max_num_batched_tokens = 256,
+                                .max_num_seqs = 4, .block_size = 16, .duo_pattern = pattern, .duo_sparsity = 0.5f,
+                                .sink_tokens = 4, .recent_tokens = 8, .no_prefix_caching = !caching,
+                                .kv_cache_memory = n_slots * slot_bytes + 4 * block_bytes, .quiet = true};
+    struct core *c;
+    char err[512] = "";
+    int rc = core_create(&c, &cfg, err, sizeof err);
+    if (rc) print_error("core_create: %s\n", err);
+    assert_int_equal(rc, 0);
+    struct engine_stats st;
+    core_stats(c, &st);
+    assert_int_equal(st.kv_capacity_tokens, 64);
+    int32_t prompt[62];
+    for (int i = 0; i < 62; i++) prompt[i] = 3 + (i * 37) % 500;
+    static struct collect out;
+    memset(&out, 0, sizeof out);
+    struct engine_sampling sp = {.n = 1, .max_tokens = 2, .top_p = 1.0f, .repetition_penalty = 1.0f,
+                                 .ignore_eos = true, .skip_special_tokens = true, .logprobs = -1};
+    struct engine_request req = {prompt, 62, sp};
+    assert_int_equal(core_add(c, &req, collect_emit, &out, NULL, err, sizeof err), ENGINE_OK);
+    int idle = 0;
+    for (int guard = 0; core_has_work(c) && guard < 100; guard++) {
+        int r = core_step(c);
+        assert_true(r >= 0);
+        idle += r == 0;
+    }
+    assert_false(core_has_work(c));
+    assert_int_equal(out.n[0], 2);
+    core_free(c);
+    return idle;
+}
+
+static void test_full_pool_request_runs(void **state) {
+    (void)state;
+    char *p = write_pattern();
+    for (int with = 0; with < 2; with++) {
+        assert_int_equal(full_pool_idle_steps(with ? p : NULL, false), 0);
+        assert_int_equal(full_pool_idle_steps(with ? p : NULL, true), 0);
+    }
+    unlink(p);
+    free(p);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_hit_equals_miss_full_attention),
         cmocka_unit_test(test_hit_equals_miss_with_streaming_heads),
         cmocka_unit_test(test_hit_equals_miss_fp8),
         cmocka_unit_test(test_pressure_keeps_bits),
+        cmocka_unit_test(test_full_pool_request_runs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
