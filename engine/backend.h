@@ -104,6 +104,8 @@ struct backend_ops {
     void (*free)(struct backend *b, void *p);
     /* device-to-device copy of bytes (KV copy on write, slot forks) */
     void (*copy)(struct backend *b, void *dst, const void *src, size_t bytes);
+    /* Optional (host memory): makes [p, p + bytes) of an alloc resident now rather than on first use. */
+    void (*prefault)(struct backend *b, void *p, size_t bytes);
     /* bytes of one activation element (4 on CPU, 2 for bf16 on CUDA) */
     size_t act_size;
     /* the KV pool element types the attention ops take besides KV_DTYPE_ACT: bit 1 << KV_DTYPE_* */

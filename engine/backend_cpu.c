@@ -23,17 +23,18 @@ struct cpu_ctx {
     size_t samp_cap;
 };
 
-/* Zeroed and touched now (calloc would map large blocks lazily): what the engine holds is resident
- * from the start, as on a GPU, so a KV pool that the prefix cache spreads over does not look like
- * growth later. */
 static void *cpu_alloc(struct backend *b, size_t bytes, enum backend_status *st) {
     void *p = calloc(1, bytes ? bytes : 1);
-    for (size_t i = 0; p && i < bytes; i += 4096) ((volatile char *)p)[i] = 0; /* every page, now */
     if (st) *st = p ? BACKEND_OK : BACKEND_ERR_OOM;
     return p;
 }
 
 static void cpu_free(struct backend *b, void *p) { free(p); }
+
+/* Every page of p resident now (calloc maps large blocks lazily). */
+static void cpu_prefault(struct backend *b, void *p, size_t bytes) {
+    for (size_t i = 0; p && i < bytes; i += 4096) ((volatile char *)p)[i] = 0;
+}
 
 static void cpu_copy(struct backend *b, void *dst, const void *src, size_t bytes) { memmove(dst, src, bytes); }
 
@@ -462,6 +463,7 @@ static void cpu_destroy(struct backend *b) {
 static const struct backend_ops cpu_ops = {
     .alloc = cpu_alloc,
     .free = cpu_free,
+    .prefault = cpu_prefault,
     .copy = cpu_copy,
     .act_size = sizeof(float),
     .kv_dtypes = 1u << KV_DTYPE_BF16 | 1u << KV_DTYPE_FP8_E4M3,

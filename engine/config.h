@@ -24,6 +24,7 @@ struct engine_config {
     int tensor_parallel_size;   // ranks the model is split over (GPUs; threads on the CPU); 0 or 1: none
     const char *load_format;    // "auto" or "safetensors" (NULL: auto): the checkpoint; "dummy": random
                                 // weights made from config.json alone
+    bool prefault_kv;           // the KV pools resident from the start (the server), not as first used
     bool no_prefix_caching;     // prefix caching is on unless this says otherwise (--no-enable-prefix-caching)
     bool quiet;                 // no start-up log lines (tests)
 };

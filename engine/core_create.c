@@ -69,6 +69,7 @@ static int plan_memory(struct core *c, char *err, size_t errlen) {
         model_kv_cache_init(c->m, c->kv, c->cfg.block_size, c->cfg.sink_tokens, c->cfg.recent_tokens, (int)n_blocks,
                             n_slots) != KV_STATUS_OK)
         return util_err(err, errlen, "out of memory for the KV pools (%zu bytes)", budget);
+    if (c->cfg.prefault_kv) kv_cache_prefault(c->kv);
     if (caching && kv_cache_enable_prefix_caching(c->kv, prefix_salt(c)) != 0)
         return util_err(err, errlen, "out of memory for the prefix cache");
     struct sched_config sc = {.max_num_seqs = c->cfg.max_num_seqs, .max_batch_tokens = c->max_batch};

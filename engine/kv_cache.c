@@ -109,6 +109,20 @@ static int shard_init(struct kv_shard *sh, struct backend *b, const struct kv_ge
     return 0;
 }
 
+void kv_cache_prefault(struct kv_cache *kv) {
+    for (int r = 0; r < kv->n_shards; r++) {
+        struct kv_shard *sh = &kv->shards[r];
+        if (!sh->b->ops->prefault) continue;
+        for (int l = 0; l < kv->n_layers; l++) {
+            size_t fb = (size_t)kv->n_blocks * kv->block_size * sh->n_full[l] * kv->head_dim * sh->es;
+            size_t sb = (size_t)kv->n_slots * (kv->sink + kv->recent) * sh->n_stream[l] * kv->head_dim * sh->es;
+            if (sh->k_full[l]) sh->b->ops->prefault(sh->b, sh->k_full[l], fb), sh->b->ops->prefault(sh->b, sh->v_full[l], fb);
+            if (sh->k_stream[l])
+                sh->b->ops->prefault(sh->b, sh->k_stream[l], sb), sh->b->ops->prefault(sh->b, sh->v_stream[l], sb);
+        }
+    }
+}
+
 static void shard_free(struct kv_shard *sh, int n_layers) {
     void **arrs[6] = {sh->k_full, sh->v_full, sh->k_stream, sh->v_stream, (void **)sh->k_scale, (void **)sh->v_scale};
     for (int i = 0; i < 6; i++)

@@ -58,6 +58,10 @@ int kv_cache_init(struct kv_cache *kv, struct backend *b, const struct kv_geomet
 int kv_cache_init_shards(struct kv_cache *kv, int n, struct backend *const *b, const struct kv_geometry *g,
                          int n_blocks, int n_slots);
 void kv_cache_free(struct kv_cache *kv);
+/* Host-memory pools (the CPU backend) resident now rather than page by page as they are first
+ * used: a server's memory then stands still from the start, even as the prefix cache spreads its
+ * sequences over the whole pool. */
+void kv_cache_prefault(struct kv_cache *kv);
 /* KV_DTYPE_FP8_E4M3: sets the scales of layer l of rank r's heads (k and v: [n_full + n_stream] of
  * that rank and layer, retrieval heads first); they are 1 until set. 0, or a backend_status. */
 int kv_cache_set_scales(struct kv_cache *kv, int r, int l, const float *k, const float *v);

@@ -517,6 +517,7 @@ int serve_main(int argc, char **argv) {
 
     double t0 = mono();
     struct chat_template *tmpl = NULL;
+    o.ec.prefault_kv = true; /* a server's memory stands still from the start (the soak's flat RSS) */
     struct engine *e = load_in_background(&o.ec, o.model, o.chat_template, &tmpl, &sigs);
     if (!e) {
         http_stop(srv);
