@@ -7,13 +7,14 @@
 # Expects .device/ as scripts/device_pack.sh leaves it (run there first): bin.txz (the stripped
 # binaries of make CUDA=1 BUILD=build-gpu, libktrace.so and libcupti.so.13 in bin/),
 # models/stories260k, traces/ and tokenizers/llama3 copied from ../shared. Run with the device tool: command
-# "bash scripts/device_run.sh ...", carry [".device"]. Logs and traces come back in $OUT/run.tgz.
+# "bash scripts/device_run.sh ...", carry [".device"]. Logs and traces are written straight to $OUT/r
+# (so a run cut off by the command limit still brings back what it wrote).
 set -u
 stages=${*:-attnbench checks bench gemmprof stamps ab trace optime serving}
 has() { [[ " $stages " == *" $1 "* ]]; }
 source .device/env.sh
 tar xJf .device/bin.txz -C /tmp
-B=/tmp/bin; export SHARED=.device; L=/tmp/r; mkdir -p $L
+B=/tmp/bin; export SHARED=.device; L=${OUT:-/tmp}/r; mkdir -p $L
 export LD_LIBRARY_PATH=$B:$LD_LIBRARY_PATH
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
 M=/tmp/llama8b
@@ -25,6 +26,7 @@ if needs_8b; then
   mk=$!
 fi
 t0=$SECONDS
+at() { echo "   [$1 done at $((SECONDS-t0)) s]"; }
 if has attnbench; then # one decode token's attention at several contexts; FA_CLOCKS build: phase stamps
   { echo "== attnbench"; DUOSERVE_TEST_ONLY=attnbench $B/duoserve-test-cuda
     [ -x $B/duoserve-test-cuda-clk ] && DUOSERVE_TEST_ONLY=attnbench $B/duoserve-test-cuda-clk
@@ -40,17 +42,18 @@ fi
 # the op test's GEMM cases alone (a new GEMM kernel first: the benchmarks after it are skipped if it fails)
 # (GEMM_ENV="VAR=v,... ...": again under each set of switches, all at once)
 if has gemm; then
-  i=0; for v in "" ${GEMM_ENV:-}; do
+  i=0; pids=; for v in "" ${GEMM_ENV:-}; do
     ( timeout 300 env $(echo "$v" | tr ',' ' ') DUOSERVE_TEST_ONLY=matmul $B/duoserve-test-cuda > $L/op_gemm$i.log 2>&1 ) &
-    i=$((i+1))
-  done; wait
+    pids="$pids $!"; i=$((i+1))
+  done; wait $pids # (not the 8B checkpoint's writer)
   i=0; fail=0; for v in "" ${GEMM_ENV:-}; do
     f=$L/op_gemm$i.log; i=$((i+1))
     echo "op test GEMMs [$v]: $(grep -c FAIL $f) FAIL lines; $(tail -1 $f)"
     grep -E "FAIL" $f | head -12; grep -E "^(ok|FAIL) (qkv|o|gate|down|LM)" $f | cut -c1-150
     grep -q " 0 failed" $f || fail=1
   done
-  [ $fail = 0 ] || [ -n "${GEMM_NOFAIL:-}" ] || { echo "GEMM op test failed: no benchmarks"; tar czf $OUT/run.tgz -C /tmp r; exit 1; }
+  at gemm
+  [ $fail = 0 ] || [ -n "${GEMM_NOFAIL:-}" ] || { echo "GEMM op test failed: no benchmarks"; exit 1; }
 fi
 # each Llama-3-8B GEMM alone under the wgmma tiles' speed choices and cuBLAS (no model needed)
 if has gemmab; then
@@ -104,6 +107,7 @@ if has gemmbench; then
     echo "== $name: each GEMM alone"; grep -E "profile gemm" $L/gemmprof_$name.log | grep -E "M +(64|256|2048) " | sed -E 's/ +/ /g'
     env $envs timeout 200 $B/bench_gpu $M cuda --decode 1,64,256,512 --prefill 2048,8192 $args > $L/gemmbench_$name.log 2>&1
     echo "== $name: $(grep -E 'decode|prefill' $L/gemmbench_$name.log | sed -E 's/ +/ /g; s/ context 128//; s/ tokens\/s.*//; s/ms\/step,.*/ms/; s/,.*tokens: */ /' | tr '\n' '|')"
+    at "gemmbench $name"
   done
 fi
 # the flash kernel's phase stamps in real decode steps (bench_gpu-clk, an FA_CLOCKS build): b1 at
@@ -169,6 +173,7 @@ if has sharegpt; then
       --percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,99 $(echo "$extra" | tr ',' ' ') > $L/sharegpt_$name.log 2>&1
     kill -TERM $pid; wait $pid
     grep -iE "throughput|ttft|tpot|success|fail|duration|structured" $L/sharegpt_$name.log | head -20
+    at "sharegpt $name"
   done
 fi
 # issue 25's multi-turn replay: each conversation of sharegpt_test_8conv.json (and the prompts-only
@@ -188,6 +193,7 @@ if has multiturn; then
       --max-concurrency 8 --percentile-metrics ttft,tpot,e2el --metric-percentiles 50,99 > $L/multiturn_$name.log 2>&1
     kill -TERM $pid; wait $pid
     grep -iE "turns|ttft|hit rate|throughput|duration" $L/multiturn_$name.log | head -20
+    at "multiturn $name"
   done
 fi
 # tensor parallelism: the usual checks through the NCCL path on one GPU (DUOSERVE_TP_GROUP=1: a
@@ -199,6 +205,7 @@ if has tp; then
   ngpu=$(nvidia-smi -L | wc -l)
   echo "== tp: NCCL path with one GPU"
   DUOSERVE_TP_GROUP=1 scripts/gpu_check.sh $B checks $L/tp1 2>&1 | grep -E "^(ok|FAIL)"
+  at "tp checks"
   TM=${TP_MODEL:-/tmp/llama70b}
   if [ ! -f $TM/config.json ]; then
     mkdir -p $TM
@@ -221,4 +228,3 @@ JSON
   done
 fi
 echo "all done at $((SECONDS-t0)) s"
-tar czf $OUT/run.tgz -C /tmp r
