@@ -20,7 +20,7 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,no
 M=/tmp/llama8b
 mk=
 needs_8b() { for st in bench gemmprof gemmbench stamps ab trace optime serving sharegpt multiturn; do has $st && return 0; done; return 1; }
-if needs_8b; then
+if needs_8b && [ ! -f $M/tokenizer_config.json ]; then # (written last; kept from an earlier call on a warm machine)
   rm -f $M.ready
   ( python3 scripts/make_llama8b.py $M --tokenizer .device/tokenizers/llama3 > $L/mk8b.log 2>&1; touch $M.ready ) &
   mk=$!
