@@ -349,9 +349,9 @@ __device__ void fa_merge_head(__nv_bfloat16 *out, const struct cuda_attn_args &a
 // warp + FA_WARPS, ..: up to 4 a warp), with fa_merge_head's arithmetic (the same bits). Short
 // loops, not unrolled: like the rest of a decode step's attention it runs once a layer on an SM
 // whose instruction cache does not hold it. Every thread of the block calls it.
-template <int NI> // head dims up to 32 * NI
+template <int NI> // head dims up to 32 * NI; the states of partitions p0 .. (those before are empty)
 __device__ void fa_merge_block(__nv_bfloat16 *out, const struct cuda_attn_args &a, int t, int kvh, int G,
-                               unsigned char *smem, size_t smem_bytes) {
+                               unsigned char *smem, size_t smem_bytes, int p0) {
     const int HD = a.head_dim, SW = HD + 2, n_parts = cuda_attn_parts(a.pos[t]);
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     // a partition's G states are contiguous: seg16 16-byte pieces from the one holding their
@@ -366,7 +366,7 @@ __device__ void fa_merge_block(__nv_bfloat16 *out, const struct cuda_attn_args &
 #pragma unroll
         for (int i = 0; i < NI; i++) O[hs][i] = 0.0f;
     }
-    for (int g0 = 0; g0 < n_parts; g0 += PG) {
+    for (int g0 = p0; g0 < n_parts; g0 += PG) {
         const int np = min(PG, n_parts - g0);
 #pragma unroll 1
         for (int pp = 0; pp < np; pp++) {
@@ -426,10 +426,42 @@ __device__ void fa_merge_cluster(__nv_bfloat16 *out, const struct cuda_attn_args
 }
 __device__ __forceinline__ void fa_cluster_sync() { cooperative_groups::this_cluster().sync(); }
 
+// A work-sized split (a.unit_T: the step's tokens, one each, and a.unit_X): block u of a 1-D grid
+// is a unit of work. The streaming (token, KV head) pairs come first, one unit each (their work is
+// constant: sink and recent), then for each retrieval KV head T + X units: token t gets k_t =
+// S(t + 1) - S(t) of them, S(t) = t + floor(X part_off[t] / part_off[T]) (one, and the X extra
+// units in proportion to its partitions), and unit j of its k computes the j-th of k near-equal
+// runs of its partitions. Which block computes a partition changes nothing: its state and the
+// merge order are the same. Every thread of the block calls it (one barrier when T > 1).
+struct fa_unit {
+    int t, kvh, j, k;
+};
+__device__ fa_unit fa_unit_of(const struct cuda_attn_args &a, int u) {
+    const int T = a.unit_T, X = a.unit_X, n_su = a.n_stream * T;
+    if (u < n_su) return {u % T, a.n_full + u / T, 0, 1};
+    u -= n_su;
+    const int per = T + X, kvh = u / per, r = u - kvh * per;
+    if (T == 1) return {0, kvh, r, per};
+    if (X == 0) return {r, kvh, 0, 1}; // one unit a token
+    // S is increasing (k_t >= 1): exactly one token has S(t) <= r < S(t + 1)
+    __shared__ int s_t, s_s0, s_s1;
+    const long long P = a.part_off[T];
+    for (int t = threadIdx.x; t < T; t += blockDim.x) {
+        const int s0 = t + (int)(X * (long long)a.part_off[t] / P);
+        const int s1 = t + 1 + (int)(X * (long long)a.part_off[t + 1] / P);
+        if (s0 <= r && r < s1) s_t = t, s_s0 = s0, s_s1 = s1;
+    }
+    __syncthreads();
+    return {s_t, kvh, r - s_s0, s_s1 - s_s0};
+}
+
 // Grid (token, KV head, split). Split (gridDim.z = Z > 1, decode steps): block z computes the
 // partitions p with p % Z == z and writes their states (empty ones too); the last of the Z
-// blocks to finish merges them (a.counters), else fa_merge_kernel does.
-template <int HDP, bool DEC>
+// blocks to finish merges them (a.counters), else fa_merge_kernel does. A work-sized split
+// (a.unit_T, decode steps): a 1-D grid of units (fa_unit_of); a unit that splits its (token, KV
+// head) computes a run of partitions and writes their states, and the last of its units to finish
+// merges them, or lists them for fa_merge_long_kernel (more than CUDA_ATTN_MERGE_LONG).
+template <int HDP, bool DEC, bool WORK = false> // WORK (DEC only): a work-sized split's grid
 __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *q,
                                                               const __nv_bfloat16 *kb, const __nv_bfloat16 *vb, int rs,
                                                               struct cuda_attn_args a) {
@@ -447,17 +479,41 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
     FA_STAMP_GT(0, 48);
     extern __shared__ __align__(16) unsigned char fa_raw[];
     __nv_bfloat16 *sk = reinterpret_cast<__nv_bfloat16 *>(fa_raw), *sv = sk + S * FA_KT * LD;
-    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, tb = blockIdx.x, kvh = blockIdx.y;
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    static_assert(DEC || !WORK, "a work-sized split is a decode step's");
+    constexpr bool work = WORK; // a work-sized split (a.unit_T): block x is a unit of work
+    const fa_unit un = work ? fa_unit_of(a, (int)blockIdx.x) : fa_unit{(int)blockIdx.x, (int)blockIdx.y, 0, 1};
+    const int tb = un.t, kvh = un.kvh;
     // DEC: the metadata this block needs first, all loads at once (one round trip): its position,
     // its block table's start (or streaming slot) and the split workspace's size
     const bool full = kvh < a.n_full;
-    const int pos_tb = a.pos[tb], poff = gridDim.z > 1 ? a.part_off[gridDim.x] : 0;
+    const int pos_tb = a.pos[tb], poff = work ? a.part_off[a.unit_T] : gridDim.z > 1 ? a.part_off[gridDim.x] : 0;
     const int bb_dec = DEC && full ? a.block_indptr[tb] : 0, ss_dec = DEC && !full ? a.stream_slot[tb] : 0;
-    // a decode token of fewer than ATTN_SPLIT_MIN_PARTS partitions is not split: block z = 0
-    // computes it (the same sums), the others have nothing to do
-    const bool split = gridDim.z > 1 && cuda_attn_parts(pos_tb) >= ATTN_SPLIT_MIN_PARTS && fa_split_fits_n(a, poff);
-    const int Z = split ? (int)gridDim.z : 1, z = split ? (int)blockIdx.z : 0;
-    if (!split && blockIdx.z > 0) return;
+    // the partitions this block computes: those p in [pa, pb) with p % Z == z (Z = 1: all of them)
+    int pa = 0, pb = INT_MAX, Z = 1, z = 0, n_work = 1, pv0 = 0;
+    bool split;
+    if (work) {
+        // a retrieval (token, KV head) of w partitions from pv0 (the first its window sees), split
+        // over min(k, w) of its k units (the others' runs are empty); unsplit, the unit of its last
+        // partition computes them all (and streaming units theirs)
+        const int n_p = cuda_attn_parts(pos_tb);
+        pv0 = full && a.sliding_window > 0 ? max(0, pos_tb - a.sliding_window + 1) / CUDA_ATTN_PART : 0;
+        const int w = n_p - pv0;
+        n_work = full ? min(un.k, w) : 1;
+        split = n_work > 1 && fa_split_fits_n(a, poff);
+        if (!split && un.j != un.k - 1) return;
+        if (split) {
+            pa = pv0 + (int)((long long)un.j * w / un.k);
+            pb = pv0 + (int)((long long)(un.j + 1) * w / un.k);
+            if (pa == pb) return;
+        }
+    } else {
+        // a decode token of fewer than ATTN_SPLIT_MIN_PARTS partitions is not split: block z = 0
+        // computes it (the same sums), the others have nothing to do
+        split = gridDim.z > 1 && cuda_attn_parts(pos_tb) >= ATTN_SPLIT_MIN_PARTS && fa_split_fits_n(a, poff);
+        Z = split ? (int)gridDim.z : 1, z = split ? (int)blockIdx.z : 0;
+        if (!split && blockIdx.z > 0) return;
+    }
     __nv_bfloat16 *sq = sv + S * FA_KT * LD + (COOP ? 0 : warp) * 16 * LD;
     // the total O of this thread's outputs o[d][e]: sO[(d * 4 + e) * 32] (lane-private, no conflicts)
     float *sO = reinterpret_cast<float *>(fa_raw + CF::BF16_BYTES) + (size_t)warp * OT * 4 * 32 + lane;
@@ -473,8 +529,9 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
     const int pb_first = pos_tb, pb_last = pb_first + min(TPU * FA_WARPS, row_end - tb) - 1;
     const int p_first = pb_first + uw * TPU, p_last = p_first + nt - 1;
     // split: blocks z < z_used have partitions (z, z + Z, ..); the others exit (no state, no count;
-    // in a cluster, after its two barriers, letting the next kernel launch first)
-    const int z_used = split ? min(Z, cuda_attn_parts(pos_last)) : 1;
+    // in a cluster, after its two barriers, letting the next kernel launch first). A work-sized
+    // split: the units with partitions
+    const int z_used = !split ? 1 : work ? n_work : min(Z, cuda_attn_parts(pos_last));
     // cluster merge (COOP decode, Z >= the token's partitions: block z has partition z): this
     // block's partition states in shared memory, m = -inf (empty) until the partition closes
     const bool clus = COOP && split && a.cluster;
@@ -516,6 +573,11 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
             if (t > hi0 && t < lo1) t = lo1;
             if (t > hi0 && t > hi1) return INT_MAX;
             int p = t / FA_PT, off = 0; // to the next partition p' with p' % Z == z
+            if (p < pa) { // (a unit's run)
+                t = pa * FA_PT - 1;
+                continue;
+            }
+            if (p >= pb) return INT_MAX;
             if (Z > 1) {
                 const int r = p - fdiv(p, a.z_div) * Z;
                 off = z >= r ? z - r : z - r + Z;
@@ -789,7 +851,7 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
 
     // split: the states of this warp's rows for partition p (m = -inf: empty), written in order
     const int n_parts = cuda_attn_parts(pos_last); // decode: one token, the unit's
-    int next_p = z; // this block's next partition without a written state
+    int next_p = work ? pa : z; // this block's next partition without a written state
     auto write_state = [&](int p, bool empty, const float *lf) {
         for (int h = 0; h < 2; h++) {
             int r = g + 8 * h;
@@ -988,7 +1050,7 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
     if (late_trigger) pdl_trigger();
     FA_STAMP_GT(40, 49);
     if (split) { // the token's last block to finish (or fa_merge_kernel) writes the output
-        if (nrows > 0) empty_until(n_parts);
+        if (nrows > 0) empty_until(min(n_parts, pb));
         if (clus) { // the cluster's first block, from every block's shared memory
             fa_cluster_sync(); // every state written; every block has read the raw Q
             if (z == 0) {
@@ -1013,8 +1075,15 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
         if (!last) return;
         FA_GT_ANY(52);
         fence_acq_rel();
+        if (work && n_parts > CUDA_ATTN_MERGE_LONG) { // fa_merge_long_kernel merges it (and writes the Q)
+            if (tid == 0) {
+                int *list = a.counters + a.n_counters;
+                list[2 + atomicAdd(list, 1)] = tb * a.n_kv_heads + kvh;
+            }
+            return;
+        }
         if (rif) write_q(); // every block of the token has read the raw Q
-        fa_merge_block<(HDP + 31) / 32>(out, a, tb, kvh, G, fa_raw, CF::BYTES);
+        fa_merge_block<(HDP + 31) / 32>(out, a, tb, kvh, G, fa_raw, CF::BYTES, pv0);
         FA_GT_ANY(53);
         return;
     }
@@ -1047,13 +1116,115 @@ __global__ void fa_merge_kernel(__nv_bfloat16 *out, struct cuda_attn_args a) {
     fa_merge_head<CUDA_ATTN_MAX_HEAD_DIM / 32>(out, a, t, head, lane);
 }
 
+// The long merges of a work-sized split (split level 5): the last unit of each (token, KV head) of
+// more than CUDA_ATTN_MERGE_LONG partitions listed it (after a.counters: cuda_attn_args). One
+// warp a block folds the states of one head's 32-dim slice, partitions in order, with
+// fa_merge_head's arithmetic (the same bits; each partition's correction factors come from a
+// prefix maximum over 32 of them at once, fmaxf being exact), the states streaming through a ring
+// of FA_ML_STAGES stages of 32 partitions (cp.async, from L2: other blocks wrote them) so that
+// thousands of them arrive at the memory's pace. It writes the heads' rotated Q back (fused RoPE:
+// every unit of the token has read the raw one by now). The last block to finish empties the list
+// for the next launch.
+#define FA_ML_STAGES 8 // stages of 32 partitions in flight: 7 loading while one is folded
+#define FA_ML_W 40     // floats a partition of a stage: 16 bytes holding {m, l}, 144 holding the slice's o
+__global__ void __launch_bounds__(32) fa_merge_long_kernel(__nv_bfloat16 *out, __nv_bfloat16 *q, int rs,
+                                                           struct cuda_attn_args a) {
+    pdl_trigger();
+    pdl_wait();
+    __shared__ __align__(16) float sst[FA_ML_STAGES][32][FA_ML_W];
+    __shared__ __align__(16) float4 fac[32]; // the fold's factors {ca, cb, l cb} of a stage's partitions
+    int *list = a.counters + a.n_counters;
+    const int lane = threadIdx.x, HD = a.head_dim, G = a.n_heads / a.n_kv_heads, NS = (HD + 31) / 32;
+    const int n_items = __ldcg(list) * G * NS;
+    for (int item = blockIdx.x; item < n_items; item += gridDim.x) {
+        const int e = __ldcg(list + 2 + item / (G * NS)), r = item % (G * NS);
+        const int t = e / a.n_kv_heads, head = (e - t * a.n_kv_heads) * G + r / NS, d0 = (r % NS) * 32;
+        const int pos = a.pos[t], n_parts = cuda_attn_parts(pos), nd = min(32, HD - d0);
+        const int pf = a.sliding_window > 0 ? max(0, pos - a.sliding_window + 1) / CUDA_ATTN_PART : 0;
+        const int n_st = (n_parts - pf + 31) / 32;
+        // a state starts 8-byte aligned: its {m, l} at float 0 or 2 of the 16 bytes around them,
+        // the slice's o then at float 2 or 0 of the 144 bytes from the 16-byte boundary before it
+        auto m_at = [&](int p) { return (int)((reinterpret_cast<uintptr_t>(fa_state(a, t, p, head)) & 15) >> 2); };
+        // stage s: partitions pf + 32 s .., 10 pieces of 16 bytes each
+        auto load = [&](int s) {
+            if (s < n_st)
+                for (int x = lane; x < 32 * 10; x += 32) {
+                    const int i = x / 10, c = x - i * 10, p = pf + 32 * s + i;
+                    if (p >= n_parts) continue;
+                    const float *st = fa_state(a, t, p, head);
+                    const uintptr_t from = reinterpret_cast<uintptr_t>(c ? st + 2 + d0 : st) & ~(uintptr_t)15;
+                    fa_cp16(&sst[s % FA_ML_STAGES][i][4 * c], reinterpret_cast<const void *>(from + 16 * (c ? c - 1 : 0)), true);
+                }
+            asm volatile("cp.async.commit_group;\n" ::);
+        };
+        float M = -INFINITY, L = 0.0f, O = 0.0f;
+        for (int s = 0; s < FA_ML_STAGES - 1; s++) load(s);
+        for (int s = 0; s < n_st; s++) {
+            asm volatile("cp.async.wait_group %0;\n" ::"n"(FA_ML_STAGES - 2)); // stage s landed
+            __syncwarp();
+            load(s + FA_ML_STAGES - 1); // into the stage folded last time
+            const float(*b)[FA_ML_W] = sst[s % FA_ML_STAGES];
+            const int p0 = pf + 32 * s, np = min(32, n_parts - p0);
+            // lane k: partition k's m, the total's maximum after it (mx) and before it (mp)
+            const int mo = lane < np ? m_at(p0 + lane) : 0;
+            const float mk = lane < np ? b[lane][mo] : -INFINITY;
+            float mx = mk;
+            for (int o = 1; o < 32; o <<= 1) {
+                const float y = __shfl_up_sync(0xffffffffu, mx, o);
+                if (lane >= o) mx = fmaxf(mx, y);
+            }
+            mx = fmaxf(mx, M);
+            float mp = __shfl_up_sync(0xffffffffu, mx, 1);
+            if (lane == 0) mp = M;
+            const unsigned skip = __ballot_sync(0xffffffffu, mk == -INFINITY); // empty: adds nothing
+            if (lane < np) { // fa_merge_begin's factors, and where the o of partition k starts
+                const float cb = exp2f(mk - mx);
+                fac[lane] = make_float4(exp2f(mp - mx), cb, __fmul_rn(b[lane][mo + 1], cb), __int_as_float(6 - mo));
+            }
+            M = __shfl_sync(0xffffffffu, mx, 31);
+            __syncwarp();
+#pragma unroll 4
+            for (int k = 0; k < np; k++) {
+                if (skip >> k & 1) continue;
+                const float4 f = fac[k];
+                L = __fadd_rn(__fmul_rn(L, f.x), f.z);
+                if (lane < nd) O = fa_merge_o(O, b[k][__float_as_int(f.w) + lane], f.x, f.y);
+            }
+            __syncwarp(); // fac read before the next stage rewrites it
+        }
+        asm volatile("cp.async.wait_group 0;\n" ::);
+        __syncwarp();
+        __nv_bfloat16 *orow = out + ((size_t)t * a.n_heads + head) * HD + d0; // fa_store_head's arithmetic
+        if (lane < nd) orow[lane] = __float2bfloat16(O * (1.0f / L));
+        // the head's rotated Q (rope_append_kernel's, as the decode kernel computes it) in place
+        const int half = HD / 2, i = d0 + lane;
+        if (a.rope_inv_freq && i < half) {
+            __nv_bfloat16 *qr = q + (size_t)t * rs + (size_t)head * HD;
+            float sn, cs, x, y;
+            rope_sincos(pos, a.rope_inv_freq[i], sn, cs);
+            rope_rot(__bfloat162float(qr[i]), __bfloat162float(qr[i + half]), sn, cs, x, y);
+            qr[i] = __float2bfloat16(x), qr[i + half] = __float2bfloat16(y);
+        }
+    }
+    __syncwarp();
+    if (lane == 0) { // every block has read the list once the last one counts
+        fence_acq_rel();
+        if (atomicAdd(list + 1, 1) == (int)gridDim.x - 1) list[0] = 0, list[1] = 0;
+    }
+}
+
 template <int HDP> static int fa_allow_smem() {
     CUDA_CHECK(cudaFuncSetAttribute(flash_kernel<HDP, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     (int)fa_cfg<HDP, false>::BYTES));
     CUDA_CHECK(cudaFuncSetAttribute(flash_kernel<HDP, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     (int)fa_cfg<HDP, true>::BYTES));
+    CUDA_CHECK(cudaFuncSetAttribute(flash_kernel<HDP, true, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)fa_cfg<HDP, true>::BYTES));
     return 0;
 }
+
+// cuda_attn_env.resident's index of a padded head dim (16, 32, 64, 128)
+static constexpr int fa_hdp_index(int hdp) { return hdp <= 16 ? 0 : hdp <= 32 ? 1 : hdp <= 64 ? 2 : 3; }
 
 template <int HDP>
 static int fa_launch(const struct cuda_attn_env *env, bool dec, dim3 grid, cudaStream_t st, __nv_bfloat16 *o,
@@ -1061,9 +1232,13 @@ static int fa_launch(const struct cuda_attn_env *env, bool dec, dim3 grid, cudaS
                      const struct cuda_attn_args &a) {
     const dim3 T(32 * FA_WARPS);
     // the fused decode kernel starts while the qkv GEMM runs (it waits for it inside)
-    // (one wave of blocks: a larger step's blocks would take the GEMM's SMs and gain nothing)
-    const bool pdl = dec && fa_cfg<HDP, true>::COOP && a.rope_inv_freq && grid.x * grid.y <= (unsigned)env->sms;
-    if (dec) CUDA_CHECK(cuda_launch_cluster(pdl, dim3(1, 1, a.cluster ? grid.z : 1), flash_kernel<HDP, true>, grid, T,
+    // (one wave of blocks: a larger step's blocks would take the GEMM's SMs and gain nothing; a
+    // work-sized split's units, at most the blocks the device holds at once)
+    const bool wave = a.unit_T ? grid.x <= (unsigned)env->resident[fa_hdp_index(HDP)] : grid.x * grid.y <= (unsigned)env->sms;
+    const bool pdl = dec && fa_cfg<HDP, true>::COOP && a.rope_inv_freq && wave;
+    if (dec && a.unit_T)
+        CUDA_CHECK(cuda_launch_pdl(pdl, flash_kernel<HDP, true, true>, grid, T, fa_cfg<HDP, true>::BYTES, st, o, q, kb, vb, rs, a));
+    else if (dec) CUDA_CHECK(cuda_launch_cluster(pdl, dim3(1, 1, a.cluster ? grid.z : 1), flash_kernel<HDP, true>, grid, T,
                                             fa_cfg<HDP, true>::BYTES, st, o, q, kb, vb, rs, a));
     else CUDA_CHECK(cuda_launch(flash_kernel<HDP, false>, grid, T, fa_cfg<HDP, false>::BYTES, st, o, q, kb, vb, rs, a));
     return 0;
@@ -1088,6 +1263,17 @@ template <int HDP> static bool fa_cluster_fits() {
     return n > 0;
 }
 
+// The work-sized split's decode kernel blocks the device holds at once (its units fill them): at least sms.
+template <int HDP> static int fa_resident(int sms) {
+    int n = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, flash_kernel<HDP, true, true>, 32 * FA_WARPS,
+                                                      fa_cfg<HDP, true>::BYTES) != cudaSuccess) {
+        cudaGetLastError();
+        n = 1;
+    }
+    return (n > 0 ? n : 1) * sms;
+}
+
 extern "C" int cuda_attention_init(struct cuda_attn_env *env) {
     int dev = 0;
     if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&env->sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
@@ -1096,6 +1282,9 @@ extern "C" int cuda_attention_init(struct cuda_attn_env *env) {
     int cl = 0;
     if (cudaDeviceGetAttribute(&cl, cudaDevAttrClusterLaunch, dev) != cudaSuccess) cudaGetLastError(), cl = 0;
     env->cluster = cl && fa_cluster_fits<64>() && fa_cluster_fits<128>();
+    env->resident[0] = fa_resident<16>(env->sms), env->resident[1] = fa_resident<32>(env->sms);
+    env->resident[2] = fa_resident<64>(env->sms), env->resident[3] = fa_resident<128>(env->sms);
+    env->split_old = false;
     return 0;
 }
 
@@ -1170,10 +1359,23 @@ extern "C" int cuda_attention(const struct cuda_attn_env *env, void *out, void *
     // (every token within 2, 4 or 8 partitions (split 1, 2, 3), the decode kernel's head dims,
     // and the step splits at all: a cluster of that many blocks a token and KV head, block z
     // computing partition z)
-    int Z = 1;
-    if (flash && split && a->ws && a->part_off)
+    // A step of longer contexts (split 4, 5) splits by the work instead (fa_unit_of): streaming
+    // (token, KV head) pairs one block each, the retrieval ones' partitions spread so that the step
+    // fills the blocks the device holds at once (X units a retrieval KV head beyond one a token),
+    // the step's time following the retrieval heads' bytes (unless DUOSERVE_ATTN_SPLIT_OLD)
+    const int hdp_i = fa_hdp_index(a->head_dim);
+    // (a step of full-attention layers too many tokens to split at all: one block a (token, KV head) either way)
+    const int room = env->resident[hdp_i] - a->n_stream * n_tokens; // blocks left for retrieval units
+    const int X = a->n_full > 0 && room / a->n_full > n_tokens ? room / a->n_full - n_tokens : 0;
+    const bool work = flash && decode && split >= 4 && !env->split_old && a->ws && a->part_off && a->counters &&
+                      (long)n_tokens * a->n_kv_heads <= a->n_counters && (X > 0 || a->n_stream > 0);
+    int Z = 1, n_work = 0;
+    if (work) {
+        n_work = a->n_stream * n_tokens + a->n_full * (n_tokens + X);
+    } else if (flash && split && a->ws && a->part_off) {
         Z = max(1, min(ATTN_MAX_SPLIT, (ATTN_SPLIT_FILL * env->sms + n_tokens * a->n_kv_heads - 1) /
                                            (n_tokens * a->n_kv_heads)));
+    }
     const bool clus = Z > 1 && split >= 1 && split <= 3 && decode && env->cluster && a->head_dim > 32;
     if (clus) Z = 1 << split;
     // the last flash block of a (token, KV head) merges its states when a counter is there for it
@@ -1184,6 +1386,8 @@ extern "C" int cuda_attention(const struct cuda_attn_env *env, void *out, void *
     fa.z_div = cuda_fdiv_make(Z);
     fa.rec_div = cuda_fdiv_make(a->recent > 0 ? a->recent : 1);
     fa.cluster = clus;
+    fa.unit_T = work ? n_tokens : 0;
+    fa.unit_X = X;
     if (n_tokens * a->n_kv_heads > a->n_counters) fa.counters = NULL;
     // a decode step's RoPE and append inside the decode kernel (its COOP form: head dims 64 and
     // 128; a split step needs the in-kernel merge, whose block writes the rotated Q back)
@@ -1198,7 +1402,7 @@ extern "C" int cuda_attention(const struct cuda_attn_env *env, void *out, void *
         CUDA_CHECK(cuda_launch(append_full_kernel, dim3(n_tokens), dim3(128), 0, st, kb, vb, rs, *a));
     }
     if (flash) {
-        dim3 fgrid(n_tokens, a->n_kv_heads, Z);
+        dim3 fgrid = work ? dim3(n_work) : dim3(n_tokens, a->n_kv_heads, Z);
         int rc = a->head_dim <= 16   ? fa_launch<16>(env, decode, fgrid, st, o, q, kb, vb, rs, fa)
                  : a->head_dim <= 32 ? fa_launch<32>(env, decode, fgrid, st, o, q, kb, vb, rs, fa)
                  : a->head_dim <= 64 ? fa_launch<64>(env, decode, fgrid, st, o, q, kb, vb, rs, fa)
@@ -1206,6 +1410,13 @@ extern "C" int cuda_attention(const struct cuda_attn_env *env, void *out, void *
         if (rc) return rc;
         if (Z > 1 && !fa.counters && !clus)
             CUDA_CHECK(cuda_launch(fa_merge_kernel, dim3(n_tokens, (a->n_heads + 3) / 4), dim3(128), 0, st, o, fa));
+        // the long merges (split 5; only tokens given more than one unit split: at most X of them
+        // a retrieval KV head), a warp each head and 32 dims, launched early (they wait inside)
+        if (work && split >= 5 && X > 0) {
+            const long items = (long)a->n_full * min(n_tokens, X) * G * ((a->head_dim + 31) / 32);
+            CUDA_CHECK(cuda_launch_pdl(true, fa_merge_long_kernel, dim3((unsigned)min(items, 8L * env->sms)), dim3(32), 0,
+                                       st, o, (__nv_bfloat16 *)qkv, rs, fa));
+        }
     } else {
         dim3 grid(n_tokens, a->n_heads);
         if (a->head_dim <= 32) CUDA_CHECK(cuda_launch(attn_kernel<1>, grid, dim3(32 * ATTN_WARPS), 0, st, o, q, kb, vb, rs, *a));

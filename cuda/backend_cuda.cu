@@ -84,14 +84,17 @@ struct cuda_ctx {
     struct meta_caps caps;
     const int32_t *tokens, *pos, *tok_seq, *seq_start, *indptr, *blocks, *slots, *rows, *part_off;
     float *attn_ws; // split-decode partition states (cuda/attention.cu)
-    int *attn_counters; // the split blocks done per (token, KV head), after the states in attn_ws
+    int *attn_counters; // the split blocks done per (token, KV head) and the long merges' list, after the states
     bool decode_step;  // this step: every sequence one token
     // and one of them past the first partition: 0 no; 1, 2, 3 every token within 2, 4, 8
     // partitions (merged in a thread-block cluster of that many blocks when the step splits);
-    // 4 longer (merged through global memory). Decode graphs are kept apart by it.
-#define SPLIT_MODES 5
+    // 4 longer (merged through global memory), 5 some token past CUDA_ATTN_MERGE_LONG partitions
+    // (a work-sized split merges those in a kernel of its own). Decode graphs are kept apart by it.
+#define SPLIT_MODES 6
     int split_decode;
     size_t attn_ws_floats;
+    size_t attn_part_floats; // the largest layer's partition states a token position (heads x (head dim + 2))
+    size_t step_parts;       // this step's partitions (part_off's total)
     int n_tokens, n_seqs, n_logits;
     float *d_logits;
     size_t logits_cap;
@@ -370,6 +373,51 @@ static void cu_mem_info(struct backend *b, size_t *free_bytes, size_t *total_byt
     if (cudaMemGetInfo(free_bytes, total_bytes) != cudaSuccess) *free_bytes = *total_bytes = 0;
 }
 
+/* The split-decode workspace: `floats` of partition states, then the split blocks' counters and
+ * the long merges' list (cuda_attn_args.counters: 2 ATTN_COUNTERS + 2 ints, zeroed). It replaces
+ * the one there (once the stream is idle: queued kernels may use it) and the graphs that name it
+ * go. 0, or -1 when the device has no room (the old one stays). */
+static int attn_ws_alloc(struct cuda_ctx *c, size_t floats) {
+    size_t cnt_bytes = (2 * (size_t)ATTN_COUNTERS + 2) * sizeof(int);
+    float *ws = NULL;
+    if (cudaMalloc(&ws, floats * sizeof(float) + cnt_bytes) != cudaSuccess) {
+        cudaGetLastError();
+        return -1;
+    }
+    if (cudaMemset(ws + floats, 0, cnt_bytes) != cudaSuccess) {
+        cudaGetLastError();
+        cudaFree(ws);
+        return -1;
+    }
+    if (c->attn_ws) {
+        cudaStreamSynchronize(c->stream);
+        cudaFree(c->attn_ws);
+        drop_graphs(c);
+        if (c->tm) c->tm->dirty = true;
+    }
+    c->attn_ws = ws;
+    c->attn_ws_floats = floats;
+    c->attn_counters = (int *)(ws + floats);
+    return 0;
+}
+
+/* A work-sized split (decode steps of split level 4 and 5, not under DUOSERVE_ATTN_SPLIT_OLD) has
+ * the workspace grow to the step's partition states (a quarter more), so that long contexts and
+ * batches of them split (the old sizing kept its fixed 64 MiB: a step past it ran unsplit). Before
+ * a step's ops (begin_step), or at an attention op that is not being captured into a graph (the
+ * first one of a layer geometry larger than any before). Without room the step runs unsplit. */
+static void attn_ws_fit(struct cuda_ctx *c, bool maybe_capturing) {
+    if (c->attn_env.split_old || !c->decode_step || c->split_decode < 4 || !c->attn_part_floats) return;
+    size_t need = c->step_parts * c->attn_part_floats;
+    if (need <= c->attn_ws_floats) return;
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    if (maybe_capturing && (cudaStreamIsCapturing(c->stream, &cs) != cudaSuccess || cs != cudaStreamCaptureStatusNone)) {
+        cudaGetLastError();
+        return; /* the next begin_step grows it, and the graph captured now goes */
+    }
+    attn_ws_alloc(c, need + need / 4);
+}
+
 /* The batch metadata travels in one copy into one device buffer with fixed segments (tokens,
  * pos, tok_seq [capT]; seq_start, indptr [capS+1]; slots, rows [capS]; block ids [capB]), so
  * kernel arguments stay the same from step to step and captured graphs stay valid. */
@@ -433,7 +481,10 @@ static int cu_begin_step(struct backend *b, const struct fwd_batch *bt) {
     bool one_each = T == S && bt->seq_start[0] == 0; /* every sequence exactly one token (not merely T == S) */
     for (size_t s = 0; one_each && s < S; s++) one_each = bt->seq_start[s + 1] - bt->seq_start[s] == 1;
     c->decode_step = one_each;
-    c->split_decode = !one_each || (size_t)h[off[7] + T] == T ? 0 : max_parts <= 2 ? 1 : max_parts <= 4 ? 2 : max_parts <= 8 ? 3 : 4;
+    c->split_decode = !one_each || (size_t)h[off[7] + T] == T ? 0 : max_parts <= 2 ? 1 : max_parts <= 4 ? 2
+                      : max_parts <= 8 ? 3 : max_parts <= CUDA_ATTN_MERGE_LONG ? 4 : 5;
+    c->step_parts = (size_t)h[off[7] + T];
+    attn_ws_fit(c, false);
     if (NB) memcpy(h + off[8], bt->block_ids, 4 * NB);
     c->n_tokens = (int)T;
     c->n_seqs = (int)S;
@@ -487,13 +538,18 @@ static void cu_rope(struct backend *b, void *qk, int n_heads, int head_dim, int 
 static void attention(struct backend *b, void *out, void *qkv, int row_stride, const struct attn_layer *L,
                       const float *inv_freq) {
     struct cuda_ctx *c = CTX(b);
+    size_t part_floats = (size_t)L->n_heads * (size_t)(L->head_dim + 2);
+    if (part_floats > c->attn_part_floats) {
+        c->attn_part_floats = part_floats;
+        attn_ws_fit(c, true);
+    }
     struct cuda_attn_args a = {L->n_heads, L->n_kv_heads, L->head_dim, L->n_full, L->n_stream, L->block_size,
                                L->sink, L->recent, L->sliding_window, L->scale,
                                (__nv_bfloat16 *)L->k_full, (__nv_bfloat16 *)L->v_full,
                                (__nv_bfloat16 *)L->k_stream, (__nv_bfloat16 *)L->v_stream,
                                c->pos, c->tok_seq, c->seq_start, c->indptr, c->blocks, c->slots,
                                c->part_off, c->attn_ws, c->attn_ws_floats, c->attn_counters, ATTN_COUNTERS, NULL,
-                               {0, 0}, {0, 0}, {0, 0}, {0, 0}, 0}; // (the rest: cuda_attention's)
+                               {0, 0}, {0, 0}, {0, 0}, {0, 0}, 0, 0, 0}; // (the rest: cuda_attention's)
     CKI(b, cuda_attention(&c->attn_env, out, qkv, row_stride, &a, c->n_tokens, c->decode_step, c->split_decode,
                           inv_freq, c->stream));
     tm_mark(c, "%sattention%s", inv_freq ? "rope+" : "", c->split_decode ? " (split)" : "");
@@ -933,20 +989,11 @@ extern "C" struct backend *backend_cuda_create(int device, int flags, char *err,
     /* a fixed cuBLAS workspace: GEMMs inside a graph capture must not allocate */
     size_t ws = 32u << 20;
     if (cudaMalloc(&c->blas_ws, ws) == cudaSuccess) cublasSetWorkspace(c->blas, c->blas_ws, ws);
-    /* split-decode partition states: a step whose states do not fit computes them in one block
-     * per (token, KV head) instead, with the same result */
-    c->attn_ws_floats = (size_t)16 << 20; // 64 MiB
-    if (cudaMalloc(&c->attn_ws, c->attn_ws_floats * sizeof(float) + ATTN_COUNTERS * sizeof(int)) != cudaSuccess) {
-        cudaGetLastError();
-        c->attn_ws = NULL;
-        c->attn_ws_floats = 0;
-    } else {
-        c->attn_counters = (int *)(c->attn_ws + c->attn_ws_floats);
-        if (cudaMemset(c->attn_counters, 0, ATTN_COUNTERS * sizeof(int)) != cudaSuccess) {
-            cudaGetLastError(); /* the merge kernel then merges the split states */
-            c->attn_counters = NULL;
-        }
-    }
+    /* split-decode partition states (64 MiB; a work-sized split grows them to its steps,
+     * attn_ws_fit): a step whose states do not fit computes them in one block per (token, KV
+     * head) instead, with the same result */
+    c->attn_env.split_old = c->tune.attn_split_old;
+    attn_ws_alloc(c, (size_t)16 << 20);
     if (c->tune.op_timing && (c->tm = (struct op_timing *)calloc(1, sizeof *c->tm))) {
         for (int i = 0; i < TM_MAX_EV; i++)
             if (cudaEventCreate(&c->tm->ev[i]) != cudaSuccess) {

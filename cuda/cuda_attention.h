@@ -32,7 +32,10 @@ struct cuda_attn_args {
     size_t ws_floats;
     // per (token, KV head) of a split step: the blocks done (the last one merges the states and
     // sets it back to 0), zero between launches; n_counters of them. NULL, or fewer than the
-    // step's tokens x KV heads: fa_merge_kernel merges instead
+    // step's tokens x KV heads: fa_merge_kernel merges instead. After them (2 n_counters + 2 ints
+    // in all), the long merges of a work-sized split: [n_counters] the (token, KV head) pairs
+    // listed, [n_counters + 1] a count of the merging blocks done, then the pairs (t * n_kv_heads
+    // + kvh); zero between launches
     int *counters;
     int n_counters;
     // set by cuda_attention only: a decode step's RoPE is fused into the decode attention kernel
@@ -40,6 +43,9 @@ struct cuda_attn_args {
     // and the flash kernel's divisors: block_size, the GQA group, the split (gridDim.z), recent
     struct cuda_fdiv bs_div, g_div, z_div, rec_div;
     int cluster;         // a split step's blocks of a (token, KV head) form a cluster and merge in shared memory
+    // a work-sized split (decode steps of split level 4 and 5): the step's tokens (0: the grid is
+    // (token, KV head, split) instead), and the units each retrieval KV head gets beyond one a token
+    int unit_T, unit_X;
 };
 
 /* Keys are summed in partitions of this many absolute positions, each from an empty softmax
@@ -63,11 +69,19 @@ extern "C" {
  * states through distributed shared memory (no round trip through global memory); longer
  * contexts merge through the workspace. */
 #define CUDA_ATTN_CLUSTER 8
+/* A work-sized split merges the partition states of a token of up to this many partitions in the
+ * decode kernel's last block of its (token, KV head); longer ones in a merge kernel of one warp a
+ * head and 32 dims (split level 5). */
+#define CUDA_ATTN_MERGE_LONG 32
 
 /* What cuda_attention needs of its device, found by cuda_attention_init. */
 struct cuda_attn_env {
     int sms;      // the device's SMs (split decode sizing)
     bool cluster; // split decode steps of short contexts may merge in a thread-block cluster
+    int resident[4]; // decode kernel blocks the device holds at once, head dims 16, 32, 64, 128
+    // EXPERIMENT (DUOSERVE_ATTN_SPLIT_OLD=1, set by the backend): long decode steps split each
+    // (token, KV head) into the same number of blocks (the sizing before the work-sized split)
+    bool split_old;
 };
 
 /* With the device current, before any launch there: the attention kernels' opt-in shared memory,
@@ -77,8 +91,10 @@ int cuda_attention_init(struct cuda_attn_env *env);
 /* decode: every sequence has one token in the step, token t of sequence t (the decode kernel: a
  * block's warps share the token); split: and some token spans more than one partition (they may
  * then run in parallel): 1, 2, 3 when every token spans at most 2, 4, 8 partitions (a cluster
- * of that many blocks, where the step splits), 4 when some token spans more; inv_freq: RoPE q
- * and k first (in place, as cuda_rope), fused with the KV append; NULL: qkv is already rotated */
+ * of that many blocks, where the step splits), 4 when some token spans more, 5 when some token
+ * spans more than CUDA_ATTN_MERGE_LONG (the launches are a function of n_tokens, split and the
+ * layer: CUDA graphs are keyed by them); inv_freq: RoPE q and k first (in place, as cuda_rope),
+ * fused with the KV append; NULL: qkv is already rotated */
 int cuda_attention(const struct cuda_attn_env *env, void *out, void *qkv, int row_stride,
                    const struct cuda_attn_args *a, int n_tokens, bool decode, int split, const float *inv_freq,
                    cudaStream_t st);

@@ -24,6 +24,57 @@ static uint64_t prefix_salt(const struct core *c) {
     return h;
 }
 
+/* Attention's speed per FLOP relative to the linear layers' GEMMs, in the scheduler's step cost.
+ * Provenance: H200, Llama-3-8B shape, the default (invariant) GEMMs: prefill 2k at ~30,500 tok/s
+ * (docs/PERF_NOTES.md run 40: the linear layers at ~430 TFLOP/s) and a 131,072-token prompt in
+ * 44.1 s through the server (issue 21), ~40 s of it attention (~113 TFLOP/s): 113 / 430 = 0.26.
+ * To be measured again when the attention kernel changes (docs/ARCHITECTURE.md, "Step cost"). */
+#define CORE_ATTN_EFFICIENCY 0.26
+
+/* The scheduler's step cost from the model's shape and head pattern, in token-equivalents (a
+ * token's linear layers = 1). FLOPs: the linear layers 2 a weight a token (the LM head, once per
+ * sampling sequence, left out); attention 4 x head_dim a query head a visible key (QK^T and PV),
+ * retrieval heads seeing every earlier key (or the sliding window), streaming heads sink + recent. */
+static void step_cost_model(const struct core *c, struct sched_cost *sc) {
+    const struct model_config *k = &c->m->cfg;
+    double qd = (double)k->n_heads * k->head_dim, kd = (double)k->n_kv_heads * k->head_dim;
+    double linear = 2.0 * k->n_layers * (k->dim * (qd + 2 * kd) + qd * k->dim + 3.0 * k->dim * k->hidden_dim);
+    double attn = 4.0 * k->head_dim * k->n_heads * k->n_layers;
+    int n_stream = 0;
+    for (int l = 0; l < k->n_layers; l++) n_stream += c->m->n_stream[l];
+    double stream_share = (double)n_stream / ((double)k->n_layers * k->n_kv_heads);
+    double per_key = attn / linear / CORE_ATTN_EFFICIENCY;
+    int window = c->cfg.sink_tokens + c->cfg.recent_tokens;
+    if (k->sliding_window > 0 && k->sliding_window < window) window = k->sliding_window;
+    sc->attn[0] = (struct sched_attn_cost){per_key * (1 - stream_share), k->sliding_window};
+    sc->attn[1] = (struct sched_attn_cost){per_key * stream_share, window};
+    sc->min_chunk = c->cfg.block_size;
+    int n = c->cfg.step_cost_budget;
+    sc->step_budget = n < 0 ? 0 : sched_chunk_cost(sc, 0, n ? n : c->max_batch);
+}
+
+/* One line on the step cost: what a query-key pair costs, the cap, and the prefill chunks it
+ * leaves beside decodes as a prompt grows. */
+static void log_step_cost(const struct core *c, const struct sched_cost *sc) {
+    if (sc->step_budget <= 0) {
+        elog("info", "step cost: no cap (prefill chunks of --max-num-batched-tokens beside decodes)");
+        return;
+    }
+    static const int at[] = {0, 8192, 32768, 131072, 1048576};
+    char chunks[160];
+    size_t o = 0;
+    for (size_t i = 0; i < sizeof at / sizeof at[0] && at[i] < c->max_model_len; i++) {
+        int n = sched_chunk_fit(sc, at[i], c->max_batch, sc->step_budget);
+        if (n < sc->min_chunk) n = sc->min_chunk < c->max_batch ? sc->min_chunk : c->max_batch; /* the least */
+        o += (size_t)snprintf(chunks + o, sizeof chunks - o, "%s%d at %dk", i ? ", " : "", n, at[i] / 1024);
+    }
+    elog("info",
+         "step cost: attention %.3g a query-key pair (a token's linear layers = 1; retrieval heads %.3g, "
+         "streaming %.3g); while requests decode a step costs at most %.0f: prefill chunks of %s tokens of prefix",
+         sc->attn[0].per_key + sc->attn[1].per_key, sc->attn[0].per_key, sc->attn[1].per_key, sc->step_budget,
+         chunks);
+}
+
 static int plan_memory(struct core *c, char *err, size_t errlen) {
     struct kv_geometry g;
     model_kv_geometry(c->m, c->cfg.block_size, c->cfg.sink_tokens, c->cfg.recent_tokens, &g);
@@ -73,6 +124,7 @@ static int plan_memory(struct core *c, char *err, size_t errlen) {
     if (caching && kv_cache_enable_prefix_caching(c->kv, prefix_salt(c)) != 0)
         return util_err(err, errlen, "out of memory for the prefix cache");
     struct sched_config sc = {.max_num_seqs = c->cfg.max_num_seqs, .max_batch_tokens = c->max_batch};
+    step_cost_model(c, &sc.cost);
     if (sched_init(&c->sched, &sc, c->kv) != 0) return util_err(err, errlen, "out of memory");
     c->stats.kv_capacity_tokens = block_bytes ? (int)(n_blocks * c->cfg.block_size) : 0;
     const struct model_config *mc = &c->m->cfg;
@@ -97,6 +149,7 @@ static int plan_memory(struct core *c, char *err, size_t errlen) {
         elog("info", "streaming KV heads per layer: %s (sink %d, recent %d)", line, c->cfg.sink_tokens,
              c->cfg.recent_tokens);
     }
+    log_step_cost(c, &sc.cost);
     return 0;
 }
 

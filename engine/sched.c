@@ -84,30 +84,120 @@ static void plan_add(struct sched *s, struct sched_seq *q, int want) {
     s->plan.n_tokens += want;
 }
 
+/* Keys seen by the queries at positions [start, start + n), summed, when a query sees at most w
+ * keys (w = 0: every earlier key and itself). */
+static double keys_seen(int start, int n, int w) {
+    double a = start, c = n;
+    if (w <= 0) return c * a + c * (c + 1) / 2;
+    int n1 = w - start; /* queries at p < w see p + 1 keys, the others w */
+    if (n1 < 0) n1 = 0;
+    if (n1 > n) n1 = n;
+    return (double)n1 * a + (double)n1 * (n1 + 1) / 2 + (double)(n - n1) * w;
+}
+
+double sched_chunk_cost(const struct sched_cost *c, int start, int n) {
+    double cost = n;
+    for (int k = 0; k < 2; k++)
+        if (c->attn[k].per_key > 0) cost += c->attn[k].per_key * keys_seen(start, n, c->attn[k].window);
+    return cost;
+}
+
+int sched_chunk_fit(const struct sched_cost *c, int start, int max_n, double cost) {
+    if (max_n <= 0 || sched_chunk_cost(c, start, 1) > cost) return 0;
+    if (sched_chunk_cost(c, start, max_n) <= cost) return max_n;
+    int lo = 1, hi = max_n; /* the cost grows with n: lo fits, hi does not */
+    while (hi - lo > 1) {
+        int mid = lo + (hi - lo) / 2;
+        if (sched_chunk_cost(c, start, mid) <= cost) lo = mid;
+        else hi = mid;
+    }
+    return lo;
+}
+
+/* A running sequence with one token to compute: a decode (or a prompt's last token). */
+static bool is_decode(const struct sched_seq *q) { return q->n_tokens - q->n_computed == 1; }
+
+/* What a step being planned has left. */
+struct step_left {
+    int tokens;        // of the token budget
+    int decodes;       // decodes not planned yet: their tokens are kept for them
+    double dec_cost;   // their cost
+    double spent;      // cost of what is planned
+    bool capped;       // sequences decode and the cost has a cap: chunks fit in it
+    bool chunked;      // a prefill chunk is planned (the oldest had its minimum)
+};
+
+/* The tokens of a prefill chunk from start with `remaining` to compute: what the token budget
+ * leaves after the decodes still to plan, and while sequences decode what fits in the step's cost
+ * (the first chunk of the step gets at least min_chunk: progress). 0: none this step. */
+static int chunk_tokens(const struct sched *s, const struct step_left *l, int start, int remaining) {
+    int want = l->tokens - l->decodes;
+    if (want > remaining) want = remaining;
+    if (want <= 0) return 0;
+    if (!l->capped) return want;
+    const struct sched_cost *c = &s->cfg.cost;
+    int fit = sched_chunk_fit(c, start, want, c->step_budget - l->spent - l->dec_cost);
+    int least = c->min_chunk > 0 ? c->min_chunk : 1;
+    if (!l->chunked && fit < least) fit = least < want ? least : want;
+    return fit;
+}
+
+/* q, running and not planned, loses its KV: the step no longer keeps room for it. */
+static void preempt_unplanned(struct sched *s, struct step_left *l, struct sched_seq *q) {
+    if (is_decode(q)) {
+        l->decodes--;
+        l->dec_cost -= sched_chunk_cost(&s->cfg.cost, q->n_computed, 1);
+    }
+    preempt(s, q);
+}
+
+static void plan_take(struct sched *s, struct step_left *l, struct sched_seq *q, int want, bool decode) {
+    plan_add(s, q, want);
+    double cost = sched_chunk_cost(&s->cfg.cost, q->n_computed, want);
+    l->tokens -= want;
+    l->spent += cost;
+    if (decode) {
+        l->decodes--;
+        l->dec_cost -= cost;
+    } else {
+        l->chunked = true;
+    }
+}
+
 int sched_step_plan(struct sched *s) {
     struct sched_plan *p = &s->plan;
     p->n = p->n_tokens = 0;
-    int budget = s->cfg.max_batch_tokens;
-    for (int i = 0; i < s->running.n && budget > 0;) {
+    struct step_left l = {.tokens = s->cfg.max_batch_tokens};
+    for (int i = 0; i < s->running.n; i++) {
         struct sched_seq *q = s->running.v[i];
-        int want = q->n_tokens - q->n_computed;
-        if (want > budget) want = budget;
+        if (!is_decode(q)) continue;
+        l.decodes++;
+        l.dec_cost += sched_chunk_cost(&s->cfg.cost, q->n_computed, 1);
+    }
+    l.capped = l.decodes > 0 && s->cfg.cost.step_budget > 0;
+    for (int i = 0; i < s->running.n && l.tokens > 0;) {
+        struct sched_seq *q = s->running.v[i];
+        bool decode = is_decode(q);
+        int want = decode ? 1 : chunk_tokens(s, &l, q->n_computed, q->n_tokens - q->n_computed);
+        if (want == 0) { /* its turn comes in a later step */
+            i++;
+            continue;
+        }
         bool preempted_self = false;
         while (kv_cache_seq_ensure(s->kv, &q->kv, q->n_computed, q->n_computed + want) != KV_STATUS_OK) {
-            struct sched_seq *victim = s->running.v[s->running.n - 1];
-            preempt(s, victim);
+            struct sched_seq *victim = s->running.v[s->running.n - 1]; /* never a planned one: those are before i */
+            preempt_unplanned(s, &l, victim);
             if (victim == q) {
                 preempted_self = true;
                 break;
             }
         }
         if (preempted_self) continue; /* running.v[i] is now the next sequence (or none) */
-        plan_add(s, q, want);
-        budget -= want;
+        plan_take(s, &l, q, want, decode);
         i++;
     }
     struct kv_cache_usage u;
-    while (s->waiting.n && budget > 0) {
+    while (s->waiting.n && l.tokens > 0) {
         struct sched_seq *q = s->waiting.v[0];
         int seats = 1 + q->forks_pending;
         if (s->running.n + s->reserved + seats > s->cfg.max_num_seqs) break;
@@ -119,10 +209,10 @@ int sched_step_plan(struct sched *s) {
             hit = q->n_computed = kv_cache_seq_match(s->kv, &q->kv, q->tokens, q->n_tokens);
             if (q->t_scheduled <= 0) q->n_cached = hit;
         }
-        int want = q->n_tokens - q->n_computed;
-        if (want > budget) want = budget;
-        if (kv_cache_seq_ensure(s->kv, &q->kv, q->n_computed, q->n_computed + want) != KV_STATUS_OK) {
-            if (hit) { /* no room for the rest: the cached part waits in the cache, not in q */
+        int want = chunk_tokens(s, &l, q->n_computed, q->n_tokens - q->n_computed);
+        if (want == 0 ||
+            kv_cache_seq_ensure(s->kv, &q->kv, q->n_computed, q->n_computed + want) != KV_STATUS_OK) {
+            if (hit) { /* not now: the cached part waits in the cache, not in q */
                 kv_cache_seq_retire(s->kv, &q->kv, q->tokens, q->n_computed);
                 q->n_computed = 0;
             }
@@ -136,8 +226,7 @@ int sched_step_plan(struct sched *s) {
         q->admit_order = s->next_admit++;
         s->reserved += q->forks_pending;
         list_push(&s->running, q);
-        plan_add(s, q, want);
-        budget -= want;
+        plan_take(s, &l, q, want, false);
     }
     return p->n;
 }

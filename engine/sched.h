@@ -11,7 +11,14 @@
  * longest prefix of its tokens the cache holds (n_cached of them), and a sequence that leaves or is
  * preempted leaves its KV behind for others (kv_cache_seq_retire).
  * Forks: a sequence admitted with forks_pending > 0 reserves that many more seats (and slots);
- * the forks join running with sched_fork once the parent's prompt is computed. Engine thread only. */
+ * the forks join running with sched_fork once the parent's prompt is computed.
+ * Step cost: a running sequence with one token left (a decode) always gets its token before any
+ * prefill chunk takes the token budget. While sequences decode, prefill chunks are also sized by
+ * their cost (struct sched_cost: the linear layers per token plus attention per visible key, which
+ * grows with the chunk's prefix), so that the step stays within cost.step_budget and the decodes'
+ * inter-token latency stays bounded however long the prompt beside them; the oldest prefill still
+ * gets at least cost.min_chunk tokens a step. With nothing decoding, chunks take the whole token
+ * budget. Engine thread only. */
 #ifndef DUO_SCHED_H
 #define DUO_SCHED_H
 
@@ -35,9 +42,25 @@ struct sched_seq {
     struct kv_seq kv;
 };
 
+/* A step's cost model, in token-equivalents (the linear layers' work for one token = 1): a query at
+ * position p costs 1 + sum over attn[k] of per_key * min(p + 1, window) (window 0: p + 1, every
+ * earlier key). The caller derives the numbers from the model (engine/core_create.c); the
+ * scheduler knows nothing of heads or layers. */
+struct sched_attn_cost {
+    double per_key; // cost of one query against one visible key, for these heads (their share included)
+    int window;     // keys a query of these heads sees at most; 0: all earlier keys
+};
+
+struct sched_cost {
+    struct sched_attn_cost attn[2]; // e.g. retrieval heads (window 0) and streaming heads (sink + recent)
+    double step_budget;             // cap on a step's cost while sequences decode; <= 0: no cap
+    int min_chunk;                  // fewest tokens the cap leaves the oldest prefill a step (0: 1)
+};
+
 struct sched_config {
     int max_num_seqs;     // seats: running sequences, forks reserved included
     int max_batch_tokens; // tokens a step computes at most
+    struct sched_cost cost; // all zero: chunks by the token budget alone
 };
 
 struct sched_list {
@@ -83,6 +106,11 @@ void sched_finish(struct sched *s, struct sched_seq *q);
 /* child (state NEW) starts running as a copy of parent (running, forks_pending > 0): it shares the
  * parent's blocks, gets a copy of its slot, takes one of the parent's reserved seats. */
 enum kv_status sched_fork(struct sched *s, struct sched_seq *parent, struct sched_seq *child);
+
+/* The cost of computing tokens [start, start + n) of one sequence (its chunk), under c. */
+double sched_chunk_cost(const struct sched_cost *c, int start, int n);
+/* The most tokens (<= max_n) a chunk from start can take within cost; 0 when not even one fits. */
+int sched_chunk_fit(const struct sched_cost *c, int start, int max_n, double cost);
 
 bool sched_has_work(const struct sched *s);
 int sched_num_running(const struct sched *s);

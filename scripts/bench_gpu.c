@@ -1,19 +1,29 @@
 /* bench_gpu: speed of the engine on one model and backend: load time, the memory plan (logged
  * by the engine), decode ms/token at several batch sizes, prefill tokens/s at several lengths.
  *
- *   build/bench_gpu MODEL_DIR [cuda|cpu] [--decode 1,8,64,256] [--decode-ctx 128] [--prefill 2048,32768]
- *                   [--gemm cublas] [--tp N] [--load-format dummy]
+ *   build/bench_gpu MODEL_DIR [cuda|cpu] [--decode 1,8,64,256] [--decode-ctx 128] [--runs BxCTX,..]
+ *                   [--steps 64] [--skip-prefill] [--prefill 2048,32768] [--gemm cublas] [--tp N]
+ *                   [--load-format dummy]
+ *                   [--duo-pattern FILE --duo-sparsity S] [--gpu-memory-utilization F]
  *
  * --tp N splits the model over N GPUs (tensor parallelism); --load-format dummy makes random
- * weights from MODEL_DIR/config.json alone (shapes whose checkpoints are not at hand).
+ * weights from MODEL_DIR/config.json alone (shapes whose checkpoints are not at hand);
+ * --duo-pattern and --duo-sparsity are the server's (DuoAttention's streaming heads).
  *
  * Decode: B requests with 128-token prompts (--decode-ctx) are prefilled, then the time of decode steps
- * (every running sequence emits one token per step) is measured over 64 steps. Prefill: one
- * request of L tokens with max_tokens 1, token budget L (one step, or chunks of 8192). */
+ * (every running sequence emits one token per step) is measured over 64 steps (--steps); --runs
+ * 1x131072,8x98304 lists batch size x context pairs instead of --decode at --decode-ctx. --skip-prefill
+ * makes the context without a prefill (a benchmark-only hook, engine/core_bench.h): one-token
+ * prompts, then decode-ctx - 1 positions of KV cache that were never computed (zeros in a fresh
+ * pool), so contexts up to 1,048,576 take no prefill time; decode costs the same whatever the
+ * K/V values. Prefill: one request of L tokens with max_tokens 1, token budget L (one step, or
+ * chunks of 8192). */
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/core_bench.h"
 #include "engine/engine_core.h"
 #include "engine/util.h"
 
@@ -55,32 +65,76 @@ static void print_fa_clocks(void) {
 #endif
 }
 
+#define BENCH_MAX_CTX (1 << 20)   /* --skip-prefill contexts: up to 1,048,576 positions */
+#define BENCH_PROMPT_CAP 65536     /* prefilled contexts come from a prompt array this long */
+
+/* "1x131072,8x98304": batch size x context pairs; returns how many (0 on a malformed list) */
+static int parse_runs(const char *s, int (*out)[2], int max) {
+    int n = 0;
+    while (*s && n < max) {
+        char *e;
+        long bsz = strtol(s, &e, 10), ctx = *e == 'x' ? strtol(e + 1, &e, 10) : 0;
+        if (bsz < 1 || ctx < 1 || (*e && *e != ',')) return 0;
+        out[n][0] = (int)bsz, out[n++][1] = (int)ctx;
+        s = *e ? e + 1 : e;
+    }
+    return n;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: %s MODEL_DIR [cuda|cpu] [--decode 1,8,64,256] [--prefill 2048,32768]\n", argv[0]);
+        fprintf(stderr, "usage: %s MODEL_DIR [cuda|cpu] [--decode 1,8,64,256] [--decode-ctx 128] [--runs BxCTX,..] "
+                        "[--steps 64] [--skip-prefill] [--prefill 2048,32768] [--duo-pattern FILE --duo-sparsity S]\n",
+                argv[0]);
         return 2;
     }
     const char *dev = argc > 2 && argv[2][0] != '-' ? argv[2] : "cuda";
-    int dec[16] = {1, 8, 64, 256}, n_dec = 4, pre[16] = {2048, 32768}, n_pre = 2;
-    const char *gemm = NULL, *load_format = NULL;
-    int dctx = 128, tp = 1;
-    for (int i = 2; i < argc - 1; i++) {
+    int dec[16] = {1, 8, 64, 256}, n_dec = 4, pre[16] = {2048, 32768}, n_pre = 2, runs[32][2], n_runs = 0;
+    const char *gemm = NULL, *load_format = NULL, *pattern = NULL;
+    int dctx = 128, tp = 1, steps = 64;
+    float sparsity = 0.0f, util = 0.0f;
+    bool skip = false;
+    for (int i = 2; i < argc; i++) {
+        if (!strcmp(argv[i], "--skip-prefill")) skip = true;
+        if (i + 1 >= argc) continue;
         if (!strcmp(argv[i], "--decode-ctx")) dctx = atoi(argv[i + 1]);
         if (!strcmp(argv[i], "--decode")) n_dec = parse_list(argv[i + 1], dec, 16);
+        if (!strcmp(argv[i], "--runs") && !(n_runs = parse_runs(argv[i + 1], runs, 32))) {
+            fprintf(stderr, "bench_gpu: --runs takes BATCHxCONTEXT pairs, e.g. 1x131072,8x98304\n");
+            return 2;
+        }
+        if (!strcmp(argv[i], "--steps")) steps = atoi(argv[i + 1]);
         if (!strcmp(argv[i], "--prefill")) n_pre = parse_list(argv[i + 1], pre, 16);
         if (!strcmp(argv[i], "--gemm")) gemm = argv[i + 1];
         if (!strcmp(argv[i], "--tp")) tp = atoi(argv[i + 1]);
         if (!strcmp(argv[i], "--load-format")) load_format = argv[i + 1];
+        if (!strcmp(argv[i], "--duo-pattern")) pattern = argv[i + 1];
+        if (!strcmp(argv[i], "--duo-sparsity")) sparsity = (float)atof(argv[i + 1]);
+        if (!strcmp(argv[i], "--gpu-memory-utilization")) util = (float)atof(argv[i + 1]);
     }
-    int max_b = 1;
-    for (int i = 0; i < n_dec; i++) max_b = dec[i] > max_b ? dec[i] : max_b;
-    if (dctx < 1 || dctx + max_b > 65536 - 70) {
-        fprintf(stderr, "bench_gpu: --decode-ctx must be 1..%d with these batch sizes\n", 65536 - 70 - max_b);
-        return 2;
+    /* the decode runs: --runs, else every batch size of --decode at --decode-ctx */
+    if (!n_runs)
+        for (int i = 0; i < n_dec; i++) runs[n_runs][0] = dec[i], runs[n_runs++][1] = dctx;
+    const int warm = 2; /* decode steps before the timed ones (--skip-prefill) */
+    if (steps < 1) steps = 1;
+    int max_b = 1, max_len = BENCH_PROMPT_CAP; /* prefills up to the prompt array */
+    for (int i = 0; i < n_runs; i++) {
+        int B = runs[i][0], x = runs[i][1];
+        if (skip ? x > BENCH_MAX_CTX : x + B > BENCH_PROMPT_CAP - 70 || x + steps + warm + 2 > BENCH_PROMPT_CAP) {
+            fprintf(stderr, "bench_gpu: batch %d at context %d: contexts go up to %d %s\n", B, x,
+                    skip ? BENCH_MAX_CTX : BENCH_PROMPT_CAP - 70 - B,
+                    skip ? "" : "at this batch size (larger ones: --skip-prefill)");
+            return 2;
+        }
+        max_b = B > max_b ? B : max_b;
+        /* the context, the steps and the few tokens around them */
+        if (skip && x + steps + warm + 8 > max_len) max_len = x + steps + warm + 8;
     }
     struct engine_config cfg = {.model_dir = argv[1], .device = dev, .gemm = gemm, .max_num_seqs = max_b,
-                                .max_num_batched_tokens = 8192, .max_model_len = 65536,
-                                .tensor_parallel_size = tp, .load_format = load_format};
+                                .max_num_batched_tokens = 8192, .max_model_len = max_len,
+                                .tensor_parallel_size = tp, .load_format = load_format, .duo_pattern = pattern,
+                                .duo_sparsity = sparsity, .gpu_memory_utilization = util,
+                                .no_prefix_caching = skip};
     struct core *c;
     char err[512];
     double t0 = util_now();
@@ -88,7 +142,9 @@ int main(int argc, char **argv) {
         fprintf(stderr, "bench_gpu: %s\n", err);
         return 1;
     }
-    printf("load: %.2f s (%s, %s, gemm %s)\n", util_now() - t0, argv[1], dev, gemm ? gemm : "invariant");
+    printf("load: %.2f s (%s, %s, gemm %s", util_now() - t0, argv[1], dev, gemm ? gemm : "invariant");
+    if (pattern) printf(", duo %s at sparsity %.2f", pattern, (double)sparsity);
+    printf(")\n");
     int V = core_model(c)->cfg.vocab_size;
     if (getenv("BENCH_PROFILE")) { /* per-op times at batch 1 on this model's shapes */
         const struct model *m = core_model(c);
@@ -144,13 +200,14 @@ int main(int argc, char **argv) {
             }
         }
     }
-    static int32_t prompt[65536];
-    for (int i = 0; i < 65536; i++) prompt[i] = V > 4000 ? 1000 + (i * 7919) % (V - 2000) : 3 + (i * 7919) % (V - 3);
+    static int32_t prompt[BENCH_PROMPT_CAP];
+    for (int i = 0; i < BENCH_PROMPT_CAP; i++)
+        prompt[i] = V > 4000 ? 1000 + (i * 7919) % (V - 2000) : 3 + (i * 7919) % (V - 3);
 
-    for (int k = 0; k < n_dec; k++) {
-        int B = dec[k], steps = 64;
+    for (int k = 0; k < n_runs; k++) {
+        int B = runs[k][0], x = runs[k][1], plen = skip ? 1 : x;
         for (int i = 0; i < B; i++) {
-            struct engine_request r = {prompt + i, dctx, greedy(steps + 2)};
+            struct engine_request r = {prompt + i, plen, greedy(steps + warm + 2)};
             if (core_add(c, &r, on_event, NULL, NULL, err, sizeof err)) {
                 fprintf(stderr, "bench_gpu: %s\n", err);
                 return 1;
@@ -159,21 +216,29 @@ int main(int argc, char **argv) {
         /* prefill (and the first token) until every sequence decodes one token per step */
         while (core_step(c) != B) {
         }
+        if (skip) { /* the context without its prefill, then steps at it until its graph is captured */
+            if (core_bench_skip_context(c, x - 1, err, sizeof err) != B) {
+                fprintf(stderr, "bench_gpu: --skip-prefill at context %d, batch %d: %s\n", x, B, err);
+                return 1;
+            }
+            for (int s = 0; s < warm; s++) core_step(c);
+        }
         struct engine_stats s0, s1;
         core_stats(c, &s0);
         double t1 = util_now();
         for (int s = 0; s < steps; s++) core_step(c);
         double dt = util_now() - t1;
         core_stats(c, &s1);
-        printf("decode batch %4d, context %5d: %7.2f ms/step, %9.1f tokens/s (forward %.2f ms, sampling %.2f ms per step)\n", B,
-               dctx, dt / steps * 1e3, B * steps / dt, (s1.forward_seconds - s0.forward_seconds) / steps * 1e3,
-               (s1.sample_seconds - s0.sample_seconds) / steps * 1e3);
+        printf("decode batch %4d, context %5d: %7.2f ms/step, %9.1f tokens/s (forward %.2f ms, sampling %.2f ms per step)%s\n", B,
+               x, dt / steps * 1e3, B * steps / dt, (s1.forward_seconds - s0.forward_seconds) / steps * 1e3,
+               (s1.sample_seconds - s0.sample_seconds) / steps * 1e3, skip ? " [skipped prefill]" : "");
+        fflush(stdout);
         print_fa_clocks();
         while (core_has_work(c)) core_step(c);
     }
     for (int k = 0; k < n_pre; k++) {
         int L = pre[k];
-        if (L <= 0 || L > core_max_model_len(c) - 1) continue;
+        if (L <= 0 || L > core_max_model_len(c) - 1 || L > BENCH_PROMPT_CAP) continue;
         struct engine_request r = {prompt, L, greedy(1)};
         /* warm-up on a short prompt, then the measured one */
         struct engine_request w = {prompt, 64, greedy(1)};

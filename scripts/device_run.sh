@@ -2,7 +2,7 @@
 # device_run.sh: one GPU-machine run of the checks, benchmarks, A/B of the switches, kernel
 # traces and ShareGPT serving; the stages to run are the arguments (default: all of them).
 #
-#   [AB="name:VAR=v,..."] [TRACE_AB="name:VAR=v,..."] bash scripts/device_run.sh [attnbench] [optest] [gemm] [gemmab] [ncu] [checks] [bench] [gemmprof] [gemmbench] [stamps] [ab] [trace] [optime] [serving] [sharegpt] [multiturn] [tp]
+#   [AB="name:VAR=v,..."] [TRACE_AB="name:VAR=v,..."] bash scripts/device_run.sh [attnbench] [optest] [gemm] [gemmab] [ncu] [checks] [bench] [gemmprof] [gemmbench] [stamps] [ab] [longdec] [trace] [optime] [serving] [sharegpt] [multiturn] [longprefill] [tp]
 #
 # Expects .device/ as scripts/device_pack.sh leaves it (run there first): bin.txz (the stripped
 # binaries of make CUDA=1 BUILD=build-gpu, libktrace.so and libcupti.so.13 in bin/),
@@ -19,7 +19,7 @@ export LD_LIBRARY_PATH=$B:$LD_LIBRARY_PATH
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
 M=/tmp/llama8b
 mk=
-needs_8b() { for st in bench gemmprof gemmbench stamps ab trace optime serving sharegpt multiturn; do has $st && return 0; done; return 1; }
+needs_8b() { for st in bench gemmprof gemmbench stamps ab longdec trace optime serving sharegpt multiturn longprefill; do has $st && return 0; done; return 1; }
 if needs_8b && [ ! -f $M/tokenizer_config.json ]; then # (written last; kept from an earlier call on a warm machine)
   rm -f $M.ready
   ( python3 scripts/make_llama8b.py $M --tokenizer .device/tokenizers/llama3 > $L/mk8b.log 2>&1; touch $M.ready ) &
@@ -129,6 +129,24 @@ if has ab; then
     ab "${spec%%:*}" $(echo "${spec#*:}" | tr ',' ' ')
   done
 fi
+# issue 22: decode at long contexts under the work-sized split and the old one (DUOSERVE_ATTN_SPLIT_OLD=1),
+# one bench_gpu load each: full attention at b1 x 128 (no regression), b1 x 131,072 and b8 x 98,304
+# (b8 x 131,072 needs 128 GiB of KV cache, more than the card holds beside the weights), then the
+# published pattern at duo 0.5: b1 x 131,072 and b1 x 1,048,576. Contexts are made without a prefill
+# (--skip-prefill); LONGDEC_STEPS timed steps a run (default 16). Each figure printed as it comes.
+if has longdec; then
+  wait_8b
+  P8=.device/llama3_8b_pattern.tsv
+  ldec() { local name=$1; shift; echo "== longdec $name"
+    timeout 170 env "$@" --skip-prefill --prefill 0 --steps ${LONGDEC_STEPS:-16} 2>&1 | tee $L/longdec_$name.log \
+      | grep --line-buffered -E "^load:|decode batch|KV cache|bench_gpu:|error" | sed -u -E 's/ +/ /g' | cut -c1-220; }
+  for sp in new old; do
+    ev=DUOSERVE_ATTN_SPLIT_OLD=$([ $sp = old ] && echo 1 || echo 0)
+    ldec ${sp}_full $ev $B/bench_gpu $M cuda --runs 1x128,1x131072,8x98304
+    ldec ${sp}_duo $ev $B/bench_gpu $M cuda --runs 1x131072,1x1048576 --duo-pattern $P8 --duo-sparsity 0.5
+    at "longdec $sp"
+  done
+fi
 # kernel traces: every kernel of the decode graphs (scripts/ktrace.c), reported per kernel
 ktr() { local name=$1; shift; CUDA_INJECTION64_PATH=$B/libktrace.so KTRACE_OUT=$L/kt_$name.txt timeout 100 $B/bench_gpu $M cuda --prefill 0 "$@" > $L/kt_$name.log 2>&1
   grep decode $L/kt_$name.log | sed -E 's/ +/ /g'; python3 scripts/ktrace_report.py $L/kt_$name.txt --top 14 > $L/kt_$name.report 2>&1; head -40 $L/kt_$name.report; xz -T4 $L/kt_$name.txt; }
@@ -194,6 +212,35 @@ if has multiturn; then
     kill -TERM $pid; wait $pid
     grep -iE "turns|ttft|hit rate|throughput|duration" $L/multiturn_$name.log | head -20
     at "multiturn $name"
+  done
+fi
+# issue 21's long prompts: TTFT of 65,536 and 131,072-token prompts alone, and of 131,072 beside a
+# streaming request with that stream's inter-token latency during the prefill (scripts/bench_long.py),
+# full attention and the published Llama-3-8B head pattern at duo 0.5, the server's default flags
+# otherwise. The checkpoint's max_position_embeddings (131,072) is raised to 262,144 in a view of it
+# (symlinks, its own config.json; the llama3 RoPE scaling does not read it) so that a 131,072-token
+# prompt and its answer fit. LONG_ALONE / LONG_BESIDE (sizes, comma-separated) and LONG_RUNS
+# ("name:flag,value,...[:alone sizes, - for none] ...") override; e.g. LONG_RUNS="b3k:--step-cost-budget,3072:-"
+# measures only the ITL check under a larger step budget.
+if has longprefill; then
+  wait_8b
+  ML=/tmp/llama8b_long; mkdir -p $ML
+  for f in $M/*; do [ "$(basename $f)" = config.json ] || ln -sf $f $ML/; done
+  python3 -c "import json,sys; c=json.load(open(sys.argv[1])); c['max_position_embeddings']=262144; json.dump(c, open(sys.argv[2],'w'))" $M/config.json $ML/config.json
+  P8=.device/llama3_8b_pattern.tsv
+  for spec in ${LONG_RUNS:-full: duo:--duo-pattern,$P8,--duo-sparsity,0.5}; do
+    IFS=: read -r name flags alone <<< "$spec"
+    alone=${alone:-${LONG_ALONE:-65536,131072}}; [ "$alone" = - ] && alone= || alone="--alone $alone"
+    $B/duoserve serve -m $ML --device cuda --port 18434 $(echo "$flags" | tr ',' ' ') > $L/server_long_$name.log 2>&1 &
+    pid=$!; ts=$SECONDS
+    for _ in $(seq 1 300); do curl -sf http://127.0.0.1:18434/health >/dev/null 2>&1 && break; kill -0 $pid 2>/dev/null || break; sleep 0.5; done
+    echo "== longprefill $name: ready after $((SECONDS-ts)) s"; grep -E "step cost|KV cache:" $L/server_long_$name.log | cut -c1-400
+    timeout -s INT 200 python3 scripts/bench_long.py --base-url http://127.0.0.1:18434 $alone \
+      --beside ${LONG_BESIDE:-131072} --stream-max-tokens 16384 --timeout 150 --max-duration 190 \
+      --result-json $L/long_$name.json > $L/long_$name.log 2>&1
+    cat $L/long_$name.log
+    kill -TERM $pid; timeout 60 tail --pid=$pid -f /dev/null; kill -KILL $pid 2>/dev/null; wait $pid 2>/dev/null
+    at "longprefill $name"
   done
 fi
 # tensor parallelism: the usual checks through the NCCL path on one GPU (DUOSERVE_TP_GROUP=1: a

@@ -23,6 +23,10 @@ const struct opt opt_engine[] = {
     {"max-num-seqs", NULL, OPT_INT, E(max_num_seqs), 1, 65536, "N", "sequences running at once (default: 64 on the CPU; on a GPU as many as the KV cache holds at 1024 tokens each, 64 to 512; generate 8)"},
     {"max-num-batched-tokens", "--prefill-chunk", OPT_INT, E(max_num_batched_tokens), 1, 1 << 24, "N",
      "tokens per engine step, the prefill chunk (default 2048; also --prefill-chunk)"},
+    {"step-cost-budget", NULL, OPT_INT, E(step_cost_budget), 1, 1 << 24, "N",
+     "while requests decode, a step costs at most what N prompt tokens from position 0 cost; attention over a "
+     "long prefix counts extra, so a long prompt's chunks shrink as it grows and decodes beside it keep their "
+     "pace (default: --max-num-batched-tokens)"},
     {"block-size", NULL, OPT_INT, E(block_size), 1, 1024, "N", "KV block size in tokens (default 16)"},
     {"kv-cache-memory", NULL, OPT_BYTES, E(kv_cache_memory), MIB, TIB, "BYTES",
      "memory for both KV pools, e.g. 512MiB or 4G (default: 256MiB on the CPU; on a GPU what "

@@ -9,6 +9,7 @@
 #include "tests/test_kv.h"
 
 #include "engine/kv_cache_impl.h"
+#include "engine/core_bench.h"
 #include "engine/duo_pattern.h"
 #include "engine/engine_core.h"
 #include "engine/safetensors.h"
@@ -200,6 +201,56 @@ static void test_greedy_invariant_fp8_kv(void **state) {
     free(p);
 }
 
+/* A long prompt prefilled beside a decoding request, its chunks sized by cost under three caps
+ * (none, the default, a tight one), with and without a head pattern: the steps differ (smaller
+ * chunks, more steps, the tighter the cap), the ids of both requests do not. */
+static void test_cost_sized_chunks_keep_ids(void **state) {
+    char *pat = write_pattern("0.9\t0.1\n0.2\t0.8\n");
+    enum { LONG = 600 };
+    int32_t shortp[5], longp[LONG];
+    for (int i = 0; i < 5; i++) shortp[i] = 3 + i * 41;
+    for (int i = 0; i < LONG; i++) longp[i] = 3 + (i * 53 + i / 7) % 500;
+    int caps[] = {-1, 0, 8};
+    static struct collect out[3][2];
+    for (int with = 0; with < 2; with++) {
+        int steps[3], most[3];
+        memset(out, 0, sizeof out);
+        for (int k = 0; k < 3; k++) {
+            struct engine_config cfg = {.model_dir = "tests/fixtures/hf/llama3", .max_num_batched_tokens = 64,
+                                        .step_cost_budget = caps[k], .max_num_seqs = 8, .block_size = 16,
+                                        .duo_pattern = with ? pat : NULL, .duo_sparsity = 0.5f, .sink_tokens = 4,
+                                        .recent_tokens = 8, .tensor_parallel_size = test_tp(), .quiet = true};
+            struct core *c;
+            char err[512] = "";
+            assert_int_equal(core_create(&c, &cfg, err, sizeof err), 0);
+            submit(c, shortp, 5, greedy(120), &out[k][0]);
+            assert_int_equal(core_step(c), 5); /* its prompt: it decodes from now on */
+            submit(c, longp, LONG, greedy(8), &out[k][1]);
+            steps[k] = most[k] = 0;
+            while (out[k][1].n[0] == 0) { /* the long prompt's prefill, beside the decodes */
+                int n = core_step(c);
+                assert_true(n > 0 && out[k][0].n[0] < 120);
+                steps[k]++;
+                if (n > most[k]) most[k] = n;
+            }
+            run_all(c);
+            core_free(c);
+            for (int r = 0; r < 2; r++) {
+                assert_int_equal(out[k][r].n[0], r ? 8 : 120);
+                assert_memory_equal(out[k][r].ids[0], out[0][r].ids[0], sizeof(int32_t) * out[0][r].n[0]);
+            }
+        }
+        print_message("%s: prefill of %d tokens beside a decode in %d / %d / %d steps of at most %d / %d / %d "
+                      "tokens (no cap, default, cap 8)\n", with ? "pattern" : "full attention", LONG, steps[0],
+                      steps[1], steps[2], most[0], most[1], most[2]);
+        assert_int_equal(most[0], 64); /* no cap: chunks of the token budget (63 and the decode) */
+        assert_true(steps[0] < steps[1] && steps[1] < steps[2]);
+        assert_true(most[2] < most[1] && most[1] <= 64);
+    }
+    unlink(pat);
+    free(pat);
+}
+
 /* --kv-cache-dtype fp8 end to end, with and without a head pattern: the pools are fp8 (a quarter
  * of f32's bytes: at least 4x the tokens in the same memory), a request runs to the end, and its
  * logprobs are near f32's but not the same. */
@@ -284,9 +335,10 @@ static void rmsnorm_ref(float *o, const float *x, const float *w, int n, float e
     for (int i = 0; i < n; i++) o[i] = w[i] * x[i] * inv;
 }
 
-/* Logits at every position of toks[0..T) with head masks mask[l][kvh] = streaming or not. */
+/* Logits at every position of toks[0..T) with head masks mask[l][kvh] = streaming or not; the K
+ * and V rows of positions [zero_lo, zero_hi) are zeros (after RoPE) in every layer. */
 static float *dense_forward(const struct dense_model *m, const struct model_config *cfg, const int32_t *toks, int T,
-                            const uint8_t *streaming, int sink, int recent) {
+                            const uint8_t *streaming, int sink, int recent, int zero_lo, int zero_hi) {
     int D = m->D, hd = m->hd, H = m->H, KV = m->KV, group = H / KV;
     float *x = calloc((size_t)T * D, sizeof(float)), *h = malloc(sizeof(float) * D);
     float *q = malloc(sizeof(float) * (size_t)T * H * hd), *k = malloc(sizeof(float) * (size_t)T * KV * hd);
@@ -311,6 +363,10 @@ static float *dense_forward(const struct dense_model *m, const struct model_conf
                     vec[i + hd / 2] = b * c + a * s;
                 }
             }
+        }
+        for (int t = zero_lo; t < zero_hi && t < T; t++) {
+            memset(k + (size_t)t * KV * hd, 0, sizeof(float) * KV * hd);
+            memset(v + (size_t)t * KV * hd, 0, sizeof(float) * KV * hd);
         }
         for (int t = 0; t < T; t++) {
             for (int hh = 0; hh < H; hh++) {
@@ -421,10 +477,10 @@ static void test_duo_attention_equals_dense_mask_reference(void **state) {
         int32_t toks[90 + 12];
         memcpy(toks, prompt, sizeof prompt);
         memcpy(toks + 90, out.ids[0], sizeof(int32_t) * 11);
-        float *ref = dense_forward(&dm, &cfg, toks, 101, streaming, cases[k].sink, cases[k].recent);
+        float *ref = dense_forward(&dm, &cfg, toks, 101, streaming, cases[k].sink, cases[k].recent, 0, 0);
         float *lp = malloc(sizeof(float) * dm.V);
         /* the masks matter: full attention gives visibly different logits here */
-        float *full = dense_forward(&dm, &cfg, toks, 101, NULL, 0, 0);
+        float *full = dense_forward(&dm, &cfg, toks, 101, NULL, 0, 0, 0, 0);
         float diff = 0;
         for (int i = 0; i < dm.V; i++) diff = fmaxf(diff, fabsf(full[(size_t)100 * dm.V + i] - ref[(size_t)100 * dm.V + i]));
         assert_true(diff > 1e-2f);
@@ -445,6 +501,107 @@ static void test_duo_attention_equals_dense_mask_reference(void **state) {
         core_free(c);
     }
     print_message("DuoAttention matches the dense-mask reference: max |dlogprob| %.2e (tolerance 1e-5)\n", worst);
+    unlink(pat);
+    free(pat);
+    dense_free(&dm);
+}
+
+/* The benchmark's context without a prefill (engine/core_bench.h): in a fresh pool the skipped
+ * positions read as zero K/V rows, so every token after them is the dense reference's over the same
+ * tokens with those rows zeroed (full attention, and a pattern with the prompt within the sinks,
+ * so no ring row was written before the skip); the blocks they take; max_model_len past the
+ * model's; and the refusals (prefix caching on, a pool too small), after which the request goes
+ * on as before. */
+static struct core *skip_core(const char *pattern, size_t kv_bytes, bool caching) {
+    struct engine_config cfg = {.model_dir = "tests/fixtures/hf/llama3", .max_num_batched_tokens = 64,
+                                .max_num_seqs = 4, .kv_cache_memory = kv_bytes, .block_size = 16,
+                                .duo_pattern = pattern, .duo_sparsity = 0.5f, .sink_tokens = 4, .recent_tokens = 8,
+                                .tensor_parallel_size = test_tp(), .no_prefix_caching = !caching, .quiet = true};
+    struct core *c;
+    char err[512] = "";
+    int rc = core_create(&c, &cfg, err, sizeof err);
+    if (rc) print_error("core_create: %s\n", err);
+    assert_int_equal(rc, 0);
+    return c;
+}
+
+static void test_bench_skip_context_reads_zero_rows(void **state) {
+    struct dense_model dm;
+    struct model_config mcfg;
+    dense_load(&dm, "tests/fixtures/hf/llama3", &mcfg);
+    char *pat = write_pattern("0.9\t0.1\n0.2\t0.8\n");
+    const int32_t prompt[3] = {17, 230, 411};
+    enum { SKIP = 150, GEN = 8 };
+    char err[256];
+    float worst = 0;
+    for (int k = 0; k < 2; k++) {
+        struct core *c = skip_core(k ? pat : NULL, 0, false);
+        static struct collect out;
+        memset(&out, 0, sizeof out);
+        struct engine_sampling sp = greedy(GEN);
+        sp.logprobs = 20;
+        submit(c, prompt, 3, sp, &out);
+        assert_int_equal(core_step(c), 3); /* the prompt, and the first token */
+        struct kv_cache_usage u0, u1;
+        kv_cache_usage(core_kv(c), &u0);
+        assert_int_equal(core_bench_skip_context(c, SKIP, err, sizeof err), 1);
+        kv_cache_usage(core_kv(c), &u1);
+        assert_int_equal(u0.n_free_blocks - u1.n_free_blocks, (3 + SKIP + 15) / 16 - 1); /* [0, 3 + SKIP) */
+        run_all(c);
+        assert_int_equal(out.n[0], GEN);
+        /* the reference: the prompt, SKIP tokens with zero K/V rows, then the generated ones */
+        int T = 3 + SKIP + GEN - 1;
+        int32_t toks[3 + SKIP + GEN];
+        memcpy(toks, prompt, sizeof prompt);
+        for (int i = 0; i < SKIP; i++) toks[3 + i] = 99;
+        memcpy(toks + 3 + SKIP, out.ids[0], sizeof(int32_t) * (GEN - 1));
+        uint8_t streaming[4] = {0};
+        if (k) {
+            struct duo_pattern p;
+            assert_int_equal(duo_pattern_load(&p, pat, err, sizeof err), 0);
+            assert_true(duo_pattern_streaming(&p, 0.5f, streaming) >= 1);
+            duo_pattern_free(&p);
+        }
+        float *ref = dense_forward(&dm, &mcfg, toks, T, k ? streaming : NULL, 4, 8, 3, 3 + SKIP);
+        float *lp = malloc(sizeof(float) * dm.V);
+        for (int g = 0; g < GEN; g++) { /* token g comes from the logits of the position before it */
+            int row = g == 0 ? 2 : 2 + SKIP + g;
+            sampler_log_softmax(ref + (size_t)row * dm.V, dm.V, lp);
+            assert_int_equal(out.ids[0][g], sampler_argmax(lp, dm.V));
+            for (int t = 0; t < 20; t++) worst = fmaxf(worst, fabsf(out.top_lps[0][g][t] - lp[out.top_ids[0][g][t]]));
+        }
+        assert_true(worst <= 1e-5f);
+        free(lp);
+        free(ref);
+        core_free(c);
+    }
+    /* past the model's max_position_embeddings (2048): the request is not cut short */
+    struct core *c = skip_core(pat, 0, false);
+    static struct collect out;
+    memset(&out, 0, sizeof out);
+    submit(c, prompt, 3, greedy(GEN), &out);
+    assert_int_equal(core_step(c), 3);
+    assert_int_equal(core_bench_skip_context(c, 3000, err, sizeof err), 1);
+    run_all(c);
+    assert_int_equal(out.n[0], GEN);
+    core_free(c);
+    /* refused: with prefix caching, and past a pool of 30 blocks; the request then goes on */
+    for (int k = 0; k < 2; k++) {
+        c = skip_core(NULL, k ? 30 * 8192 : 0, !k);
+        memset(&out, 0, sizeof out);
+        submit(c, prompt, 3, greedy(GEN), &out);
+        assert_int_equal(core_step(c), 3);
+        struct kv_cache_usage u0, u1;
+        kv_cache_usage(core_kv(c), &u0);
+        assert_int_equal(core_bench_skip_context(c, 1000, err, sizeof err), -1);
+        assert_non_null(strstr(err, k ? "free blocks" : "prefix caching"));
+        kv_cache_usage(core_kv(c), &u1);
+        assert_int_equal(u0.n_free_blocks, u1.n_free_blocks);
+        run_all(c);
+        assert_int_equal(out.n[0], GEN);
+        core_free(c);
+    }
+    print_message("skipped context reads as zero K/V rows: max |dlogprob| %.2e (tolerance 1e-5)\n", worst);
     unlink(pat);
     free(pat);
     dense_free(&dm);
@@ -857,9 +1014,11 @@ int main(void) {
         cmocka_unit_test(test_greedy_invariant_alone_batched_chunked_preempted),
         cmocka_unit_test(test_greedy_invariant_with_duo_pattern),
         cmocka_unit_test(test_greedy_invariant_fp8_kv),
+        cmocka_unit_test(test_cost_sized_chunks_keep_ids),
         cmocka_unit_test(test_fp8_kv_end_to_end),
         cmocka_unit_test(test_duo_attention_equals_dense_mask_reference),
         cmocka_unit_test(test_duo_sparsity_zero_equals_no_pattern),
+        cmocka_unit_test(test_bench_skip_context_reads_zero_rows),
         cmocka_unit_test(test_allocator_random_workload_never_leaks),
         cmocka_unit_test(test_seeded_sampling_reproducible_and_choices_distinct),
         cmocka_unit_test(test_n_choices_share_prompt_blocks),

@@ -1,6 +1,7 @@
 /* The scheduler (engine/sched.h) driven with fake sequences and a real KV cache on the CPU backend,
- * no model: admission order, the token budget and chunked prefill, seats, preemption, forks, and a
- * random walk that checks the cache's reference counts after every operation. */
+ * no model: admission order, the token budget and chunked prefill, seats, preemption, forks, a
+ * random walk that checks the cache's reference counts after every operation, and prefill chunks
+ * sized by their cost beside decodes. */
 #include "test_common.h"
 
 #include "engine/backend.h"
@@ -18,7 +19,8 @@ struct fixture {
 
 /* A cache of n_blocks blocks of BS tokens (one layer, one retrieval head, streaming slots when
  * n_slots > 0: one streaming head). */
-static void fx_init(struct fixture *f, int n_blocks, int n_slots, int max_seqs, int budget) {
+static void fx_init_cost(struct fixture *f, int n_blocks, int n_slots, int max_seqs, int budget,
+                         const struct sched_cost *cost) {
     f->b = backend_cpu_create();
     assert_non_null(f->b);
     int n_full = 1, n_stream = n_slots > 0;
@@ -28,7 +30,12 @@ static void fx_init(struct fixture *f, int n_blocks, int n_slots, int max_seqs, 
     assert_non_null(f->kv);
     assert_int_equal(kv_cache_init(f->kv, f->b, &g, n_blocks, n_slots), KV_STATUS_OK);
     struct sched_config sc = {.max_num_seqs = max_seqs, .max_batch_tokens = budget};
+    if (cost) sc.cost = *cost;
     assert_int_equal(sched_init(&f->s, &sc, f->kv), 0);
+}
+
+static void fx_init(struct fixture *f, int n_blocks, int n_slots, int max_seqs, int budget) {
+    fx_init_cost(f, n_blocks, n_slots, max_seqs, budget, NULL);
 }
 
 static void fx_free(struct fixture *f) {
@@ -315,6 +322,233 @@ static void test_random_walk_with_prefix_cache(void **state) {
     random_walk(true);
 }
 
+/* ---- prefill chunks sized by their cost ---- */
+
+/* The cost of the planned step, summed over its sequences. */
+static double plan_cost(const struct fixture *f) {
+    double c = 0;
+    for (int i = 0; i < f->s.plan.n; i++)
+        c += sched_chunk_cost(&f->s.cfg.cost, f->s.plan.seqs[i]->n_computed, f->s.plan.want[i]);
+    return c;
+}
+
+/* A step ran and every sequence that finished its tokens appended one (a decode). */
+static void run_plan_decode(struct fixture *f) {
+    for (int i = 0; i < f->s.plan.n; i++) {
+        struct sched_seq *q = f->s.plan.seqs[i];
+        if (q->n_computed + f->s.plan.want[i] == q->n_tokens) q->n_tokens++;
+    }
+    run_plan(f);
+}
+
+/* The closed form against the sum over each query of the keys it sees (unbounded and windowed
+ * heads, chunks before, across and past the window). */
+static void test_chunk_cost_counts_visible_keys(void **state) {
+    (void)state;
+    struct sched_cost c = {.attn = {{0.25, 0}, {0.5, 6}}};
+    int starts[] = {0, 1, 3, 5, 6, 7, 40}, lens[] = {1, 2, 3, 8, 30};
+    for (size_t i = 0; i < sizeof starts / sizeof *starts; i++)
+        for (size_t j = 0; j < sizeof lens / sizeof *lens; j++) {
+            double want = 0;
+            for (int p = starts[i]; p < starts[i] + lens[j]; p++)
+                want += 1 + 0.25 * (p + 1) + 0.5 * (p + 1 < 6 ? p + 1 : 6);
+            assert_float_equal(sched_chunk_cost(&c, starts[i], lens[j]), want, 1e-9);
+        }
+    /* the fit is the most tokens within the cost */
+    for (int start = 0; start < 50; start += 7)
+        for (double cost = 0.5; cost < 400; cost *= 1.7) {
+            int n = sched_chunk_fit(&c, start, 100, cost);
+            assert_true(n >= 0 && n <= 100);
+            if (n > 0) assert_true(sched_chunk_cost(&c, start, n) <= cost);
+            if (n < 100) assert_true(sched_chunk_cost(&c, start, n + 1) > cost);
+        }
+    assert_int_equal(sched_chunk_fit(&c, 0, 0, 1e9), 0);
+}
+
+/* Costs for the cases below: attention 0.02 a visible key (a 400-token prefix costs 8 more a
+ * token), the cap what 16 tokens from position 0 cost, at least 4 tokens a step. */
+static struct sched_cost test_cost(void) {
+    struct sched_cost c = {.attn = {{0.02, 0}, {0, 0}}, .min_chunk = 4};
+    c.step_budget = sched_chunk_cost(&c, 0, 16);
+    return c;
+}
+
+/* A long prompt beside a running decode: every step keeps the decode's token and stays within the
+ * cost (each chunk the most that fits), the chunks shrink as the prompt's prefix grows, and once
+ * the decode ends the prompt takes the whole token budget again. */
+static void test_cost_chunks_beside_decode(void **state) {
+    (void)state;
+    struct sched_cost cost = test_cost();
+    struct fixture f;
+    fx_init_cost(&f, 256, 0, 8, 64, &cost);
+    struct sched_seq *d = seq_make(3), *l = seq_make(600);
+    sched_add(&f.s, d);
+    assert_int_equal(sched_step_plan(&f.s), 1);
+    run_plan_decode(&f); /* d's prompt: d decodes from now on */
+    sched_add(&f.s, l);
+    int prev = 1 << 30, first = 0, last = 0, steps = 0;
+    while (l->n_computed < 600) {
+        assert_int_equal(sched_step_plan(&f.s), 2);
+        assert_int_equal(plan_want(&f, d), 1);
+        int c = plan_want(&f, l), left = l->n_tokens - l->n_computed;
+        assert_true(c >= 1 && c <= left && c <= 63);
+        /* within the cost, and one token more would not be (or the prompt's end or the token budget) */
+        assert_true(plan_cost(&f) <= cost.step_budget || c == cost.min_chunk);
+        if (c < left && c < 63)
+            assert_true(plan_cost(&f) + sched_chunk_cost(&cost, l->n_computed + c, 1) > cost.step_budget);
+        if (c < left) assert_true(c <= prev); /* shrinking as the prefix grows */
+        if (!first) first = c;
+        last = c;
+        prev = c;
+        run_plan_decode(&f);
+        assert_true(++steps < 1000);
+    }
+    assert_true(first >= 12);         /* near position 0 nearly what 16 tokens cost */
+    assert_true(last <= first / 3);   /* at ~600 tokens of prefix a token costs 13x more */
+    assert_true(steps > 600 / 64 * 3); /* far more steps than by the token budget alone */
+    /* alone again (d finished): the whole token budget whatever the prefix */
+    seq_drop(&f, d);
+    l->n_tokens += 200; /* (as if its prompt had been longer) */
+    assert_int_equal(sched_step_plan(&f.s), 1);
+    assert_int_equal(plan_want(&f, l), 64);
+    seq_drop(&f, l);
+    fx_free(&f);
+}
+
+/* Alone, a prompt is chunked by the token budget only, however much its chunks cost. */
+static void test_cost_alone_takes_token_budget(void **state) {
+    (void)state;
+    struct sched_cost cost = test_cost();
+    struct fixture f;
+    fx_init_cost(&f, 256, 0, 8, 64, &cost);
+    struct sched_seq *l = seq_make(600);
+    sched_add(&f.s, l);
+    for (int k = 0; k < 9; k++) {
+        assert_int_equal(sched_step_plan(&f.s), 1);
+        assert_int_equal(plan_want(&f, l), 64);
+        assert_true(k == 0 || plan_cost(&f) > cost.step_budget);
+        run_plan(&f);
+    }
+    assert_int_equal(sched_step_plan(&f.s), 1);
+    assert_int_equal(plan_want(&f, l), 600 - 9 * 64);
+    seq_drop(&f, l);
+    fx_free(&f);
+}
+
+/* A cap the decodes alone exceed: the oldest prefill still gets min_chunk tokens a step and
+ * finishes; a younger prompt waits (nothing left of the cost) and then runs. */
+static void test_cost_progress_guaranteed(void **state) {
+    (void)state;
+    struct sched_cost cost = test_cost();
+    cost.step_budget = 1.5; /* less than a decode with any context */
+    struct fixture f;
+    fx_init_cost(&f, 256, 0, 8, 64, &cost);
+    struct sched_seq *d = seq_make(30), *l = seq_make(50), *w = seq_make(20);
+    sched_add(&f.s, d);
+    assert_int_equal(sched_step_plan(&f.s), 1); /* alone: its whole prompt */
+    assert_int_equal(plan_want(&f, d), 30);
+    run_plan_decode(&f);
+    sched_add(&f.s, l);
+    sched_add(&f.s, w);
+    int steps = 0;
+    while (l->n_computed < 50) {
+        assert_int_equal(sched_step_plan(&f.s), 2);
+        assert_int_equal(plan_want(&f, d), 1);
+        assert_int_equal(plan_want(&f, l), 50 - l->n_computed < 4 ? 50 - l->n_computed : 4);
+        assert_int_equal(plan_want(&f, w), 0);
+        assert_int_equal(w->state, SCHED_WAITING);
+        run_plan_decode(&f);
+        assert_true(++steps <= 13);
+    }
+    /* l decodes now; w is admitted with its minimum */
+    assert_int_equal(sched_step_plan(&f.s), 3);
+    assert_int_equal(plan_want(&f, w), 4);
+    struct sched_seq *all[] = {d, l, w};
+    check_counts(&f, all, 3);
+    seq_drop(&f, d);
+    seq_drop(&f, l);
+    seq_drop(&f, w);
+    fx_free(&f);
+}
+
+/* Mixed: decodes younger than a long prefill keep their tokens (the prefill takes what they leave
+ * of the token budget); two prefills share the cost, the older first; a windowed (streaming)
+ * head's cost stops growing past its window, so its chunks stop shrinking. */
+static void test_cost_mixed(void **state) {
+    (void)state;
+    struct sched_cost cost = test_cost();
+    struct fixture f;
+    fx_init_cost(&f, 512, 0, 8, 10, &cost);
+    struct sched_seq *l = seq_make(200), *d[3];
+    sched_add(&f.s, l);
+    assert_int_equal(sched_step_plan(&f.s), 1);
+    run_plan(&f); /* l: 10 of 200 */
+    /* three one-token prompts join behind l; they are admitted in a step where l has nothing to
+     * compute (as if its prompt had ended there), and decode from then on */
+    for (int k = 0; k < 3; k++) {
+        d[k] = seq_make(1);
+        sched_add(&f.s, d[k]);
+    }
+    l->n_tokens = l->n_computed;
+    assert_int_equal(sched_step_plan(&f.s), 3);
+    run_plan_decode(&f);
+    l->n_tokens = 200;
+    /* the decodes (younger) keep their 3 tokens; l (older, planned first) gets the other 7, which
+     * fit in the cost */
+    assert_int_equal(sched_step_plan(&f.s), 4);
+    assert_ptr_equal(f.s.plan.seqs[0], l);
+    for (int k = 0; k < 3; k++) assert_int_equal(plan_want(&f, d[k]), 1);
+    assert_int_equal(plan_want(&f, l), 7);
+    assert_true(plan_cost(&f) <= cost.step_budget);
+    run_plan_decode(&f);
+    for (int k = 0; k < 3; k++) seq_drop(&f, d[k]);
+    seq_drop(&f, l);
+    fx_free(&f);
+
+    /* two prompts beside a decode: the older (short) takes all of its prompt, the younger what is
+     * left of the cost */
+    fx_init_cost(&f, 512, 0, 8, 64, &cost);
+    struct sched_seq *dd = seq_make(2), *a = seq_make(5), *b = seq_make(40);
+    sched_add(&f.s, dd);
+    sched_step_plan(&f.s);
+    run_plan_decode(&f);
+    sched_add(&f.s, a);
+    sched_add(&f.s, b);
+    assert_int_equal(sched_step_plan(&f.s), 3);
+    int ca = plan_want(&f, a), cb = plan_want(&f, b);
+    assert_int_equal(ca, 5);
+    assert_true(cb > 0 && cb < 16);
+    assert_true(plan_cost(&f) <= cost.step_budget);
+    assert_true(plan_cost(&f) + sched_chunk_cost(&cost, b->n_computed + cb, 1) > cost.step_budget);
+    seq_drop(&f, dd);
+    seq_drop(&f, a);
+    seq_drop(&f, b);
+    fx_free(&f);
+
+    /* all of attention in windowed heads (window 32): past the window the chunks stop shrinking */
+    struct sched_cost wc = {.attn = {{0, 0}, {0.02, 32}}, .min_chunk = 4};
+    wc.step_budget = sched_chunk_cost(&wc, 0, 16);
+    fx_init_cost(&f, 512, 0, 8, 64, &wc);
+    struct sched_seq *s1 = seq_make(2), *s2 = seq_make(400);
+    sched_add(&f.s, s1);
+    sched_step_plan(&f.s);
+    run_plan_decode(&f);
+    sched_add(&f.s, s2);
+    int at100 = 0, at300 = 0;
+    while (s2->n_computed < 400) {
+        sched_step_plan(&f.s);
+        assert_true(plan_cost(&f) <= wc.step_budget);
+        if (!at100 && s2->n_computed >= 100) at100 = plan_want(&f, s2);
+        if (!at300 && s2->n_computed >= 300) at300 = plan_want(&f, s2);
+        run_plan_decode(&f);
+    }
+    assert_true(at100 > 0 && at100 == at300);
+    assert_true(at100 < 16);
+    seq_drop(&f, s1);
+    seq_drop(&f, s2);
+    fx_free(&f);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fcfs_and_chunked_prefill),
@@ -323,6 +557,11 @@ int main(void) {
         cmocka_unit_test(test_fork_shares_and_copies_on_write),
         cmocka_unit_test(test_random_walk_keeps_counts_exact),
         cmocka_unit_test(test_random_walk_with_prefix_cache),
+        cmocka_unit_test(test_chunk_cost_counts_visible_keys),
+        cmocka_unit_test(test_cost_chunks_beside_decode),
+        cmocka_unit_test(test_cost_alone_takes_token_budget),
+        cmocka_unit_test(test_cost_progress_guaranteed),
+        cmocka_unit_test(test_cost_mixed),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

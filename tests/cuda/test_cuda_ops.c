@@ -545,11 +545,69 @@ struct attn_opts {
                         * same bits */
 };
 
+/* A second CUDA backend (set while the long decode cases run), made with DUOSERVE_ATTN_SPLIT_OLD
+ * the other way from the first (so that one splits long decode steps by the work, the other the
+ * old way). attention_case runs its step there too, from the same inputs, and wants the same bits:
+ * the partition states and their merge order do not depend on which block computes what. */
+static struct backend *gpu_alt;
+static int alt_split_old; /* gpu_alt's DUOSERVE_ATTN_SPLIT_OLD */
+
+/* bt's step on gpu_alt from fresh copies of the inputs (the pools as before the step, q|k|v as
+ * drawn; rope: the fused RoPE with attention_case's llama3 tables): its output, and with RoPE the
+ * q|k|v rows and the full K pool after the step, bit for bit against the primary GPU's (og, qg, kfg). */
+static void attention_alt(const struct fwd_batch *bt, const struct attn_layer *L0, const float *q, const float *kf,
+                          const float *vf, const float *ks, const float *vs, int rs, int TT, size_t full_n,
+                          size_t slot_n, bool rope, void *og, void *qg, void *kfg) {
+    enum backend_status st;
+    struct backend *g = gpu_alt;
+    size_t on = (size_t)TT * L0->n_heads * L0->head_dim, qn = (size_t)TT * rs;
+    void *bufs[7];
+    size_t ns[7] = {full_n + 1, full_n + 1, slot_n + 1, slot_n + 1, qn, on, 128};
+    const float *src[6] = {kf, vf, ks, vs, q, NULL};
+    for (int i = 0; i < 7; i++) {
+        bufs[i] = g->ops->alloc(g, ns[i] * (i == 6 ? 4 : 2), &st);
+        if (i < 5) g->ops->upload_act(g, bufs[i], src[i], ns[i]);
+    }
+    struct attn_layer L = *L0;
+    L.k_full = bufs[0], L.v_full = bufs[1], L.k_stream = bufs[2], L.v_stream = bufs[3];
+    g->ops->begin_step(g, bt);
+    if (rope) {
+        float inv[128];
+        struct model_config rc = {.rope_type = ROPE_TYPE_LLAMA3, .rope_theta = 500000.0f, .rope_factor = 8.0f,
+                                  .rope_low_freq_factor = 1.0f, .rope_high_freq_factor = 4.0f,
+                                  .rope_orig_max_pos = 8192, .head_dim = L.head_dim};
+        model_rope_inv_freq(&rc, inv);
+        g->ops->upload_f32(g, bufs[6], inv, L.head_dim / 2);
+        g->ops->rope_attention(g, bufs[5], bufs[4], rs, &L, bufs[6]);
+    } else {
+        g->ops->attention(g, bufs[5], bufs[4], rs, &L);
+    }
+    int err = g->ops->sync(g) != 0 || gpu->ops->sync(gpu) != 0;
+    void *mine[3] = {og, qg, kfg}, *theirs[3] = {bufs[5], bufs[4], bufs[0]};
+    size_t n_cmp[3] = {on, qn, full_n}, differ = 0;
+    for (int k = 0; k < (rope ? 3 : 1); k++) {
+        float *x = malloc(n_cmp[k] * 4), *y = malloc(n_cmp[k] * 4);
+        gpu->ops->download_act(gpu, x, mine[k], n_cmp[k]);
+        g->ops->download_act(g, y, theirs[k], n_cmp[k]);
+        for (size_t i = 0; i < n_cmp[k]; i++) differ += memcmp(&x[i], &y[i], 4) != 0;
+        free(x), free(y);
+    }
+    int ok = differ == 0 && !err;
+    printf("%-4s   ... under DUOSERVE_ATTN_SPLIT_OLD=%d too: %zu values differ (want 0)%s\n", ok ? "ok" : "FAIL",
+           alt_split_old, differ, err ? "  [device error]" : "");
+    ok ? n_pass++ : n_fail++;
+    for (int i = 0; i < 7; i++) g->ops->free(g, bufs[i]);
+}
+
 static void attention_case(int H, int KV, int hd, int n_stream, int ctx, int T, int n_seqs, int sink, int recent,
                            const struct attn_opts *opt) {
     struct attn_opts o = opt ? *opt : (struct attn_opts){0, 1.0f, 1.0f, NULL, 0};
     int bs = 16, n_full = KV - n_stream;
-    int blocks_per_seq = (ctx + T + bs - 1) / bs, NB = blocks_per_seq * n_seqs;
+    /* sequence s: T tokens from position starts[s] (or ctx - 7 s), in blocks ip[s] .. ip[s + 1] */
+    int32_t *ip = malloc(4 * (n_seqs + 1));
+    ip[0] = 0;
+    for (int s = 0; s < n_seqs; s++) ip[s + 1] = ip[s] + ((o.starts ? o.starts[s] : ctx - s * 7) + T + bs - 1) / bs;
+    int NB = ip[n_seqs];
     size_t full_n = (size_t)NB * bs * n_full * hd, slot_n = (size_t)n_seqs * (sink + recent) * n_stream * hd;
     float *kf = rand_bf16(full_n + 1, o.kscale), *vf = rand_bf16(full_n + 1, o.vscale);
     float *ks = rand_bf16(slot_n + 1, o.kscale), *vs = rand_bf16(slot_n + 1, o.vscale);
@@ -577,16 +635,14 @@ static void attention_case(int H, int KV, int hd, int n_stream, int ctx, int T, 
         ids[i] = ids[j];
         ids[j] = t;
     }
-    int32_t *toks = calloc(TT, 4), *pos = malloc(4 * TT), ss[9], ip[9], slots[8];
+    int32_t *toks = calloc(TT, 4), *pos = malloc(4 * TT), *ss = malloc(4 * (n_seqs + 1)), *slots = malloc(4 * n_seqs);
     for (int s = 0; s < n_seqs; s++) {
         int start = o.starts ? o.starts[s] : ctx - s * 7; /* sequences of different lengths */
         ss[s] = s * T;
-        ip[s] = s * blocks_per_seq;
         slots[s] = n_seqs - 1 - s;
         for (int i = 0; i < T; i++) pos[s * T + i] = start + i;
     }
     ss[n_seqs] = TT;
-    ip[n_seqs] = NB;
     struct fwd_batch bt = {TT, n_seqs, toks, pos, ss, ip, ids, slots, 0, NULL, NULL, false};
     batch_both(&bt);
     struct attn_layer L = {.n_heads = H, .n_kv_heads = KV, .head_dim = hd, .n_full = n_full, .n_stream = n_stream,
@@ -630,6 +686,7 @@ static void attention_case(int H, int KV, int hd, int n_stream, int ctx, int T, 
              H, KV, hd, n_stream, ctx, n_seqs, T, n_stream ? " (sink/recent)" : "",
              o.starts ? " (mixed contexts)" : opt && !o.rope ? " (mask edges)" : "");
     compare(what, oc, og, (size_t)TT * H * hd, 2e-2f, 2e-2f);
+    if (gpu_alt) attention_alt(&bt, &L, q, kf, vf, ks, vs, rs, TT, full_n, slot_n, o.rope, og, qg, kfg);
     if (o.rope) {
         snprintf(what, sizeof what, "  ... q|k rows after the fused RoPE");
         compare(what, qc, qg, (size_t)TT * rs, 2e-2f, 1e-2f);
@@ -662,7 +719,56 @@ static void attention_case(int H, int KV, int hd, int n_stream, int ctx, int T, 
         compare(what, vsc, vsg, slot_n, 0, 0);
     }
     free2(kfc, kfg), free2(vfc, vfg), free2(ksc, ksg), free2(vsc, vsg), free2(qc, qg), free2(oc, og);
-    free(kf), free(vf), free(ks), free(vs), free(q), free(z), free(ids), free(toks), free(pos);
+    free(kf), free(vf), free(ks), free(vs), free(q), free(z), free(ids), free(toks), free(pos), free(ss), free(ip);
+    free(slots);
+}
+
+/* The backend of the other split (gpu_alt): DUOSERVE_ATTN_SPLIT_OLD the other way from the
+ * environment's while it is made (the switch is read once, at creation). */
+static struct backend *other_split_backend(void) {
+    const char *v = getenv("DUOSERVE_ATTN_SPLIT_OLD");
+    char *keep = v ? strdup(v) : NULL, err[256];
+    alt_split_old = !(v && !strcmp(v, "1"));
+    setenv("DUOSERVE_ATTN_SPLIT_OLD", alt_split_old ? "1" : "0", 1);
+    struct backend *b = backend_cuda_create(0, 0, err, sizeof err);
+    if (keep) setenv("DUOSERVE_ATTN_SPLIT_OLD", keep, 1);
+    else unsetenv("DUOSERVE_ATTN_SPLIT_OLD");
+    free(keep);
+    if (!b) {
+        printf("FAIL a CUDA backend under DUOSERVE_ATTN_SPLIT_OLD=%d: %s\n", alt_split_old, err);
+        n_fail++;
+    }
+    return b;
+}
+
+/* Decode steps at long contexts (issue 22): the work-sized split spreads the retrieval heads'
+ * partitions over units, merged by the last unit of a (token, KV head) or, past
+ * CUDA_ATTN_MERGE_LONG partitions, by the long-merge kernel; each case also under the other split,
+ * for the same bits. Keys are scaled by 3, so that a few hundred keys carry each softmax and the
+ * outputs stay far from zero at any length: a partition lost or counted twice moves them past the
+ * tolerance. Contexts 16k to 1M (a 1M token beside 1k, 32k and 128k ones), batches of 1 to 150
+ * tokens, GQA 4, 8 and 16, head dims 64 and 128, streaming heads, a sliding window, and the fused
+ * RoPE (whose rotated Q the long merges write back). */
+static void test_long_decode(void) {
+    gpu_alt = other_split_backend();
+    if (!gpu_alt) return;
+    struct attn_opts sharp = {0, 3.0f, 1.0f, NULL, 0}, win = {3000, 3.0f, 1.0f, NULL, 0};
+    struct attn_opts fused = {0, 3.0f, 1.0f, NULL, 1};
+    attention_case(32, 8, 128, 0, 32768, 1, 1, 0, 1, &sharp);     /* GQA 4 at 32k */
+    attention_case(32, 4, 128, 0, 131072, 1, 1, 0, 1, &sharp);    /* GQA 8 at 128k */
+    attention_case(32, 8, 128, 4, 131072, 1, 1, 64, 256, &sharp); /* half the KV heads streaming */
+    attention_case(32, 4, 128, 0, 16384, 1, 8, 0, 1, &sharp);     /* 8 tokens at 16k */
+    attention_case(8, 1, 64, 0, 5000, 1, 150, 0, 1, &sharp);      /* 150 tokens (below and past the long merge) */
+    attention_case(16, 2, 128, 0, 40000, 1, 2, 0, 1, &win);       /* the first partitions out of the window */
+    attention_case(32, 2, 128, 0, 20000, 1, 1, 0, 1, &sharp);     /* GQA 16 */
+    attention_case(16, 4, 64, 1, 60000, 1, 2, 16, 64, &sharp);    /* head dim 64 */
+    attention_case(32, 8, 128, 0, 3000, 1, 1, 0, 1, &fused);      /* 24 partitions: merged in the decode kernel */
+    attention_case(32, 8, 128, 4, 65536, 1, 2, 64, 256, &fused);  /* the long merges write the rotated Q */
+    static const int mixed[4] = {1000, 32768, 131072, 1048576};
+    struct attn_opts mix = {0, 3.0f, 1.0f, mixed, 0};
+    attention_case(16, 2, 128, 1, 1048576, 1, 4, 64, 256, &mix); /* 1k, 32k, 128k and 1M in one step */
+    backend_destroy(gpu_alt);
+    gpu_alt = NULL;
 }
 
 /* Attention batch invariance, bit for bit, on the GPU: the rows of one sequence's T-token
@@ -901,7 +1007,8 @@ int main(void) {
     }
     cpu = backend_cpu_create();
     util_rng_seed(&rng, 7);
-    /* DUOSERVE_TEST_ONLY=matmul: the GEMM cases alone (checking another tile choice quickly) */
+    /* DUOSERVE_TEST_ONLY=matmul: the GEMM cases alone (checking another tile choice quickly);
+     * longattn: the long decode attention cases alone, under both splits */
     const char *only = getenv("DUOSERVE_TEST_ONLY");
     if (only && !strcmp(only, "attnbench")) {
         int ctxs[] = {128, 1000, 4000, 32000};
@@ -909,6 +1016,13 @@ int main(void) {
         backend_destroy(cpu);
         backend_destroy(gpu);
         return 0;
+    }
+    if (only && !strcmp(only, "longattn")) { /* the long decode cases alone, under both splits */
+        test_long_decode();
+        printf("\ncuda ops: %d passed, %d failed\n", n_pass, n_fail);
+        backend_destroy(cpu);
+        backend_destroy(gpu);
+        return n_fail ? 1 : 0;
     }
     if (only && !strcmp(only, "gemmbench")) {
         gemm_bench();
@@ -995,6 +1109,7 @@ int main(void) {
     attention_case(32, 2, 128, 0, 200, 1, 3, 0, 1, NULL);
     /* the CUDA-core kernel: head dim 256, GQA 32 */
     attention_case(32, 1, 256, 0, 300, 3, 2, 0, 1, NULL);
+    test_long_decode();
     printf("\ncuda ops: %d passed, %d failed\n", n_pass, n_fail);
     backend_destroy(cpu);
     backend_destroy(gpu);
