@@ -127,7 +127,10 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
     const unsigned char *gbase = smem_raw + (base - smem_u32(smem_raw)); // generic address of base
 
     const int M = p.M, N = p.N, K = p.K;
-    const int KB = (K + 15) / 16, KT = (KB + KS - 1) / KS, CH = (K + GEMM_KC - 1) / GEMM_KC;
+    const int KB = (K + 15) / 16, KT0 = (KB + KS - 1) / KS, CH = (K + GEMM_KC - 1) / GEMM_KC;
+    // PIPE: k tiles go in pairs, so the last chunk's count is rounded up to even (a tile wholly
+    // past K is zeros, and a step of zero products leaves the sum as it is)
+    const int KT = PIPE ? (CH - 1) * KTC + ((KT0 - (CH - 1) * KTC + 1) & ~1) : KT0;
     const int TT = (M + BN - 1) / BN, T = (N + WG_BM - 1) / WG_BM * TT;
     const bool sk = p.sk != 0;
     if (threadIdx.x == 0) {
@@ -182,51 +185,8 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
                 }
             };
             const bool whole = sg.c_lo == 0 && sg.c_hi == CH, prefix = sg.c_lo == 0;
-            const int kt_beg = sg.c_lo * KTC, kt_end = min(KT, sg.c_hi * KTC);
 #pragma unroll
             for (int j = 0; j < BN / 2; j++) total[j] = 0.0f;
-            if constexpr (PIPE == 2) { // EXPERIMENT (run 39): the loop before, with a conditional wait
-            int prev = -1; // the stage whose wgmma group may still be in flight
-            // one k tile: its A fragments, the wgmma group, then the group before it done: its stage
-            // is released; at a chunk's end its sum goes into total (the prefix's chunks) or to a
-            // partial of its own
-            for (int kt = kt_beg; kt < kt_end; kt++) {
-                mbar_wait(full0 + 8 * s, ph);
-                const uint4 *wa = reinterpret_cast<const uint4 *>(gbase + (wsm(s) - base) + cwarp * KS * 512) + lane;
-                uint32_t a[KS][4];
-#pragma unroll
-                for (int kk = 0; kk < KS; kk++) {
-                    const uint4 v = wa[kk * 32];
-                    a[kk][0] = v.x, a[kk][1] = v.y, a[kk][2] = v.z, a[kk][3] = v.w;
-                }
-                wgmma_fence();
-                // a chunk's first step starts from zero (scale_d 0: only wgmma defines acc, so the
-                // groups pipeline)
-                const int keep = kt % KTC != 0;
-#pragma unroll
-                for (int kk = 0; kk < KS; kk++)
-                    wgmma_rs<BN>(acc, a[kk], sw128_desc(xs(s) + (kk / 4) * BN * 128 + (kk % 4) * 32), kk ? 1 : keep);
-                wgmma_commit();
-                const bool chunk_end = (kt + 1) % KTC == 0 || kt + 1 == kt_end;
-                if (chunk_end) wgmma_wait<0>();
-                else wgmma_wait<1>();
-                if (prev >= 0) release(prev); // its group is done
-                prev = s;
-                if (chunk_end) {
-                    wgmma_hold<BN / 2>(acc);
-                    release(s);
-                    prev = -1;
-                    if (prefix) {
-#pragma unroll
-                        for (int j = 0; j < BN / 2; j++) total[j] += acc[j];
-                    } else { // a chunk of a split tile past its prefix: a partial of its own
-                        float *part = p.ws + (size_t)(kt / KTC) * M * N;
-                        each_out(acc, [&](int n, int t, float &v) { part[(size_t)t * N + n] = v; });
-                    }
-                }
-                if (++s == ST) s = 0, ph ^= 1;
-            }
-            } else {
             // chunk by chunk; in a chunk, each k tile: its A fragments, the wgmma group, then the
             // group before it done, so its stage is released. The chunk's sum is read only after
             // the wait for its last group, on every path (a conditional wait there makes ptxas
@@ -234,6 +194,31 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
             for (int c = sg.c_lo; c < sg.c_hi; c++) {
                 const int k0 = c * KTC, k1 = min(KT, k0 + KTC);
                 int prev = s;
+                if constexpr (PIPE) { // EXPERIMENT (issue 20): one group in flight while the next is issued
+                    // k tiles in pairs, the A fragments of the two in registers of their own: tile
+                    // kt's are loaded while kt - 1's group runs, after kt - 2's was waited for
+                    uint32_t a0[KS][4], a1[KS][4];
+                    auto step = [&](uint32_t(&a)[KS][4], int first) {
+                        mbar_wait(full0 + 8 * s, ph);
+                        const uint4 *wa = reinterpret_cast<const uint4 *>(gbase + (wsm(s) - base) + cwarp * KS * 512) + lane;
+#pragma unroll
+                        for (int kk = 0; kk < KS; kk++) {
+                            const uint4 v = wa[kk * 32];
+                            a[kk][0] = v.x, a[kk][1] = v.y, a[kk][2] = v.z, a[kk][3] = v.w;
+                        }
+                        wgmma_fence();
+#pragma unroll
+                        for (int kk = 0; kk < KS; kk++)
+                            wgmma_rs<BN>(acc, a[kk], sw128_desc(xs(s) + (kk / 4) * BN * 128 + (kk % 4) * 32), kk ? 1 : !first);
+                        wgmma_commit();
+                        wgmma_wait<1>(); // the group before is done: its stage may be refilled
+                        if (!first) release(prev);
+                        prev = s;
+                        if (++s == ST) s = 0, ph ^= 1;
+                    };
+                    for (int kt = k0; kt < k1; kt += 2) step(a0, kt == k0), step(a1, 0);
+                    wgmma_wait<0>();
+                } else
                 for (int kt = k0; kt < k1; kt++) {
                     mbar_wait(full0 + 8 * s, ph);
                     const uint4 *wa = reinterpret_cast<const uint4 *>(gbase + (wsm(s) - base) + cwarp * KS * 512) + lane;
@@ -264,7 +249,6 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
                     float *part = p.ws + (size_t)c * M * N;
                     each_out(acc, [&](int n, int t, float &v) { part[(size_t)t * N + n] = v; });
                 }
-            }
             }
             if (!whole) { // a split tile: the prefix's total out (the fixup kernel adds the rest in chunk order)
                 if (prefix) {
@@ -380,8 +364,8 @@ int gemm_wg_init(void) {
         return -2;
     }
     g_encode = (PFN_cuTensorMapEncodeTiled_v12000)fn;
-    return wg_allow<64, 128, 2>() | wg_allow<64, 128, 0>() | wg_allow<64, 64, 0>() | wg_allow<128, 128, 2>() |
-           wg_allow<128, 128, 0>() | wg_allow<128, 64, 0>();
+    return wg_allow<64, 128, 0>() | wg_allow<64, 64, 0>() | wg_allow<128, 128, 0>() | wg_allow<128, 64, 0>() |
+           wg_allow<64, 128, 1>() | wg_allow<64, 64, 1>() | wg_allow<128, 128, 1>() | wg_allow<128, 64, 1>();
 }
 
 // The tile and the split for M x N x K (runs 39-40: each Llama-3-8B GEMM alone at M 64..8192):
@@ -411,25 +395,18 @@ template <typename OUT, bool SW>
 static int wg_gemm(OUT *y, const void *x, const void *w, const void *bias, int M, int N, int K,
                    const struct gemm_wg_env *env, cudaStream_t s) {
     wg_plan pl = wg_choose(M, N, K, env->sms);
-    int pipe = 0;
-    // EXPERIMENT (runs 39-41): DUOSERVE_WG_PLAN=old: run 36's kernels and rule (every wgmma
-    // serialized by ptxas); r40: run 40's rule (128-token tiles above M 64, stream-K at M <= 128)
+    // EXPERIMENT (issue 20): DUOSERVE_WG_PLAN=pipe: the pipelined consumer loop
     const char *plan = getenv("DUOSERVE_WG_PLAN");
-    if (plan && (!strcmp(plan, "old") || !strcmp(plan, "r40"))) {
-        const bool old = plan[0] == 'o';
-        const unsigned tiles = (unsigned)((N + WG_BM - 1) / WG_BM) * (unsigned)((M + (M <= 64 ? 63 : 127)) / (M <= 64 ? 64 : 128));
-        const unsigned chunks = (unsigned)((K + GEMM_KC - 1) / GEMM_KC);
-        pl.bn = M <= 64 ? 64 : 128;
-        pl.bk = old || M <= 64 || M > 4096 ? 128 : 64;
-        pl.sk = M <= 128 && tiles < (unsigned)env->sms && chunks > 1 && (size_t)chunks * M * N <= GEMM_WS_FLOATS;
-        pipe = old ? 2 : 0;
+    if (plan && !strcmp(plan, "pipe")) {
+        if (pl.bn == 64) return pl.bk == 128 ? wg_launch<64, 128, 1, OUT, SW>(y, x, w, bias, M, N, K, pl.sk, env, s)
+                                             : wg_launch<64, 64, 1, OUT, SW>(y, x, w, bias, M, N, K, pl.sk, env, s);
+        return pl.bk == 128 ? wg_launch<128, 128, 1, OUT, SW>(y, x, w, bias, M, N, K, pl.sk, env, s)
+                            : wg_launch<128, 64, 1, OUT, SW>(y, x, w, bias, M, N, K, pl.sk, env, s);
     }
-    if (pl.bn == 64 && pl.bk == 128) return pipe ? wg_launch<64, 128, 2, OUT, SW>(y, x, w, bias, M, N, K, pl.sk, env, s)
-                                                 : wg_launch<64, 128, 0, OUT, SW>(y, x, w, bias, M, N, K, pl.sk, env, s);
-    if (pl.bn == 64) return wg_launch<64, 64, 0, OUT, SW>(y, x, w, bias, M, N, K, pl.sk, env, s);
-    if (pl.bk == 128) return pipe ? wg_launch<128, 128, 2, OUT, SW>(y, x, w, bias, M, N, K, pl.sk, env, s)
-                                  : wg_launch<128, 128, 0, OUT, SW>(y, x, w, bias, M, N, K, pl.sk, env, s);
-    return wg_launch<128, 64, 0, OUT, SW>(y, x, w, bias, M, N, K, pl.sk, env, s);
+    if (pl.bn == 64) return pl.bk == 128 ? wg_launch<64, 128, 0, OUT, SW>(y, x, w, bias, M, N, K, pl.sk, env, s)
+                                         : wg_launch<64, 64, 0, OUT, SW>(y, x, w, bias, M, N, K, pl.sk, env, s);
+    return pl.bk == 128 ? wg_launch<128, 128, 0, OUT, SW>(y, x, w, bias, M, N, K, pl.sk, env, s)
+                        : wg_launch<128, 64, 0, OUT, SW>(y, x, w, bias, M, N, K, pl.sk, env, s);
 }
 
 int gemm_wg_bf16(__nv_bfloat16 *y, const void *x, const void *w, const void *bias, int M, int N, int K, bool swiglu,
