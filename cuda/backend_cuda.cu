@@ -401,13 +401,13 @@ static int attn_ws_alloc(struct cuda_ctx *c, size_t floats) {
     return 0;
 }
 
-/* A work-sized split (decode steps of split level 4 and 5, not under DUOSERVE_ATTN_SPLIT_OLD) has
- * the workspace grow to the step's partition states (a quarter more), so that long contexts and
- * batches of them split (the old sizing kept its fixed 64 MiB: a step past it ran unsplit). Before
+/* A work-sized split (decode steps of split level 4 and 5) has the workspace grow to the step's
+ * partition states (a quarter more), so that long contexts and batches of them split (the plain
+ * split keeps its fixed 64 MiB: a step past it runs unsplit). Before
  * a step's ops (begin_step), or at an attention op that is not being captured into a graph (the
  * first one of a layer geometry larger than any before). Without room the step runs unsplit. */
 static void attn_ws_fit(struct cuda_ctx *c, bool maybe_capturing) {
-    if (c->attn_env.split_old || !c->decode_step || c->split_decode < 4 || !c->attn_part_floats) return;
+    if (c->attn_env.plain_split || !c->decode_step || c->split_decode < 4 || !c->attn_part_floats) return;
     size_t need = c->step_parts * c->attn_part_floats;
     if (need <= c->attn_ws_floats) return;
     cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
@@ -992,7 +992,7 @@ extern "C" struct backend *backend_cuda_create(int device, int flags, char *err,
     /* split-decode partition states (64 MiB; a work-sized split grows them to its steps,
      * attn_ws_fit): a step whose states do not fit computes them in one block per (token, KV
      * head) instead, with the same result */
-    c->attn_env.split_old = c->tune.attn_split_old;
+    c->attn_env.plain_split = (flags & BACKEND_CUDA_PLAIN_SPLIT) != 0;
     attn_ws_alloc(c, (size_t)16 << 20);
     if (c->tune.op_timing && (c->tm = (struct op_timing *)calloc(1, sizeof *c->tm))) {
         for (int i = 0; i < TM_MAX_EV; i++)

@@ -79,9 +79,9 @@ struct cuda_attn_env {
     int sms;      // the device's SMs (split decode sizing)
     bool cluster; // split decode steps of short contexts may merge in a thread-block cluster
     int resident[4]; // decode kernel blocks the device holds at once, head dims 16, 32, 64, 128
-    // EXPERIMENT (DUOSERVE_ATTN_SPLIT_OLD=1, set by the backend): long decode steps split each
-    // (token, KV head) into the same number of blocks (the sizing before the work-sized split)
-    bool split_old;
+    // BACKEND_CUDA_PLAIN_SPLIT (the op test): long decode steps split each (token, KV head) into
+    // the same number of blocks, as when the work-sized split cannot run
+    bool plain_split;
 };
 
 /* With the device current, before any launch there: the attention kernels' opt-in shared memory,

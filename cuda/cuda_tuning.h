@@ -15,8 +15,6 @@ struct cuda_tuning {
     bool norm_pdl;               // DUOSERVE_NORM_PDL (1): decode-step norms start while the GEMM before runs
     unsigned stream_k_min_units; // DUOSERVE_STREAM_K_MIN_UNITS (8192): weight streams of this many
                                  // (strip, K chunk) units or more, on a grid short of a wave, go stream-K
-    bool attn_split_old;         // EXPERIMENT DUOSERVE_ATTN_SPLIT_OLD=1: long decode steps split each
-                                 // (token, KV head) alike, as before the work-sized split (A/B run)
 };
 
 /* Fills t with the defaults, then with each switch that is set. The rule, the same for every

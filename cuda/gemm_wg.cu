@@ -4,7 +4,8 @@
 // a 3D one, both completing on the stage's mbarrier); two consumer warpgroups each multiply 64
 // weight rows (the wgmma A operand, from registers: a warp's strip of the packed layout is its A
 // fragment, one 16-byte shared load a lane and k block) by the tile's BN tokens (B, from the
-// swizzled stage). The grid is persistent.
+// swizzled stage), one wgmma group in flight while the next is issued. Above M 4096 the tiles are
+// 256 tokens, their running totals in shared memory. The grid is persistent.
 //
 // The sums are gemm.cu's (see its top comment): K in chunks of GEMM_KC, each chunk summed from
 // zero by m64nNk16 steps in k order (bit-equal to mma.m16n8k16 steps: wgmma and mma.sync round
@@ -27,11 +28,15 @@
 
 // BN tokens x BK k a stage: BK / 64 token boxes of 64 k (128-byte swizzled rows) and the weight
 // rows' 8 packed 16 x 16 blocks of each of 8 strips
-template <int BN, int BK> struct wg_cfg {
+// (TS: the tile's running totals in shared memory after the stages' barriers, a float a
+// consumer thread and accumulator, so that 256-token tiles fit the registers)
+template <int BN, int BK, int TS = 0> struct wg_cfg {
     static constexpr int X_BYTES = BN * BK * 2;
     static constexpr int W_BYTES = WG_BM / 16 * BK / 16 * 512;
-    static constexpr int STAGES = 229376 / (X_BYTES + W_BYTES) < 8 ? 229376 / (X_BYTES + W_BYTES) : 8;
-    static constexpr size_t SMEM = 1024 + (size_t)STAGES * (X_BYTES + W_BYTES) + 2 * STAGES * 8;
+    static constexpr int T_BYTES = TS ? 256 * BN / 2 * 4 : 0;
+    static constexpr int ROOM = 229376 - T_BYTES;
+    static constexpr int STAGES = ROOM / (X_BYTES + W_BYTES) < 8 ? ROOM / (X_BYTES + W_BYTES) : 8;
+    static constexpr size_t SMEM = 1024 + (size_t)STAGES * (X_BYTES + W_BYTES) + 2 * STAGES * 8 + T_BYTES;
 };
 
 __device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
@@ -66,6 +71,16 @@ __device__ __forceinline__ void tma_weights(uint32_t dst, const CUtensorMap *map
 // wgmma descriptor of a K-major tile with 128-byte rows, 128-byte swizzle (8-row groups 1024 bytes apart)
 __device__ __forceinline__ uint64_t sw128_desc(uint32_t addr) {
     return (uint64_t)((addr & 0x3FFFF) >> 4) | (1ull << 16) | ((uint64_t)(1024 >> 4) << 32) | (1ull << 62);
+}
+// the same with 64-byte rows, 64-byte swizzle (8-row groups 512 bytes apart)
+__device__ __forceinline__ uint64_t sw64_desc(uint32_t addr) {
+    return (uint64_t)((addr & 0x3FFFF) >> 4) | (1ull << 16) | ((uint64_t)(512 >> 4) << 32) | (2ull << 62);
+}
+// the B descriptor of k block kk of a stage at x: BK >= 64: boxes of 64 k, 128-byte rows; BK 32: one
+// box of 32 k, 64-byte rows
+template <int BN, int BK> __device__ __forceinline__ uint64_t x_desc(uint32_t x, int kk) {
+    if constexpr (BK >= 64) return sw128_desc(x + (kk / 4) * BN * 128 + (kk % 4) * 32);
+    else return sw64_desc(x + kk * 32);
 }
 
 // The work of a block, in segments: a tile's chunks [c_lo, c_hi). Tiles mode: block b takes the
@@ -114,10 +129,10 @@ struct wg_args {
     int sk;    // stream-K
 };
 
-template <int BN, int BK, int PIPE, typename OUT, bool SW>
+template <int BN, int BK, int TS, typename OUT, bool SW>
 __global__ void __launch_bounds__(WG_THREADS, 1)
     gemm_wg_kernel(const wg_args p, const __grid_constant__ CUtensorMap xmap, const __grid_constant__ CUtensorMap wmap) {
-    using C = wg_cfg<BN, BK>;
+    using C = wg_cfg<BN, BK, TS>;
     constexpr int ST = C::STAGES, KS = BK / 16, KTC = GEMM_KC / BK; // k blocks a stage, stages a chunk
     extern __shared__ unsigned char smem_raw[];
     const uint32_t base = (smem_u32(smem_raw) + 1023) & ~1023u;
@@ -128,9 +143,9 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
 
     const int M = p.M, N = p.N, K = p.K;
     const int KB = (K + 15) / 16, KT0 = (KB + KS - 1) / KS, CH = (K + GEMM_KC - 1) / GEMM_KC;
-    // PIPE: k tiles go in pairs, so the last chunk's count is rounded up to even (a tile wholly
-    // past K is zeros, and a step of zero products leaves the sum as it is)
-    const int KT = PIPE ? (CH - 1) * KTC + ((KT0 - (CH - 1) * KTC + 1) & ~1) : KT0;
+    // k tiles go in pairs, so the last chunk's count is rounded up to even (a tile wholly past K
+    // is zeros, and a step of zero products leaves the sum as it is)
+    const int KT = (CH - 1) * KTC + ((KT0 - (CH - 1) * KTC + 1) & ~1);
     const int TT = (M + BN - 1) / BN, T = (N + WG_BM - 1) / WG_BM * TT;
     const bool sk = p.sk != 0;
     if (threadIdx.x == 0) {
@@ -155,7 +170,8 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
                     // matrix, and every k block of a stage goes through the wgmma group
                     mbar_expect_tx(full, C::X_BYTES + C::W_BYTES);
                     tma_weights(wsm(s), &wmap, kt * KS, sg.wt * (WG_BM / 16), full);
-                    for (int h = 0; h < BK / 64; h++) tma_tokens(xs(s) + h * BN * 128, &xmap, kt * BK + h * 64, sg.tt * BN, full);
+                    constexpr int XB = BK < 64 ? BK : 64; // k a token box
+                    for (int h = 0; h < BK / XB; h++) tma_tokens(xs(s) + h * BN * XB * 2, &xmap, kt * BK + h * XB, sg.tt * BN, full);
                     if (++s == ST) s = 0, ph ^= 1;
                 }
             }
@@ -164,7 +180,13 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
         asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
         const int cw = threadIdx.x / 128 - 1, wq = threadIdx.x / 32 % 4, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
         const int cwarp = cw * 4 + wq; // 0..7
-        float acc[BN / 2], total[BN / 2];
+        float acc[BN / 2], total[TS ? 1 : BN / 2];
+        float *tsm = reinterpret_cast<float *>(const_cast<unsigned char *>(gbase) + ST * (C::X_BYTES + C::W_BYTES) + 2 * ST * 8) +
+                     (threadIdx.x - 128);
+        auto tot = [&](int i) -> float & { // running total i of this thread
+            if constexpr (TS) return tsm[i * 256];
+            else return total[i];
+        };
 #pragma unroll
         for (int j = 0; j < BN / 2; j++) acc[j] = 0.0f; // (defined before the first wgmma: a chunk's first step overwrites it)
         int s = 0, ph = 0;
@@ -184,19 +206,30 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
                     if (n < N && t < M) f(n, t, v[i]);
                 }
             };
+            auto each_tot = [&](auto &&f) { // the same over the running totals
+#pragma unroll
+                for (int i = 0; i < BN / 2; i++) {
+                    const int n = n0 + 8 * ((i % 4) >> 1), t = t0 + (i / 4) * 8 + (i & 1);
+                    if (n < N && t < M) f(n, t, tot(i));
+                }
+            };
             const bool whole = sg.c_lo == 0 && sg.c_hi == CH, prefix = sg.c_lo == 0;
 #pragma unroll
-            for (int j = 0; j < BN / 2; j++) total[j] = 0.0f;
-            // chunk by chunk; in a chunk, each k tile: its A fragments, the wgmma group, then the
-            // group before it done, so its stage is released. The chunk's sum is read only after
-            // the wait for its last group, on every path (a conditional wait there makes ptxas
-            // serialize every wgmma of the kernel), into total (the prefix's chunks) or a partial.
+            for (int j = 0; j < BN / 2; j++) tot(j) = 0.0f;
+            if constexpr (TS) { // (acc redefined: not live through the last tile's epilogue)
+#pragma unroll
+                for (int j = 0; j < BN / 2; j++) acc[j] = 0.0f;
+            }
+            // chunk by chunk; in a chunk, each k tile: its A fragments, its wgmma group, then the
+            // group before it done (one group in flight while the next is issued), so that one's
+            // stage is released. The chunk's sum is read only after the wait for its last group,
+            // on every path (a conditional wait there makes ptxas serialize every wgmma of the
+            // kernel), into total (the prefix's chunks) or a partial.
             for (int c = sg.c_lo; c < sg.c_hi; c++) {
                 const int k0 = c * KTC, k1 = min(KT, k0 + KTC);
                 int prev = s;
-                if constexpr (PIPE) { // EXPERIMENT (issue 20): one group in flight while the next is issued
-                    // k tiles in pairs, the A fragments of the two in registers of their own: tile
-                    // kt's are loaded while kt - 1's group runs, after kt - 2's was waited for
+                { // k tiles in pairs, the A fragments of the two in registers of their own: tile kt's
+                  // are loaded while kt - 1's group runs, after kt - 2's was waited for
                     uint32_t a0[KS][4], a1[KS][4];
                     auto step = [&](uint32_t(&a)[KS][4], int first) {
                         mbar_wait(full0 + 8 * s, ph);
@@ -209,7 +242,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
                         wgmma_fence();
 #pragma unroll
                         for (int kk = 0; kk < KS; kk++)
-                            wgmma_rs<BN>(acc, a[kk], sw128_desc(xs(s) + (kk / 4) * BN * 128 + (kk % 4) * 32), kk ? 1 : !first);
+                            wgmma_rs<BN>(acc, a[kk], x_desc<BN, BK>(xs(s), kk), kk ? 1 : !first);
                         wgmma_commit();
                         wgmma_wait<1>(); // the group before is done: its stage may be refilled
                         if (!first) release(prev);
@@ -218,42 +251,22 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
                     };
                     for (int kt = k0; kt < k1; kt += 2) step(a0, kt == k0), step(a1, 0);
                     wgmma_wait<0>();
-                } else
-                for (int kt = k0; kt < k1; kt++) {
-                    mbar_wait(full0 + 8 * s, ph);
-                    const uint4 *wa = reinterpret_cast<const uint4 *>(gbase + (wsm(s) - base) + cwarp * KS * 512) + lane;
-                    uint32_t a[KS][4];
-#pragma unroll
-                    for (int kk = 0; kk < KS; kk++) {
-                        const uint4 v = wa[kk * 32];
-                        a[kk][0] = v.x, a[kk][1] = v.y, a[kk][2] = v.z, a[kk][3] = v.w;
-                    }
-                    wgmma_fence();
-                    // the chunk's first step starts from zero (scale_d 0)
-                    const int keep = kt != k0;
-#pragma unroll
-                    for (int kk = 0; kk < KS; kk++)
-                        wgmma_rs<BN>(acc, a[kk], sw128_desc(xs(s) + (kk / 4) * BN * 128 + (kk % 4) * 32), kk ? 1 : keep);
-                    wgmma_commit();
-                    wgmma_wait<0>();
-                    if (keep) release(prev); // the stage before (its group finished earlier)
-                    prev = s;
-                    if (++s == ST) s = 0, ph ^= 1;
                 }
                 wgmma_hold<BN / 2>(acc);
                 release(prev);
                 if (prefix) {
 #pragma unroll
-                    for (int j = 0; j < BN / 2; j++) total[j] += acc[j];
+                    for (int j = 0; j < BN / 2; j++) tot(j) += acc[j];
                 } else { // a chunk of a split tile past its prefix: a partial of its own
                     float *part = p.ws + (size_t)c * M * N;
-                    each_out(acc, [&](int n, int t, float &v) { part[(size_t)t * N + n] = v; });
+                    // (TS runs without stream-K: this path's index arithmetic spilled 60 registers there)
+                    if constexpr (!TS) each_out(acc, [&](int n, int t, float &v) { part[(size_t)t * N + n] = v; });
                 }
             }
             if (!whole) { // a split tile: the prefix's total out (the fixup kernel adds the rest in chunk order)
                 if (prefix) {
                     float *part = p.ws + (size_t)(sg.c_hi - 1) * M * N;
-                    each_out(total, [&](int n, int t, float &v) { part[(size_t)t * N + n] = v; });
+                    each_tot([&](int n, int t, float &v) { part[(size_t)t * N + n] = v; });
                 }
                 continue;
             }
@@ -264,10 +277,10 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
 #pragma unroll
                     for (int e = 0; e < 2; e++) {
                         const int t = t0 + j * 8 + e;
-                        if (n0 < N && t < M) store_swiglu(y, N, n0, t, total[4 * j + e], total[4 * j + 2 + e]);
+                        if (n0 < N && t < M) store_swiglu(y, N, n0, t, tot(4 * j + e), tot(4 * j + 2 + e));
                     }
             } else {
-                each_out(total, [&](int n, int t, float &v) { store_out(y + (size_t)t * N + n, out_value(v, p.bias, n)); });
+                each_tot([&](int n, int t, float &v) { store_out(y + (size_t)t * N + n, out_value(v, p.bias, n)); });
             }
         }
         pdl_trigger();
@@ -313,12 +326,12 @@ static int encode(CUtensorMap *map, int rank, const void *ptr, const cuuint64_t 
     return 0;
 }
 
-// The tokens' tensor map: x [M][K] bf16 row-major, boxes of 64 k x bn tokens, 128-byte swizzle,
-// zeros past M and K.
-static int token_map(CUtensorMap *map, const void *x, int M, int K, int bn) {
+// The tokens' tensor map: x [M][K] bf16 row-major, boxes of 64 k x bn tokens, 128-byte swizzle
+// (bk 32: 32 k, 64-byte swizzle), zeros past M and K.
+static int token_map(CUtensorMap *map, const void *x, int M, int K, int bn, int bk) {
     const cuuint64_t dims[2] = {(cuuint64_t)K, (cuuint64_t)M}, strides[1] = {(cuuint64_t)K * 2};
-    const cuuint32_t box[2] = {64, (cuuint32_t)bn};
-    return encode(map, 2, x, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_128B);
+    const cuuint32_t box[2] = {bk < 64 ? (cuuint32_t)bk : 64, (cuuint32_t)bn};
+    return encode(map, 2, x, dims, strides, box, bk < 64 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_128B);
 }
 
 // The packed weights' tensor map: [NB strips][KB blocks][256 elements], boxes of bk / 16 blocks x
@@ -330,16 +343,16 @@ static int weight_map(CUtensorMap *map, const void *w, int N, int K, int bk, int
     return encode(map, 3, w, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_NONE);
 }
 
-template <int BN, int BK, int PIPE, typename OUT, bool SW>
+template <int BN, int BK, int TS, typename OUT, bool SW>
 static int wg_launch(OUT *y, const void *x, const void *w, const void *bias, int M, int N, int K, bool sk,
                      const struct gemm_wg_env *env, cudaStream_t s) {
     CUtensorMap xm, wm;
-    if (token_map(&xm, x, M, K, BN) || weight_map(&wm, w, N, K, BK, WG_BM / 16)) return -2;
+    if (token_map(&xm, x, M, K, BN, BK) || weight_map(&wm, w, N, K, BK, WG_BM / 16)) return -2;
     const unsigned chunks = (unsigned)((K + GEMM_KC - 1) / GEMM_KC);
     const unsigned tiles = (unsigned)((N + WG_BM - 1) / WG_BM) * (unsigned)((M + BN - 1) / BN);
     const unsigned grid = sk ? (unsigned)min((size_t)env->sms, (size_t)tiles * chunks) : min(tiles, (unsigned)env->sms);
     const wg_args a = {y, (const __nv_bfloat16 *)bias, M, N, K, env->ws, sk};
-    CUDA_CHECK(cuda_launch(gemm_wg_kernel<BN, BK, PIPE, OUT, SW>, dim3(grid), dim3(WG_THREADS), wg_cfg<BN, BK>::SMEM, s, a, xm, wm));
+    CUDA_CHECK(cuda_launch(gemm_wg_kernel<BN, BK, TS, OUT, SW>, dim3(grid), dim3(WG_THREADS), wg_cfg<BN, BK, TS>::SMEM, s, a, xm, wm));
     if (sk) {
         const size_t outs = (size_t)M * (SW ? N / 2 : N);
         CUDA_CHECK(cuda_launch(gemm_wg_fixup_kernel<OUT, SW>, dim3(cuda_blocks(outs, 256)), dim3(256), 0, s, a, BN, (int)grid));
@@ -347,11 +360,12 @@ static int wg_launch(OUT *y, const void *x, const void *w, const void *bias, int
     return 0;
 }
 
-template <int BN, int BK, int PIPE> static int wg_allow() {
-    const int smem = (int)wg_cfg<BN, BK>::SMEM;
-    CUDA_CHECK(cudaFuncSetAttribute(gemm_wg_kernel<BN, BK, PIPE, __nv_bfloat16, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    CUDA_CHECK(cudaFuncSetAttribute(gemm_wg_kernel<BN, BK, PIPE, float, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    CUDA_CHECK(cudaFuncSetAttribute(gemm_wg_kernel<BN, BK, PIPE, __nv_bfloat16, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+template <int BN, int BK, int TS = 0> static int wg_allow() {
+    const int smem = (int)wg_cfg<BN, BK, TS>::SMEM;
+    static_assert(wg_cfg<BN, BK, TS>::SMEM <= 232448, "shared memory");
+    CUDA_CHECK(cudaFuncSetAttribute(gemm_wg_kernel<BN, BK, TS, __nv_bfloat16, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    CUDA_CHECK(cudaFuncSetAttribute(gemm_wg_kernel<BN, BK, TS, float, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    CUDA_CHECK(cudaFuncSetAttribute(gemm_wg_kernel<BN, BK, TS, __nv_bfloat16, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     return 0;
 }
 
@@ -364,8 +378,7 @@ int gemm_wg_init(void) {
         return -2;
     }
     g_encode = (PFN_cuTensorMapEncodeTiled_v12000)fn;
-    return wg_allow<64, 128, 0>() | wg_allow<64, 64, 0>() | wg_allow<128, 128, 0>() | wg_allow<128, 64, 0>() |
-           wg_allow<64, 128, 1>() | wg_allow<64, 64, 1>() | wg_allow<128, 128, 1>() | wg_allow<128, 64, 1>();
+    return wg_allow<64, 128>() | wg_allow<64, 64>() | wg_allow<128, 128>() | wg_allow<128, 64>() | wg_allow<256, 32, 1>();
 }
 
 // The tile and the split for M x N x K (runs 39-40: each Llama-3-8B GEMM alone at M 64..8192):
@@ -375,7 +388,10 @@ int gemm_wg_init(void) {
 // - stream-K over (tile, chunk) units when the tiles fill at most a quarter of the SMs (o and down
 //   at M 64, 32 tiles: 17.0 and 51.7 us against 22.0 and 67.0 whole; at 48 tiles, qkv, and at
 //   M 128, whole tiles were faster) and the partials fit;
-// - 64 k a stage at 64 < M <= 4096 (3-10% faster at M 256-2048 than 128), 128 otherwise.
+// - 64 k a stage at 64 < M <= 4096 (3-10% faster at M 256-2048 than 128), 128 otherwise;
+// - above M 4096, 256-token tiles of 32 k a stage with the totals in shared memory (run 43, M 8192:
+//   gate|up 3,829 us against 4,152 with 128-token tiles, qkv 830 against 860, down 1,965 against
+//   1,993; at M 2048 they lost, 958 against 849, and with 64 k a stage, two stages, everywhere).
 struct wg_plan {
     int bn, bk;
     bool sk;
@@ -388,6 +404,7 @@ static wg_plan wg_choose(int M, int N, int K, int sms) {
     const long tiles = pl.bn == 64 ? t64 : t128, chunks = (K + GEMM_KC - 1) / GEMM_KC;
     pl.sk = 4 * tiles <= sms && chunks > 1 && (size_t)chunks * M * N <= GEMM_WS_FLOATS;
     pl.bk = M <= 64 || M > 4096 || pl.sk ? 128 : 64;
+    if (M > 4096 && !pl.sk) pl.bn = 256, pl.bk = 32;
     return pl;
 }
 
@@ -395,14 +412,7 @@ template <typename OUT, bool SW>
 static int wg_gemm(OUT *y, const void *x, const void *w, const void *bias, int M, int N, int K,
                    const struct gemm_wg_env *env, cudaStream_t s) {
     wg_plan pl = wg_choose(M, N, K, env->sms);
-    // EXPERIMENT (issue 20): DUOSERVE_WG_PLAN=pipe: the pipelined consumer loop
-    const char *plan = getenv("DUOSERVE_WG_PLAN");
-    if (plan && !strcmp(plan, "pipe")) {
-        if (pl.bn == 64) return pl.bk == 128 ? wg_launch<64, 128, 1, OUT, SW>(y, x, w, bias, M, N, K, pl.sk, env, s)
-                                             : wg_launch<64, 64, 1, OUT, SW>(y, x, w, bias, M, N, K, pl.sk, env, s);
-        return pl.bk == 128 ? wg_launch<128, 128, 1, OUT, SW>(y, x, w, bias, M, N, K, pl.sk, env, s)
-                            : wg_launch<128, 64, 1, OUT, SW>(y, x, w, bias, M, N, K, pl.sk, env, s);
-    }
+    if (pl.bn == 256) return wg_launch<256, 32, 1, OUT, SW>(y, x, w, bias, M, N, K, false, env, s);
     if (pl.bn == 64) return pl.bk == 128 ? wg_launch<64, 128, 0, OUT, SW>(y, x, w, bias, M, N, K, pl.sk, env, s)
                                          : wg_launch<64, 64, 0, OUT, SW>(y, x, w, bias, M, N, K, pl.sk, env, s);
     return pl.bk == 128 ? wg_launch<128, 128, 0, OUT, SW>(y, x, w, bias, M, N, K, pl.sk, env, s)

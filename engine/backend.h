@@ -228,6 +228,10 @@ int backend_cuda_probe(int device, char *err, size_t errlen);
 /* flags: BACKEND_CUDA_CUBLAS: GEMMs through cuBLAS (faster at large batches, but a token's
  * rounding then depends on the batch size); default: duoserve's batch-invariant kernels. */
 #define BACKEND_CUDA_CUBLAS 1
+/* BACKEND_CUDA_PLAIN_SPLIT (the CUDA op test only): long decode steps split each (token, KV head)
+ * into the same number of blocks, the path taken when the work-sized split cannot run (no counter
+ * or workspace room), so that the test can want the same bits from both. */
+#define BACKEND_CUDA_PLAIN_SPLIT 2
 struct backend *backend_cuda_create(int device, int flags, char *err, size_t errlen);
 /* CUDA devices visible to this process (CUDA_VISIBLE_DEVICES applies); 0 without CUDA. */
 int backend_cuda_device_count(void);

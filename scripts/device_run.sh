@@ -129,21 +129,21 @@ if has ab; then
     ab "${spec%%:*}" $(echo "${spec#*:}" | tr ',' ' ')
   done
 fi
-# issue 22: decode at long contexts under the work-sized split and the old one (DUOSERVE_ATTN_SPLIT_OLD=1),
-# one bench_gpu load each: full attention at b1 x 128 (no regression), b1 x 131,072 and b8 x 98,304
-# (b8 x 131,072 needs 128 GiB of KV cache, more than the card holds beside the weights), then the
-# published pattern at duo 0.5: b1 x 131,072 and b1 x 1,048,576. Contexts are made without a prefill
-# (--skip-prefill); LONGDEC_STEPS timed steps a run (default 16). Each figure printed as it comes.
-# LONGDEC_FULL / LONGDEC_DUO (--runs lists) override the two loads' runs (an 80 GB card: e.g.
-# "1x128,1x131072,4x98304" and "1x131072,1x524288").
+# issue 22: decode at long contexts, one bench_gpu load each: full attention at b1 x 128 (no
+# regression), b1 x 131,072 and b8 x 98,304 (b8 x 131,072 needs 128 GiB of KV cache, more than the
+# card holds beside the weights), then the published pattern at duo 0.5: b1 x 131,072 and b1 x
+# 1,048,576. Contexts are made without a prefill (--skip-prefill); LONGDEC_STEPS timed steps a run
+# (default 16). Each figure printed as it comes. LONGDEC_FULL / LONGDEC_DUO (--runs lists) override
+# the two loads' runs (an 80 GB card: e.g. "1x128,1x131072,4x98304" and "1x131072,1x524288");
+# LONGDEC_AB="name:VAR=v,... ..." runs both loads again under each set of switches.
 if has longdec; then
   wait_8b
   P8=.device/llama3_8b_pattern.tsv
   ldec() { local name=$1; shift; echo "== longdec $name"
     timeout 170 env "$@" --skip-prefill --prefill 0 --steps ${LONGDEC_STEPS:-16} 2>&1 | tee $L/longdec_$name.log \
       | grep --line-buffered -E "^load:|decode batch|KV cache|bench_gpu:|error" | sed -u -E 's/ +/ /g' | cut -c1-220; }
-  for sp in new old; do
-    ev=DUOSERVE_ATTN_SPLIT_OLD=$([ $sp = old ] && echo 1 || echo 0)
+  for spec in "default:" ${LONGDEC_AB:-}; do
+    sp=${spec%%:*}; ev=$(echo "${spec#*:}" | tr ',' ' ')
     ldec ${sp}_full $ev $B/bench_gpu $M cuda --runs ${LONGDEC_FULL:-1x128,1x131072,8x98304}
     ldec ${sp}_duo $ev $B/bench_gpu $M cuda --runs ${LONGDEC_DUO:-1x131072,1x1048576} --duo-pattern $P8 --duo-sparsity 0.5
     at "longdec $sp"

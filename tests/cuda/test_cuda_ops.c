@@ -545,12 +545,12 @@ struct attn_opts {
                         * same bits */
 };
 
-/* A second CUDA backend (set while the long decode cases run), made with DUOSERVE_ATTN_SPLIT_OLD
- * the other way from the first (so that one splits long decode steps by the work, the other the
- * old way). attention_case runs its step there too, from the same inputs, and wants the same bits:
- * the partition states and their merge order do not depend on which block computes what. */
+/* A second CUDA backend (set while the long decode cases run), made with BACKEND_CUDA_PLAIN_SPLIT
+ * (so that the first splits long decode steps by the work, this one the plain way, as when the
+ * work-sized split cannot run). attention_case runs its step there too, from the same inputs, and
+ * wants the same bits: the partition states and their merge order do not depend on which block
+ * computes what. */
 static struct backend *gpu_alt;
-static int alt_split_old; /* gpu_alt's DUOSERVE_ATTN_SPLIT_OLD */
 
 /* bt's step on gpu_alt from fresh copies of the inputs (the pools as before the step, q|k|v as
  * drawn; rope: the fused RoPE with attention_case's llama3 tables): its output, and with RoPE the
@@ -593,8 +593,8 @@ static void attention_alt(const struct fwd_batch *bt, const struct attn_layer *L
         free(x), free(y);
     }
     int ok = differ == 0 && !err;
-    printf("%-4s   ... under DUOSERVE_ATTN_SPLIT_OLD=%d too: %zu values differ (want 0)%s\n", ok ? "ok" : "FAIL",
-           alt_split_old, differ, err ? "  [device error]" : "");
+    printf("%-4s   ... under the plain split too: %zu values differ (want 0)%s\n", ok ? "ok" : "FAIL", differ,
+           err ? "  [device error]" : "");
     ok ? n_pass++ : n_fail++;
     for (int i = 0; i < 7; i++) g->ops->free(g, bufs[i]);
 }
@@ -723,19 +723,12 @@ static void attention_case(int H, int KV, int hd, int n_stream, int ctx, int T, 
     free(slots);
 }
 
-/* The backend of the other split (gpu_alt): DUOSERVE_ATTN_SPLIT_OLD the other way from the
- * environment's while it is made (the switch is read once, at creation). */
+/* The backend of the plain split (gpu_alt). */
 static struct backend *other_split_backend(void) {
-    const char *v = getenv("DUOSERVE_ATTN_SPLIT_OLD");
-    char *keep = v ? strdup(v) : NULL, err[256];
-    alt_split_old = !(v && !strcmp(v, "1"));
-    setenv("DUOSERVE_ATTN_SPLIT_OLD", alt_split_old ? "1" : "0", 1);
-    struct backend *b = backend_cuda_create(0, 0, err, sizeof err);
-    if (keep) setenv("DUOSERVE_ATTN_SPLIT_OLD", keep, 1);
-    else unsetenv("DUOSERVE_ATTN_SPLIT_OLD");
-    free(keep);
+    char err[256];
+    struct backend *b = backend_cuda_create(0, BACKEND_CUDA_PLAIN_SPLIT, err, sizeof err);
     if (!b) {
-        printf("FAIL a CUDA backend under DUOSERVE_ATTN_SPLIT_OLD=%d: %s\n", alt_split_old, err);
+        printf("FAIL a CUDA backend with the plain split: %s\n", err);
         n_fail++;
     }
     return b;
@@ -743,7 +736,7 @@ static struct backend *other_split_backend(void) {
 
 /* Decode steps at long contexts (issue 22): the work-sized split spreads the retrieval heads'
  * partitions over units, merged by the last unit of a (token, KV head) or, past
- * CUDA_ATTN_MERGE_LONG partitions, by the long-merge kernel; each case also under the other split,
+ * CUDA_ATTN_MERGE_LONG partitions, by the long-merge kernel; each case also under the plain split,
  * for the same bits. Keys are scaled by 3, so that a few hundred keys carry each softmax and the
  * outputs stay far from zero at any length: a partition lost or counted twice moves them past the
  * tolerance. Contexts 16k to 1M (a 1M token beside 1k, 32k and 128k ones), batches of 1 to 150
@@ -926,17 +919,10 @@ static void gemm_bench(void) {
     const char *names[] = {"qkv", "o", "gate|up", "down"};
     int Ms[] = {64, 128, 256, 384, 512, 1024, 2048, 8192};
     const char *ms_env = getenv("GEMMBENCH_MS"); /* "2048,8192": only these M */
-    /* GEMMBENCH_PLANS="t64,sk128": the default kernels again under each DUOSERVE_WG_PLAN */
     struct {
         char name[16];
-    } v[8] = {{"default"}};
-    int nv = 1;
-    const char *plans = getenv("GEMMBENCH_PLANS");
-    for (const char *c = plans; c && *c && nv < 7;) {
-        size_t n = strcspn(c, ",");
-        snprintf(v[nv++].name, sizeof v[0].name, "%.*s", (int)n, c);
-        c += n + (c[n] == ',');
-    }
+    } v[1] = {{"default"}};
+    const int nv = 1;
     /* GEMMBENCH_ONLY="gate|up,2048,default": one shape, M and kernel (default or cublas: for a profiler) */
     const char *only = getenv("GEMMBENCH_ONLY");
     char o_shape[32] = "", o_var[32] = "";
@@ -972,8 +958,6 @@ static void gemm_bench(void) {
                 struct backend *b = k < nv ? gpu : blas;
                 if (!b || (only && strcmp(o_var, k < nv ? v[k].name : "cublas"))) { us[k] = 0; continue; }
                 void *o = k < nv ? og : ob, *xx = k < nv ? xg : xb, *ww = k < nv ? wg : wb;
-                if (k > 0 && k < nv) setenv("DUOSERVE_WG_PLAN", v[k].name, 1);
-                else unsetenv("DUOSERVE_WG_PLAN");
                 for (int r = 0; r < 2; r++) b->ops->matmul(b, o, xx, ww, NULL, M, N, K);
                 int e = b->ops->sync(b);
                 double t0 = util_now();
