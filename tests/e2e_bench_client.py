@@ -108,7 +108,7 @@ class Scripted(http.server.BaseHTTPRequestHandler):
 
 
 def test_scripted(tmp):
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Scripted)
+    srv = es.LoopbackHTTPServer(("127.0.0.1", 0), Scripted)
     th = threading.Thread(target=srv.serve_forever, daemon=True)
     th.start()
     url = f"http://127.0.0.1:{srv.server_address[1]}"

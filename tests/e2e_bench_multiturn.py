@@ -233,7 +233,7 @@ def test_scripted(tmp):
              [("Echo begins here", "first reference answer of echo"), ("echo asks, no answer in the trace", None)]]
     path = sharegpt(tmp, "scripted.json", convs)
     log, counters = Log(), {"queries": 0, "hits": 0}
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), scripted_server(log, counters))
+    srv = es.LoopbackHTTPServer(("127.0.0.1", 0), scripted_server(log, counters))
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{srv.server_address[1]}"
     try:
@@ -405,7 +405,7 @@ def test_duoserve(srv, tmp):
               ("Then what?", "They swam and played games.")]]
     path = sharegpt(tmp, "stories.json", convs)
     log = Log()
-    proxy = http.server.ThreadingHTTPServer(("127.0.0.1", 0), recording_proxy(log, srv.port))
+    proxy = es.LoopbackHTTPServer(("127.0.0.1", 0), recording_proxy(log, srv.port))
     threading.Thread(target=proxy.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{proxy.server_address[1]}"
     try:

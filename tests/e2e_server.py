@@ -12,6 +12,7 @@ usage: tests/e2e_server.py [--bin build/duoserve] [--model ../shared/models/stor
 """
 import argparse
 import http.client
+import http.server
 import json
 import os
 import re
@@ -37,6 +38,14 @@ def check(name, cond, detail=""):
         FAIL.append(name)
         print(f"  FAIL {name}{': ' + str(detail)[:600] if detail else ''}")
     return cond
+
+
+class LoopbackHTTPServer(http.server.ThreadingHTTPServer):
+    """A threaded HTTP server for the tests' scripted servers and proxies. socketserver listens
+    with a backlog of 5; a client that opens more connections at once (bench_serving's 16 token
+    counters) on a loaded machine, whose accepting thread falls behind, overflows it, and the
+    kernel then drops the connections or resets them (SYN cookies failing)."""
+    request_queue_size = 128
 
 
 class Server:
