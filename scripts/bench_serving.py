@@ -99,6 +99,8 @@ GPT_ROLES = ("gpt", "assistant", "chatgpt", "bard", "model")
 
 
 class Server:
+    RETRIES = 2  # further tries of an idempotent call whose connection failed
+
     def __init__(self, base_url, api_key, timeout):
         u = urllib.parse.urlsplit(base_url if "://" in base_url else "http://" + base_url)
         if u.scheme not in ("http", "https"):
@@ -122,39 +124,47 @@ class Server:
             h["Authorization"] = "Bearer " + self.api_key
         return h
 
+    def _exchange(self, method, path, body, headers):
+        """One request on a fresh connection; returns (status, body bytes). These calls are
+        idempotent (token counts, model list, metrics), so a connection reset, refused or closed
+        before the answer is tried again, at most RETRIES times after short pauses, as HTTP
+        clients do: a busy server's listen queue may overflow while many connections open at once."""
+        for attempt in range(self.RETRIES + 1):
+            conn = self.connect(self.timeout)
+            try:
+                conn.request(method, self.prefix + path, body=body, headers=headers)
+                resp = conn.getresponse()
+                return resp.status, resp.read()
+            except ConnectionError:
+                if attempt == self.RETRIES:
+                    raise
+            finally:
+                conn.close()
+            time.sleep(0.1 * (attempt + 1))
+
     def text_call(self, path):
         """GET path; returns the body as text or raises RuntimeError."""
-        conn = self.connect(self.timeout)
         try:
-            conn.request("GET", self.prefix + path, headers=self.headers())
-            resp = conn.getresponse()
-            data = resp.read()
-            if resp.status != 200:
-                raise RuntimeError(f"GET {path}: HTTP {resp.status}: {error_message(data)}")
-            return data.decode("utf-8", "replace")
+            status, data = self._exchange("GET", path, None, self.headers())
         except (OSError, http.client.HTTPException) as e:
             raise RuntimeError(f"GET {path}: {type(e).__name__}: {e}")
-        finally:
-            conn.close()
+        if status != 200:
+            raise RuntimeError(f"GET {path}: HTTP {status}: {error_message(data)}")
+        return data.decode("utf-8", "replace")
 
     def json_call(self, method, path, obj=None):
-        """One non-streaming request; returns the decoded JSON or raises RuntimeError."""
-        conn = self.connect(self.timeout)
+        """One non-streaming idempotent request; returns the decoded JSON or raises RuntimeError."""
+        body = json.dumps(obj).encode() if obj is not None else None
         try:
-            body = json.dumps(obj).encode() if obj is not None else None
-            conn.request(method, self.prefix + path, body=body, headers=self.headers(body is not None))
-            resp = conn.getresponse()
-            data = resp.read()
-            if resp.status != 200:
-                raise RuntimeError(f"{method} {path}: HTTP {resp.status}: {error_message(data)}")
-            try:
-                return json.loads(data)
-            except ValueError:
-                raise RuntimeError(f"{method} {path}: response is not JSON: {data[:200]!r}")
+            status, data = self._exchange(method, path, body, self.headers(body is not None))
         except (OSError, http.client.HTTPException) as e:
             raise RuntimeError(f"{method} {path}: {type(e).__name__}: {e}")
-        finally:
-            conn.close()
+        if status != 200:
+            raise RuntimeError(f"{method} {path}: HTTP {status}: {error_message(data)}")
+        try:
+            return json.loads(data)
+        except ValueError:
+            raise RuntimeError(f"{method} {path}: response is not JSON: {data[:200]!r}")
 
 
 def error_message(data):
