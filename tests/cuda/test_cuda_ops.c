@@ -246,10 +246,11 @@ static void test_matmul_stale_stages(void) {
 /* The fused SwiGLU GEMM (matmul_swiglu, weights interleaved by 8 rows) against the CPU op, and bit
  * for bit against the GPU's unfused path (matmul over the same weights stacked gate then up,
  * then silu_mul) on every kernel: the weight stream with 1, 2 and 4 token tiles (split), 64-row
- * tiles with and without split-K, 128-row tiles, and row-major weights (K % 8 != 0). */
+ * tiles with and without split-K, 128-row tiles, 256-token tiles (M > 4096: the totals in shared
+ * memory; K 1000: a last chunk of 488), and row-major weights (K % 8 != 0). */
 static void test_matmul_swiglu(void) {
     int shapes[][3] = {{1, 2048, 4096}, {5, 1024, 512}, {12, 512, 1024}, {29, 1024, 4096}, {64, 1024, 4096},
-                       {200, 2048, 1024}, {2048, 2048, 512}, {3, 64, 100}, {1, 14336, 4096}};
+                       {200, 2048, 1024}, {2048, 2048, 512}, {3, 64, 100}, {1, 14336, 4096}, {4500, 256, 1000}};
     for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
         int n = shapes[k][0], F = shapes[k][1], ni = shapes[k][2];
         float *x = rand_bf16((size_t)n * ni, 1.0f), *w = rand_bf16((size_t)2 * F * ni, 1.0f / sqrtf((float)ni));
