@@ -198,19 +198,13 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
         wg_seg sg;
         while (walk.next(sk, T, TT, CH, sg)) {
             const int n0 = sg.wt * WG_BM + cwarp * 16 + g, t0 = sg.tt * BN + 2 * q;
-            // output i of this thread: row n0 + 8 ((i % 4) / 2), token t0 + 8 (i / 4) + i % 2
-            auto each_out = [&](float(&v)[BN / 2], auto &&f) {
+            // output i of this thread: row n0 + 8 ((i % 4) / 2), token t0 + 8 (i / 4) + i % 2; f(n, t,
+            // v(i)) for each within the matrix (v: an accumulator's or a running total's reference)
+            auto each_out = [&](auto &&v, auto &&f) {
 #pragma unroll
                 for (int i = 0; i < BN / 2; i++) {
                     const int n = n0 + 8 * ((i % 4) >> 1), t = t0 + (i / 4) * 8 + (i & 1);
-                    if (n < N && t < M) f(n, t, v[i]);
-                }
-            };
-            auto each_tot = [&](auto &&f) { // the same over the running totals
-#pragma unroll
-                for (int i = 0; i < BN / 2; i++) {
-                    const int n = n0 + 8 * ((i % 4) >> 1), t = t0 + (i / 4) * 8 + (i & 1);
-                    if (n < N && t < M) f(n, t, tot(i));
+                    if (n < N && t < M) f(n, t, v(i));
                 }
             };
             const bool whole = sg.c_lo == 0 && sg.c_hi == CH, prefix = sg.c_lo == 0;
@@ -228,30 +222,29 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
             for (int c = sg.c_lo; c < sg.c_hi; c++) {
                 const int k0 = c * KTC, k1 = min(KT, k0 + KTC);
                 int prev = s;
-                { // k tiles in pairs, the A fragments of the two in registers of their own: tile kt's
-                  // are loaded while kt - 1's group runs, after kt - 2's was waited for
-                    uint32_t a0[KS][4], a1[KS][4];
-                    auto step = [&](uint32_t(&a)[KS][4], int first) {
-                        mbar_wait(full0 + 8 * s, ph);
-                        const uint4 *wa = reinterpret_cast<const uint4 *>(gbase + (wsm(s) - base) + cwarp * KS * 512) + lane;
+                // k tiles in pairs, the A fragments of the two in registers of their own: tile kt's are
+                // loaded while kt - 1's group runs, after kt - 2's was waited for
+                uint32_t a0[KS][4], a1[KS][4];
+                auto step = [&](uint32_t(&a)[KS][4], int first) {
+                    mbar_wait(full0 + 8 * s, ph);
+                    const uint4 *wa = reinterpret_cast<const uint4 *>(gbase + (wsm(s) - base) + cwarp * KS * 512) + lane;
 #pragma unroll
-                        for (int kk = 0; kk < KS; kk++) {
-                            const uint4 v = wa[kk * 32];
-                            a[kk][0] = v.x, a[kk][1] = v.y, a[kk][2] = v.z, a[kk][3] = v.w;
-                        }
-                        wgmma_fence();
+                    for (int kk = 0; kk < KS; kk++) {
+                        const uint4 v = wa[kk * 32];
+                        a[kk][0] = v.x, a[kk][1] = v.y, a[kk][2] = v.z, a[kk][3] = v.w;
+                    }
+                    wgmma_fence();
 #pragma unroll
-                        for (int kk = 0; kk < KS; kk++)
-                            wgmma_rs<BN>(acc, a[kk], x_desc<BN, BK>(xs(s), kk), kk ? 1 : !first);
-                        wgmma_commit();
-                        wgmma_wait<1>(); // the group before is done: its stage may be refilled
-                        if (!first) release(prev);
-                        prev = s;
-                        if (++s == ST) s = 0, ph ^= 1;
-                    };
-                    for (int kt = k0; kt < k1; kt += 2) step(a0, kt == k0), step(a1, 0);
-                    wgmma_wait<0>();
-                }
+                    for (int kk = 0; kk < KS; kk++)
+                        wgmma_rs<BN>(acc, a[kk], x_desc<BN, BK>(xs(s), kk), kk ? 1 : !first);
+                    wgmma_commit();
+                    wgmma_wait<1>(); // the group before is done: its stage may be refilled
+                    if (!first) release(prev);
+                    prev = s;
+                    if (++s == ST) s = 0, ph ^= 1;
+                };
+                for (int kt = k0; kt < k1; kt += 2) step(a0, kt == k0), step(a1, 0);
+                wgmma_wait<0>();
                 wgmma_hold<BN / 2>(acc);
                 release(prev);
                 if (prefix) {
@@ -260,13 +253,13 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
                 } else { // a chunk of a split tile past its prefix: a partial of its own
                     float *part = p.ws + (size_t)c * M * N;
                     // (TS runs without stream-K: this path's index arithmetic spilled 60 registers there)
-                    if constexpr (!TS) each_out(acc, [&](int n, int t, float &v) { part[(size_t)t * N + n] = v; });
+                    if constexpr (!TS) each_out([&](int i) -> float & { return acc[i]; }, [&](int n, int t, float &v) { part[(size_t)t * N + n] = v; });
                 }
             }
             if (!whole) { // a split tile: the prefix's total out (the fixup kernel adds the rest in chunk order)
                 if (prefix) {
                     float *part = p.ws + (size_t)(sg.c_hi - 1) * M * N;
-                    each_tot([&](int n, int t, float &v) { part[(size_t)t * N + n] = v; });
+                    each_out(tot, [&](int n, int t, float &v) { part[(size_t)t * N + n] = v; });
                 }
                 continue;
             }
@@ -280,7 +273,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
                         if (n0 < N && t < M) store_swiglu(y, N, n0, t, tot(4 * j + e), tot(4 * j + 2 + e));
                     }
             } else {
-                each_tot([&](int n, int t, float &v) { store_out(y + (size_t)t * N + n, out_value(v, p.bias, n)); });
+                each_out(tot, [&](int n, int t, float &v) { store_out(y + (size_t)t * N + n, out_value(v, p.bias, n)); });
             }
         }
         pdl_trigger();

@@ -18,7 +18,6 @@ import json
 import os
 import re
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -36,13 +35,8 @@ SHARED = os.path.normpath(os.path.join(ROOT, "..", "shared"))
 
 def bench(base_url, *args, timeout=90):
     """Runs bench_serving.py; returns (exit status, stdout, stderr, result JSON or None)."""
-    with tempfile.TemporaryDirectory() as d:
-        out = os.path.join(d, "r.json")
-        cmd = [sys.executable, BENCH, "--base-url", base_url, "--quiet", "--max-duration", "60",
-               "--request-timeout", "30", "--result-json", out, *args]
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-        res = json.load(open(out)) if os.path.exists(out) else None
-    return p.returncode, p.stdout, p.stderr, res
+    return es.run_script(BENCH, "--base-url", base_url, "--quiet", "--max-duration", "60", "--request-timeout", "30",
+                         *args, timeout=timeout)
 
 
 def write_jsonl(d, name, rows):

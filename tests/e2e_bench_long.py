@@ -11,12 +11,9 @@ outside the vocabulary and bad flags make the script fail as it says. Every run 
 usage: tests/e2e_bench_long.py [--bin build/duoserve] [--model ../shared/models/stories260k]
 """
 import argparse
-import json
 import os
 import signal
-import subprocess
 import sys
-import tempfile
 import traceback
 
 sys.dont_write_bytecode = True  # importing e2e_server must not leave tests/__pycache__ behind
@@ -30,13 +27,8 @@ BENCH = os.path.join(ROOT, "scripts", "bench_long.py")
 
 def bench(base_url, *args, timeout=60):
     """Runs bench_long.py; returns (exit status, stdout, stderr, result JSON or None)."""
-    with tempfile.TemporaryDirectory() as d:
-        out = os.path.join(d, "r.json")
-        cmd = [sys.executable, BENCH, "--base-url", base_url, "--max-duration", "30", "--timeout", "20",
-               "--result-json", out, *args]
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-        res = json.load(open(out)) if os.path.exists(out) else None
-    return p.returncode, p.stdout, p.stderr, res
+    return es.run_script(BENCH, "--base-url", base_url, "--max-duration", "30", "--timeout", "20", *args,
+                         timeout=timeout)
 
 
 def ordered(st):

@@ -25,7 +25,6 @@ import math
 import os
 import re
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -42,13 +41,8 @@ BENCH = os.path.join(ROOT, "scripts", "bench_serving.py")
 
 def bench(base_url, *args, timeout=60):
     """Runs bench_serving.py; returns (exit status, stdout, stderr, result JSON or None)."""
-    with tempfile.TemporaryDirectory() as d:
-        out = os.path.join(d, "r.json")
-        cmd = [sys.executable, BENCH, "--base-url", base_url, "--quiet", "--max-duration", "40",
-               "--request-timeout", "20", "--result-json", out, *args]
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-        res = json.load(open(out)) if os.path.exists(out) else None
-    return p.returncode, p.stdout, p.stderr, res
+    return es.run_script(BENCH, "--base-url", base_url, "--quiet", "--max-duration", "40", "--request-timeout", "20",
+                         *args, timeout=timeout)
 
 
 def sharegpt(tmp, name, convs):

@@ -20,6 +20,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -38,6 +39,17 @@ def check(name, cond, detail=""):
         FAIL.append(name)
         print(f"  FAIL {name}{': ' + str(detail)[:600] if detail else ''}")
     return cond
+
+
+def run_script(script, *args, timeout=60):
+    """Runs a benchmark script (scripts/bench_*.py) with --result-json into a temporary file;
+    returns (exit status, stdout, stderr, the result JSON or None)."""
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "r.json")
+        p = subprocess.run([sys.executable, script, "--result-json", out, *args], capture_output=True, text=True,
+                           timeout=timeout)
+        res = json.load(open(out)) if os.path.exists(out) else None
+    return p.returncode, p.stdout, p.stderr, res
 
 
 class LoopbackHTTPServer(http.server.ThreadingHTTPServer):
