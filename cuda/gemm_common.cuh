@@ -7,7 +7,9 @@
 
 #include "cuda/cuda_common.h"
 
+#ifndef GEMM_KC // (a build may set it: scripts/device_pack.sh's VARIANTS)
 #define GEMM_KC 512                 // the K chunk of the summation order (a multiple of every BK)
+#endif
 #define GEMM_WS_FLOATS (16u << 20)  // split-K partials (64 MiB)
 #define GEMM_COUNTERS 65536         // tiles of a split launch
 

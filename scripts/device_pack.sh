@@ -22,6 +22,16 @@ make -j"$J" CUDA=1 BUILD=build-gpu build-gpu/duoserve build-gpu/duoserve-test-cu
     build-gpu/bench_gpu build-gpu/check_invariance build-gpu/libktrace.so
 [ "${CLK:-1}" = 0 ] || make -j"$J" CUDA=1 BUILD=build-clk CFLAGS="-O2 -g -DFA_CLOCKS" NVCCFLAGS="-O3 -g -lineinfo -std=c++17 -gencode arch=compute_90a,code=sm_90a -Xcompiler -Wall,-Wextra,-Wno-unused-parameter -I. -DFA_CLOCKS" \
     build-clk/duoserve-test-cuda build-clk/bench_gpu
+# VARIANTS="name:-DX=v,-DY=w ...": duoserve-test-cuda-NAME and bench_gpu-NAME built again with those
+# nvcc defines (build-NAME, from a copy of build-gpu with the objects that read them rebuilt: VARIANT_OBJS,
+# default the GEMM kernels'), for an A/B of a compile-time choice in one run
+for v in ${VARIANTS:-}; do
+    name=${v%%:*}; defs=$(echo "${v#*:}" | tr ',' ' ')
+    rm -rf build-$name && cp -a build-gpu build-$name
+    for o in ${VARIANT_OBJS:-cuda/gemm.o cuda/gemm_wg.o}; do rm -f build-$name/$o; done
+    make -j"$J" CUDA=1 BUILD=build-$name NVCCFLAGS="-O3 -g -lineinfo -std=c++17 -gencode arch=compute_90a,code=sm_90a -Xcompiler -Wall,-Wextra,-Wno-unused-parameter -I. $defs" \
+        build-$name/duoserve-test-cuda build-$name/bench_gpu build-$name/duoserve
+done
 cuda=$(dirname "$(dirname "$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)")")
 rm -rf /tmp/device_pack && mkdir -p /tmp/device_pack/bin
 for f in duoserve duoserve-test-cuda duoserve-test-cuda-sampling bench_gpu check_invariance libktrace.so; do
@@ -31,6 +41,10 @@ if [ "${CLK:-1}" != 0 ]; then
     cp build-clk/duoserve-test-cuda /tmp/device_pack/bin/duoserve-test-cuda-clk
     cp build-clk/bench_gpu /tmp/device_pack/bin/bench_gpu-clk
 fi
+for v in ${VARIANTS:-}; do
+    name=${v%%:*}
+    for f in duoserve-test-cuda bench_gpu duoserve; do cp build-$name/$f /tmp/device_pack/bin/$f-$name; done
+done
 cp -L "$cuda"/lib64/libcupti.so.13 /tmp/device_pack/bin/ 2>/dev/null || cp -L "$cuda"/extras/CUPTI/lib64/libcupti.so.13 /tmp/device_pack/bin/
 strip /tmp/device_pack/bin/* 2>/dev/null || true
 tar cJf .device/bin.txz -C /tmp/device_pack bin

@@ -2,7 +2,7 @@
 # device_run.sh: one GPU-machine run of the checks, benchmarks, A/B of the switches, kernel
 # traces and ShareGPT serving; the stages to run are the arguments (default: all of them).
 #
-#   [AB="name:VAR=v,..."] [TRACE_AB="name:VAR=v,..."] bash scripts/device_run.sh [attnbench] [optest] [gemm] [gemmab] [ncu] [checks] [bench] [gemmprof] [gemmbench] [stamps] [ab] [longdec] [trace] [optime] [serving] [sharegpt] [multiturn] [longprefill] [tp]
+#   [AB="name:VAR=v,..."] [TRACE_AB="name:VAR=v,..."] bash scripts/device_run.sh [attnbench] [optest] [gemm] [gemmab] [ncu] [checks] [bench] [gemmprof] [gemmbench] [stamps] [ab] [variants] [longdec] [trace] [optime] [serving] [sharegpt] [multiturn] [longprefill] [tp]
 #
 # Expects .device/ as scripts/device_pack.sh leaves it (run there first): bin.txz (the stripped
 # binaries of make CUDA=1 BUILD=build-gpu, libktrace.so and libcupti.so.13 in bin/),
@@ -110,6 +110,29 @@ if has gemmbench; then
     at "gemmbench $name"
   done
 fi
+# compile-time variants (scripts/device_pack.sh's VARIANTS: duoserve-test-cuda-NAME, bench_gpu-NAME)
+# against the default build, in one run: the GEMM op test (bit-equal across M; not for the default,
+# which checks runs), each GEMM alone, and decode b1/64/256/512 and prefill 2k/8k. VARIANT_NAMES
+# (default: every variant packed) picks them; "cublas" among them: the default build's --gemm cublas
+if has variants; then
+  wait_8b
+  names=${VARIANT_NAMES:-default $(ls $B | sed -n 's/^duoserve-test-cuda-//p' | grep -vxE 'clk|sampling' | tr '\n' ' ') cublas}
+  for name in $names; do
+    sfx=-$name; args=; [ $name = default ] && sfx=; [ $name = cublas ] && sfx= && args="--gemm cublas"
+    if [ -n "$sfx" ]; then
+      timeout 300 env DUOSERVE_TEST_ONLY=matmul $B/duoserve-test-cuda$sfx > $L/op_gemm_$name.log 2>&1
+      echo "== $name: op test GEMMs: $(grep -c FAIL $L/op_gemm_$name.log) FAIL lines; $(tail -1 $L/op_gemm_$name.log)"
+      grep FAIL $L/op_gemm_$name.log | head -5
+    fi
+    if [ $name != cublas ]; then
+      timeout 300 env DUOSERVE_TEST_ONLY=gemmbench $B/duoserve-test-cuda$sfx > $L/gemmab_$name.log 2>&1
+      echo "== $name: each GEMM alone"; grep -E " (256|2048|8192) " $L/gemmab_$name.log | sed -E 's/ +/ /g' | head -24
+    fi
+    timeout 200 $B/bench_gpu$sfx $M cuda --decode 1,64,256,512 --prefill 2048,8192 $args > $L/vbench_$name.log 2>&1
+    echo "== $name: $(grep -E 'decode|prefill' $L/vbench_$name.log | sed -E 's/ +/ /g; s/ context 128//; s/ tokens\/s.*//; s/ms\/step,.*/ms/; s/,.*tokens: */ /' | tr '\n' '|')"
+    at "variant $name"
+  done
+fi
 # the flash kernel's phase stamps in real decode steps (bench_gpu-clk, an FA_CLOCKS build): b1 at
 # context 128 and 1000, then b1 again under each of STAMP_AB="name:VAR=v,..."
 if has stamps && [ -x $B/bench_gpu-clk ]; then
@@ -153,11 +176,12 @@ fi
 ktr() { local name=$1; shift; CUDA_INJECTION64_PATH=$B/libktrace.so KTRACE_OUT=$L/kt_$name.txt timeout 100 $B/bench_gpu $M cuda --prefill 0 "$@" > $L/kt_$name.log 2>&1
   grep decode $L/kt_$name.log | sed -E 's/ +/ /g'; python3 scripts/ktrace_report.py $L/kt_$name.txt --top 14 > $L/kt_$name.report 2>&1; head -40 $L/kt_$name.report; xz -T4 $L/kt_$name.txt; }
 if has trace; then
-  # TRACE_RUNS (default "b1 b1_ctx1000 b64"): which of the three base traces to take
+  # TRACE_RUNS (default "b1 b1_ctx1000 b64"; also b1_ctx131072, made without a prefill): which base traces to take
   has_t() { [[ " ${TRACE_RUNS:-b1 b1_ctx1000 b64} " == *" $1 "* ]]; }
   has_t b1 && ktr b1 --decode 1
   has_t b1_ctx1000 && ktr b1_ctx1000 --decode 1 --decode-ctx 1000
   has_t b64 && ktr b64 --decode 64
+  has_t b1_ctx131072 && ktr b1_ctx131072 --decode 1 --decode-ctx 131072 --skip-prefill
   # TRACE_AB="name:VAR=v,... ..." (optional): the b1 trace again under each set of switches
   for spec in ${TRACE_AB:-}; do
     ( export $(echo "${spec#*:}" | tr ',' ' '); echo "== trace ${spec%%:*}"; ktr "b1_${spec%%:*}" --decode 1 )
@@ -177,14 +201,14 @@ if has serving; then
   grep -iE "throughput|ttft|tpot|success|fail" $L/serving.log | head -12
 fi
 # issue 20's trace: the ShareGPT prompts, 900 sent at once, ignore_eos, the server's default flags.
-# SHAREGPT_RUNS="name:gemm:VAR=v,...:--arg,v,... ..." (default "invariant:invariant::"): one server
-# each, with those environment variables and extra bench_serving arguments (e.g.
+# SHAREGPT_RUNS="name:gemm:VAR=v,...:--arg,v,...[:variant] ..." (default "invariant:invariant::"): one server
+# each, with those environment variables and extra bench_serving arguments (and a packed variant's duoserve-NAME) (e.g.
 # "st10:invariant::--structured-fraction,0.1" or "tp1:invariant:DUOSERVE_TP_GROUP=1:")
 if has sharegpt; then
   wait_8b
   for spec in ${SHAREGPT_RUNS:-invariant:invariant::}; do
-    IFS=: read -r name gm envs extra <<< "$spec"
-    env $(echo "$envs" | tr ',' ' ') $B/duoserve serve -m $M --device cuda --port 18432 --gemm $gm > $L/server_sg_$name.log 2>&1 &
+    IFS=: read -r name gm envs extra bin <<< "$spec"
+    env $(echo "$envs" | tr ',' ' ') $B/duoserve${bin:+-$bin} serve -m $M --device cuda --port 18432 --gemm $gm > $L/server_sg_$name.log 2>&1 &
     pid=$!; ts=$SECONDS
     for _ in $(seq 1 600); do curl -sf http://127.0.0.1:18432/health >/dev/null 2>&1 && break; kill -0 $pid 2>/dev/null || break; sleep 0.5; done
     echo "== sharegpt $name: ready after $((SECONDS-ts)) s"; grep -iE "warm-up|KV cache|sequences" $L/server_sg_$name.log | head -4 | cut -c1-300
