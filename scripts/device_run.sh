@@ -157,11 +157,14 @@ fi
 # card holds beside the weights), then the published pattern at duo 0.5: b1 x 131,072 and b1 x
 # 1,048,576. Contexts are made without a prefill (--skip-prefill); LONGDEC_STEPS timed steps a run
 # (default 16). Each figure printed as it comes. LONGDEC_FULL / LONGDEC_DUO (--runs lists) override
-# the two loads' runs (an 80 GB card: e.g. "1x128,1x131072,4x98304" and "1x131072,1x524288");
+# the two loads' runs (an 80 GB card gets "1x128,1x131072,4x98304" and "1x131072,1x524288");
 # LONGDEC_AB="name:VAR=v,... ..." runs both loads again under each set of switches.
 if has longdec; then
   wait_8b
   P8=.device/llama3_8b_pattern.tsv
+  if [ "$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)" -lt 100000 ]; then # an 80 GB card
+    LONGDEC_FULL=${LONGDEC_FULL:-1x128,1x131072,4x98304} LONGDEC_DUO=${LONGDEC_DUO:-1x131072,1x524288}
+  fi
   ldec() { local name=$1; shift; echo "== longdec $name"
     timeout 170 env "$@" --skip-prefill --prefill 0 --steps ${LONGDEC_STEPS:-16} 2>&1 | tee $L/longdec_$name.log \
       | grep --line-buffered -E "^load:|decode batch|KV cache|bench_gpu:|error" | sed -u -E 's/ +/ /g' | cut -c1-220; }
