@@ -385,6 +385,9 @@ int gemm_wg_init(void) {
 // - above M 4096, 256-token tiles of 32 k a stage with the totals in shared memory (run 43, M 8192:
 //   gate|up 3,829 us against 4,152 with 128-token tiles, qkv 830 against 860, down 1,965 against
 //   1,993; at M 2048 they lost, 958 against 849, and with 64 k a stage, two stages, everywhere).
+#ifndef WG_T256_MIN // (a build may set it: scripts/device_pack.sh's VARIANTS)
+#define WG_T256_MIN 4096 // 256-token tiles above this M
+#endif
 struct wg_plan {
     int bn, bk;
     bool sk;
@@ -397,7 +400,7 @@ static wg_plan wg_choose(int M, int N, int K, int sms) {
     const long tiles = pl.bn == 64 ? t64 : t128, chunks = (K + GEMM_KC - 1) / GEMM_KC;
     pl.sk = 4 * tiles <= sms && chunks > 1 && (size_t)chunks * M * N <= GEMM_WS_FLOATS;
     pl.bk = M <= 64 || M > 4096 || pl.sk ? 128 : 64;
-    if (M > 4096 && !pl.sk) pl.bn = 256, pl.bk = 32;
+    if (M > WG_T256_MIN && !pl.sk) pl.bn = 256, pl.bk = 32;
     return pl;
 }
 
