@@ -549,7 +549,7 @@ static void attention(struct backend *b, void *out, void *qkv, int row_stride, c
                                (__nv_bfloat16 *)L->k_stream, (__nv_bfloat16 *)L->v_stream,
                                c->pos, c->tok_seq, c->seq_start, c->indptr, c->blocks, c->slots,
                                c->part_off, c->attn_ws, c->attn_ws_floats, c->attn_counters, ATTN_COUNTERS, NULL,
-                               {0, 0}, {0, 0}, {0, 0}, {0, 0}, 0, 0, 0, 0}; // (the rest: cuda_attention's)
+                               {0, 0}, {0, 0}, {0, 0}, {0, 0}, 0, 0, 0}; // (the rest: cuda_attention's)
     CKI(b, cuda_attention(&c->attn_env, out, qkv, row_stride, &a, c->n_tokens, c->decode_step, c->split_decode,
                           inv_freq, c->stream));
     tm_mark(c, "%sattention%s", inv_freq ? "rope+" : "", c->split_decode ? " (split)" : "");

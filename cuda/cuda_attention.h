@@ -46,7 +46,6 @@ struct cuda_attn_args {
     // a work-sized split (decode steps of split level 4 and 5): the step's tokens (0: the grid is
     // (token, KV head, split) instead), and the units each retrieval KV head gets beyond one a token
     int unit_T, unit_X;
-    int unit_base; // (the PW launch: its grid's unit 0 is this unit)
 };
 
 /* Keys are summed in partitions of this many absolute positions, each from an empty softmax
@@ -83,10 +82,6 @@ struct cuda_attn_env {
     // BACKEND_CUDA_PLAIN_SPLIT (the op test): long decode steps split each (token, KV head) into
     // the same number of blocks, as when the work-sized split cannot run
     bool plain_split;
-    // a work-sized split's retrieval units in a kernel whose warps take whole partitions (PW), and
-    // the blocks of that kernel the device holds at once (head dims 64, 128)
-    bool pw;
-    int resident_pw[2];
 };
 
 /* With the device current, before any launch there: the attention kernels' opt-in shared memory,
