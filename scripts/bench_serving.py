@@ -59,7 +59,10 @@ sent. The report adds the conversations and turns, TTFT of first and of later tu
 prefix cache hit rate: the sum of usage.prompt_tokens_details.cached_tokens over the sum of
 prompt tokens of the answers that carry it, and the change of the server's /metrics counters
 prefix_cache_hits / prefix_cache_queries (duoserve:, vllm: or gpu_ prefixed, _total or not) over
-the run; "n/a" when the server reports neither. Not with --output-lens-csv (one length per
+the run; "n/a" when the server reports neither. --multi-turn-context-len N opens each conversation
+with a system message of its own, a document of about N tokens (N words drawn with --seed and the
+conversation; its exact token count joins the filter's history), as chat clients send a long system
+prompt or a pasted document: the prefix cache's case (ShareGPT's own turns are short). Not with --output-lens-csv (one length per
 first-turn prompt), --structured-fraction or a completions backend.
 
 Bounds: each request has --request-timeout (default 600 s, total, enforced on every socket
@@ -377,6 +380,27 @@ def load_conversations(path):
     return convs
 
 
+CONTEXT_WORDS = ("the of and to in is that for it as was with be by on not he this are or his from at which but have an "
+                 "they you were her she there been one all we their has would when if so no what can more out up about "
+                 "into them some could him time two may then do first any my now such like our over man me even most "
+                 "made after also did many before must through back years where much your way well down should because "
+                 "each just those people how too little state good very make world still own see men work long get here "
+                 "between both life being under never day same another know while last might us great old year off "
+                 "come since against go came right used take three river garden window letter music market island "
+                 "engine harvest lantern meadow orbit pepper quarry ribbon saddle timber velvet walnut yacht zephyr").split()
+
+
+def context_document(args, conv_index):
+    """--multi-turn-context-len's document for conversation conv_index: N words drawn with --seed and
+    the conversation (its own text, so conversations share no prefix beyond the chat template), or None."""
+    n = args.multi_turn_context_len
+    if not n:
+        return None
+    rng = random.Random(f"{args.seed}:{conv_index}")
+    words = [rng.choice(CONTEXT_WORDS) for _ in range(n)]
+    return f"Document {conv_index}: " + " ".join(words)
+
+
 def sample_conversations(args, convs, counter):
     """--multi-turn's sampling: shuffle the conversations (unless --no-shuffle), keep each one's
     first --max-turns turns that have an output length, then the filter turn by turn with the
@@ -405,14 +429,18 @@ def sample_conversations(args, convs, counter):
     while pos < len(cands) and len(chosen) < args.num_prompts:
         part = cands[pos:pos + batch]
         pos += len(part)
+        docs = [context_document(args, idx) for idx, _ in part]
         texts = [t for _, pairs in part for u, a in pairs for t in ((u,) if args.output_len is not None else (u, a))]
-        counts = iter(counter.count_many(texts))
-        for idx, pairs in part:
+        counts = counter.count_many(texts + [d for d in docs if d])
+        doc_lens = iter(counts[len(texts):])
+        counts = iter(counts[:len(texts)])
+        for (idx, pairs), doc in zip(part, docs):
             lens = [(next(counts), args.output_len if args.output_len is not None else next(counts))
                     for _ in pairs]
+            doc_len = next(doc_lens) if doc else 0
             if len(chosen) >= args.num_prompts:
                 break
-            turns, ctx, reason = [], 0, None
+            turns, ctx, reason = [], doc_len, None
             for k, ((user, _), (ulen, olen)) in enumerate(zip(pairs, lens)):
                 plen = ctx + ulen  # earlier user turns and answers (at most their output lengths), then this one
                 if (k == 0 and plen < 4) or (olen < 4 and args.output_len is None):
@@ -424,7 +452,7 @@ def sample_conversations(args, convs, counter):
                 if reason:
                     break
                 turns.append({"index": idx, "conv": len(chosen), "turn": k, "prompt": user,
-                              "prompt_len": plen, "output_len": olen})
+                              "prompt_len": plen, "output_len": olen, "context": doc, "context_len": doc_len})
                 ctx = plen + olen
             if not turns:
                 dropped[reason] += 1
@@ -673,7 +701,7 @@ def benchmark(server, args, model, jobs):
     what = "turns" if args.multi_turn else "requests"
 
     def run_job(job):
-        history = []
+        history = [{"role": "system", "content": job[0]["context"]}] if job and job[0].get("context") else []
         for k, rq in enumerate(job):
             # a later turn waits for the answer before it; none starts past the deadline
             if k > 0 and (stop.is_set() or time.perf_counter() >= run_deadline):
@@ -813,6 +841,7 @@ def summarize_multi_turn(args, run, jobs, turns_sent, cache_before, cache_after)
         metrics = (cache_after["hits"] - cache_before["hits"]) / (cache_after["queries"] - cache_before["queries"])
     return {
         "conversations": len(jobs),
+        "context_tokens_mean": sum(j[0]["context_len"] for j in jobs) / len(jobs) if jobs else 0.0,
         "conversations_completed": sum(1 for j in jobs if ok_turns.get(j[0]["conv"], 0) == len(j)),
         "turns_planned": sum(len(j) for j in jobs),
         "turns_sent": turns_sent,
@@ -907,6 +936,8 @@ def print_multi_turn(mt, w):
 
     print("{s:{c}^{n}}".format(s="Multi-turn Conversations", n=50, c="-"))
     print(line("Conversations:", mt["conversations"], w=w))
+    if mt["context_tokens_mean"]:
+        print(num("Context document tokens (mean):", mt["context_tokens_mean"], w=w))
     print(line("Conversations completed (every turn):", mt["conversations_completed"], w=w))
     print(line("Turns sent:", mt["turns_sent"], w=w))
     print(line("Turns ok (first / later):", f"{mt['turns_first']} / {mt['turns_later']}", w=w))
@@ -1033,6 +1064,10 @@ def parse_args():
                          "server's earlier answers (see above)")
     ap.add_argument("--max-turns", type=int, default=None, metavar="N",
                     help="--multi-turn: the first N turns of each conversation (default: all)")
+    ap.add_argument("--multi-turn-context-len", type=int, default=0, metavar="N",
+                    help="--multi-turn: open each conversation with a system message of its own, a document of "
+                         "about N tokens (N words drawn with --seed and the conversation), as chat clients send "
+                         "a long system prompt or a pasted document (default: none)")
     ap.add_argument("--output-lens-csv", help="CSV whose --output-lens-column gives max_tokens per prompt")
     ap.add_argument("--output-lens-column", default="num_decode_tokens", help="(default %(default)s)")
     ap.add_argument("--output-len", type=int, help="fixed max_tokens for every request (overrides the rest)")
@@ -1082,6 +1117,10 @@ def parse_args():
         ap.error("--max-turns needs --multi-turn")
     if args.max_turns is not None and args.max_turns < 1:
         ap.error("--max-turns must be >= 1")
+    if args.multi_turn_context_len and not args.multi_turn:
+        ap.error("--multi-turn-context-len needs --multi-turn")
+    if args.multi_turn_context_len < 0:
+        ap.error("--multi-turn-context-len must be >= 0")
     if args.multi_turn:
         if args.backend is None:
             args.backend = "openai-chat"

@@ -19,7 +19,7 @@ export LD_LIBRARY_PATH=$B:$LD_LIBRARY_PATH
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
 M=/tmp/llama8b
 mk=
-needs_8b() { for st in bench gemmprof gemmbench stamps ab longdec trace optime serving sharegpt multiturn longprefill; do has $st && return 0; done; return 1; }
+needs_8b() { for st in bench gemmprof gemmbench stamps ab variants longdec trace optime serving sharegpt multiturn longprefill; do has $st && return 0; done; return 1; }
 if needs_8b && [ ! -f $M/tokenizer_config.json ]; then # (written last; kept from an earlier call on a warm machine)
   rm -f $M.ready
   ( python3 scripts/make_llama8b.py $M --tokenizer .device/tokenizers/llama3 > $L/mk8b.log 2>&1; touch $M.ready ) &
@@ -223,23 +223,28 @@ if has sharegpt; then
     at "sharegpt $name"
   done
 fi
-# issue 25's multi-turn replay: each conversation of sharegpt_test_8conv.json (and the prompts-only
-# file's first turns) as chat sessions, with the prefix cache on and off, full attention and the
-# published Llama-3-8B head pattern at duo 0.5. MULTITURN_RUNS="name:flag,value,... ..." overrides.
+# issue 25's multi-turn replay: each conversation of sharegpt_test_8conv.json as a chat session, with
+# the prefix cache on and off: the plain replay (ShareGPT's turns are short: histories of up to
+# ~1.5k tokens), the same opened by a document of ~3,000 tokens a conversation
+# (--multi-turn-context-len, a long system prompt or pasted document: the cache's case), and the
+# plain replay with the published Llama-3-8B head pattern at duo 0.5.
+# MULTITURN_RUNS="name:server flag,value,...[:bench_serving flag,value,...] ..." overrides.
 if has multiturn; then
   wait_8b
   P8=.device/llama3_8b_pattern.tsv
-  for spec in ${MULTITURN_RUNS:-on: off:--no-enable-prefix-caching duo_on:--duo-pattern,$P8,--duo-sparsity,0.5 duo_off:--duo-pattern,$P8,--duo-sparsity,0.5,--no-enable-prefix-caching}; do
-    IFS=: read -r name flags <<< "$spec"
+  C3=--multi-turn-context-len,3000
+  for spec in ${MULTITURN_RUNS:-on: off:--no-enable-prefix-caching doc3k_on::$C3 doc3k_off:--no-enable-prefix-caching:$C3 duo_on:--duo-pattern,$P8,--duo-sparsity,0.5 duo_off:--duo-pattern,$P8,--duo-sparsity,0.5,--no-enable-prefix-caching}; do
+    IFS=: read -r name flags bflags <<< "$spec"
     $B/duoserve serve -m $M --device cuda --port 18433 $(echo "$flags" | tr ',' ' ') > $L/server_mt_$name.log 2>&1 &
     pid=$!; ts=$SECONDS
     for _ in $(seq 1 600); do curl -sf http://127.0.0.1:18433/health >/dev/null 2>&1 && break; kill -0 $pid 2>/dev/null || break; sleep 0.5; done
     echo "== multiturn $name: ready after $((SECONDS-ts)) s"; grep -iE "KV cache" $L/server_mt_$name.log | head -1 | cut -c1-300
     timeout -s INT 200 python3 scripts/bench_serving.py --base-url http://127.0.0.1:18433 --multi-turn \
       --dataset $SHARED/traces/sharegpt_test_8conv.json --server-tokenize --max-prompt-len 7000 --max-total-len 8192 \
-      --max-concurrency 8 --percentile-metrics ttft,tpot,e2el --metric-percentiles 50,99 > $L/multiturn_$name.log 2>&1
+      --max-concurrency 8 --percentile-metrics ttft,tpot,e2el --metric-percentiles 50,99 --quiet \
+      --result-json $L/multiturn_$name.json $(echo "$bflags" | tr ',' ' ') > $L/multiturn_$name.log 2>&1
     kill -TERM $pid; wait $pid
-    grep -iE "turns|ttft|hit rate|throughput|duration" $L/multiturn_$name.log | head -20
+    grep -iE "turns|ttft|hit rate|throughput|duration|context|error" $L/multiturn_$name.log | head -30
     at "multiturn $name"
   done
 fi

@@ -303,6 +303,61 @@ def test_scripted(tmp):
         srv.server_close()
 
 
+def test_context(tmp):
+    """--multi-turn-context-len: each conversation opens with a system message of its own (N words,
+    the same in each of its turns, another in each conversation), then the turns as without it."""
+    convs = [[("Alpha first question about cats", "a reference answer, not what the server says"),
+              ("alpha second", "another reference answer here")],
+             [("Bravo opening line", "reference one is long enough"), ("bravo again", "reference two too")]]
+    path = sharegpt(tmp, "context.json", convs)
+    log, counters = Log(), {"queries": 0, "hits": 0}
+    srv = es.LoopbackHTTPServer(("127.0.0.1", 0), scripted_server(log, counters))
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{srv.server_address[1]}"
+    try:
+        rc, out, err, r = bench(url, "--model", "scripted", "--dataset", path, "--multi-turn", "--no-shuffle",
+                                "--multi-turn-context-len", "300", "--max-prompt-len", "4000", "--max-total-len", "8000")
+        check("context: the run ends with every turn sent", rc == 0 and r and r["turns_sent"] == 4 == len(log.reqs),
+              (rc, err[-800:], len(log.reqs)))
+        docs = {}
+        bad = []
+        for e in log.reqs:
+            m = e["body"]["messages"]
+            if m[0]["role"] != "system" or m[1]["role"] != "user":
+                bad.append(("roles", [x["role"] for x in m]))
+                continue
+            docs.setdefault(m[1]["content"], set()).add(m[0]["content"])
+        words = [len(d.split()) for ds in docs.values() for d in ds]
+        check("context: a system message first, one document a conversation (in each of its turns), "
+              "two conversations, two documents of 300 words (and their title)",
+              not bad and sorted(docs) == ["Alpha first question about cats", "Bravo opening line"]
+              and all(len(ds) == 1 for ds in docs.values()) and len({d for ds in docs.values() for d in ds}) == 2
+              and words == [302, 302], (bad, {k: len(v) for k, v in docs.items()}, words))
+        check("context: the report has the documents' mean length in tokens (chars / 4 without a tokenizer)",
+              r and r.get("multi_turn") and re.search(r"^Context document tokens \(mean\): +\d", out, re.M),
+              out[-1200:])
+        # the same seed and conversation: the same document; another seed: another one
+        first = {e["body"]["messages"][0]["content"] for e in log.reqs}
+        log.reqs.clear()
+        bench(url, "--model", "scripted", "--dataset", path, "--multi-turn", "--no-shuffle", "--multi-turn-context-len",
+              "300", "--max-prompt-len", "4000", "--max-total-len", "8000")
+        again = {e["body"]["messages"][0]["content"] for e in log.reqs}
+        log.reqs.clear()
+        bench(url, "--model", "scripted", "--dataset", path, "--multi-turn", "--no-shuffle", "--multi-turn-context-len",
+              "300", "--max-prompt-len", "4000", "--max-total-len", "8000", "--seed", "5")
+        other = {e["body"]["messages"][0]["content"] for e in log.reqs}
+        check("context: the documents follow --seed", first == again and len(other) == 2 and not (other & first),
+              (len(first), len(again), len(other)))
+        # the document counts in the filter's history: past --max-prompt-len, no conversation is left
+        rc, out, err, r = bench(url, "--model", "scripted", "--dataset", path, "--multi-turn",
+                                "--multi-turn-context-len", "300", "--max-prompt-len", "200")
+        check("context: the document counts against --max-prompt-len (both conversations dropped as too long)",
+              rc != 0 and "2 prompt too long" in (out + err), (rc, (out + err)[-400:]))
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
 def test_bad_flags(tmp):
     data = sharegpt(tmp, "x.json", [[("hello there, world", "an answer of some length")]])
     csv_path = os.path.join(tmp, "lens.csv")
@@ -314,6 +369,8 @@ def test_bad_flags(tmp):
                         (["--multi-turn", "--structured-fraction", "0.5"], "--structured-fraction"),
                         (["--multi-turn", "--output-lens-csv", csv_path], "--output-lens-csv"),
                         (["--max-turns", "2"], "needs --multi-turn"),
+                        (["--multi-turn-context-len", "10"], "needs --multi-turn"),
+                        (["--multi-turn", "--multi-turn-context-len", "-1"], ">= 0"),
                         (["--multi-turn", "--max-turns", "0"], ">= 1")):
         rc, out, err, _ = bench("http://127.0.0.1:9", "--model", "m", "--dataset", data, *flags, timeout=30)
         check(f"bad flags {' '.join(f if f != csv_path else 'FILE' for f in flags)}: exit 2 with a message",
@@ -462,7 +519,7 @@ def main():
     srv = None
     with tempfile.TemporaryDirectory() as tmp:
         try:
-            for name, fn in (("scripted", test_scripted), ("bad_flags", test_bad_flags)):
+            for name, fn in (("scripted", test_scripted), ("context", test_context), ("bad_flags", test_bad_flags)):
                 if args.k in name:
                     print(f"== {name}")
                     try:
