@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs every test binary given as arguments, then the end-to-end scripts (tests/e2e_*.sh, *.py).
+# Runs every test binary given as arguments, the structure check, then the end-to-end scripts (tests/e2e_*.sh, *.py).
 # Prints one closing line "N passed, M failed" and exits non-zero if anything failed.
 set -u
 pass=0; fail=0; failed=()
@@ -13,6 +13,9 @@ for t in "$@"; do
       if DUO_TEST_TP=2 "$t"; then pass=$((pass+1)); else fail=$((fail+1)); failed+=("$t (DUO_TEST_TP=2)"); fi ;;
   esac
 done
+# the structure (issue 23): no call circle between modules, no include that runs back up
+echo "=== scripts/check_structure.py"
+if python3 scripts/check_structure.py | tail -4; [ "${PIPESTATUS[0]}" -eq 0 ]; then pass=$((pass+1)); else fail=$((fail+1)); failed+=("scripts/check_structure.py"); fi
 for t in tests/e2e_*.sh tests/e2e_*.py; do
   [ -e "$t" ] || continue
   echo "=== $t"

@@ -28,7 +28,7 @@
 #include "engine/tp.h"
 #include "engine/util.h"
 
-#define TP_TOL 2e-5f
+#define TP_TOL 1e-5f
 
 /* ---- the thread communicator ---- */
 
