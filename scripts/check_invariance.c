@@ -1,6 +1,8 @@
 /* check_invariance: greedy ids of several requests of different lengths, run alone, all at once
- * with several prefill budgets, and under a KV pool small enough to preempt, on any backend.
- * Prints one line per configuration and exits 1 on any difference. Used on the GPU machine:
+ * with several prefill budgets, and under a KV pool small enough to preempt, on any backend; and a
+ * request served from the prefix cache (its prompt's first blocks left by an earlier request)
+ * against the same request on a cold cache. Prints one line per configuration and exits 1 on any
+ * difference. Used on the GPU machine:
  *   build/check_invariance MODEL_DIR cuda [PATTERN.tsv SPARSITY] */
 #include <stdio.h>
 #include <stdlib.h>
@@ -58,6 +60,45 @@ static int run(const char *dir, const char *dev, const char *pat, float sp, int 
     return 0;
 }
 
+/* Request B = A's prompt + a tail (a chat's next turn), after request A in the same engine (warm:
+ * B's first blocks, and with a pattern the streaming heads' state at A's end, come from the prefix
+ * cache) or alone in a fresh one (cold): B's ids, and the prompt tokens the prefix cache found.
+ * A's prompt ends mid-block. */
+static int run_prefix(const char *dir, const char *dev, const char *pat, float sp, bool warm, struct out *o,
+                      unsigned long long *found) {
+    struct engine_config cfg = {.model_dir = dir, .device = dev, .max_num_batched_tokens = 4096, .max_num_seqs = 16,
+                                .duo_pattern = pat, .duo_sparsity = sp, .sink_tokens = 4, .recent_tokens = 8, .quiet = true};
+    struct core *c;
+    char err[512];
+    if (core_create(&c, &cfg, err, sizeof err)) {
+        fprintf(stderr, "check_invariance: %s\n", err);
+        return -1;
+    }
+    int V = core_model(c)->cfg.vocab_size;
+    enum { A_LEN = 150, B_LEN = 183 }; /* A: B's first 150 tokens */
+    int32_t b[B_LEN];
+    for (int i = 0; i < B_LEN; i++) b[i] = 3 + (i < A_LEN ? 7 + i * 53 : 5 + i * 41) % (V - 3);
+    struct engine_sampling s = {.n = 1, .max_tokens = NG, .top_p = 1, .repetition_penalty = 1, .ignore_eos = true,
+                                .skip_special_tokens = true, .logprobs = -1};
+    struct out oa;
+    for (int k = warm ? 0 : 1; k < 2; k++) {
+        struct engine_request req = {b, k ? B_LEN : A_LEN, s};
+        struct out *to = k ? o : &oa;
+        to->n = 0;
+        if (core_add(c, &req, on_event, to, NULL, err, sizeof err)) {
+            fprintf(stderr, "check_invariance: %s\n", err);
+            return -1;
+        }
+        while (core_has_work(c))
+            if (core_step(c) < 0) return -1;
+    }
+    struct engine_stats st;
+    core_stats(c, &st);
+    *found = st.prefix_cache_hits;
+    core_free(c);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc < 3) {
         fprintf(stderr, "usage: %s MODEL_DIR cpu|cuda [PATTERN SPARSITY]\n", argv[0]);
@@ -100,6 +141,16 @@ int main(int argc, char **argv) {
                pat ? "duo" : "full", cfgs[k].budget, k == 4 ? " small pool" : "", diff, NR, pre);
         fails += diff;
     }
+    struct out cold, warm;
+    unsigned long long found_cold = 0, found_warm = 0;
+    if (run_prefix(argv[1], argv[2], pat, sp, false, &cold, &found_cold) ||
+        run_prefix(argv[1], argv[2], pat, sp, true, &warm, &found_warm))
+        return 1;
+    int pdiff = memcmp(cold.ids, warm.ids, sizeof cold.ids) != 0 || cold.n != NG || warm.n != NG;
+    printf("%s %s prefix cache: %s (prompt tokens found: %llu warm, %llu cold)\n", argv[2], pat ? "duo" : "full",
+           pdiff ? "a request served from it differs from the same request cold" : "a request served from it equals "
+           "the same request cold", found_warm, found_cold);
+    fails += pdiff + (found_warm == 0); /* (a warm run that found nothing checked nothing) */
     printf("invariance: %s\n", fails ? "FAILED" : "ok");
     return fails ? 1 : 0;
 }
