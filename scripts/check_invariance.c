@@ -25,8 +25,8 @@ static void on_event(void *ud, const struct engine_event *ev) {
     free(ev->text);
 }
 
-static int run(const char *dir, const char *dev, const char *pat, float sp, int budget, size_t kv, int alone_idx,
-               struct out *outs, unsigned long long *preempt) {
+/* An engine of the checks' shape (sink 4, recent 8, 16 seats), or NULL with the error printed. */
+static struct core *open_engine(const char *dir, const char *dev, const char *pat, float sp, int budget, size_t kv) {
     struct engine_config cfg = {.model_dir = dir, .device = dev, .max_num_batched_tokens = budget, .max_num_seqs = 16,
                                 .kv_cache_memory = kv, .duo_pattern = pat, .duo_sparsity = sp, .sink_tokens = 4,
                                 .recent_tokens = 8, .quiet = true};
@@ -34,25 +34,44 @@ static int run(const char *dir, const char *dev, const char *pat, float sp, int 
     char err[512];
     if (core_create(&c, &cfg, err, sizeof err)) {
         fprintf(stderr, "check_invariance: %s\n", err);
+        return NULL;
+    }
+    return c;
+}
+
+/* A greedy request of NG tokens whose ids go to o. */
+static int add_request(struct core *c, const int32_t *prompt, int len, struct out *o) {
+    struct engine_sampling s = {.n = 1, .max_tokens = NG, .top_p = 1, .repetition_penalty = 1, .ignore_eos = true,
+                                .skip_special_tokens = true, .logprobs = -1};
+    struct engine_request req = {prompt, len, s};
+    char err[512];
+    o->n = 0;
+    if (core_add(c, &req, on_event, o, NULL, err, sizeof err)) {
+        fprintf(stderr, "check_invariance: %s\n", err);
         return -1;
     }
+    return 0;
+}
+
+static int drain(struct core *c) {
+    while (core_has_work(c))
+        if (core_step(c) < 0) return -1;
+    return 0;
+}
+
+static int run(const char *dir, const char *dev, const char *pat, float sp, int budget, size_t kv, int alone_idx,
+               struct out *outs, unsigned long long *preempt) {
+    struct core *c = open_engine(dir, dev, pat, sp, budget, kv);
+    if (!c) return -1;
     int V = core_model(c)->cfg.vocab_size;
     for (int r = 0; r < NR; r++) {
         if (alone_idx >= 0 && r != alone_idx) continue;
         static int32_t prompt[400];
         int len = 1 + r * 61;
         for (int i = 0; i < len; i++) prompt[i] = 3 + (r * 101 + i * 37) % (V - 3);
-        struct engine_sampling s = {.n = 1, .max_tokens = NG, .top_p = 1, .repetition_penalty = 1, .ignore_eos = true,
-                                    .skip_special_tokens = true, .logprobs = -1};
-        struct engine_request req = {prompt, len, s};
-        outs[r].n = 0;
-        if (core_add(c, &req, on_event, &outs[r], NULL, err, sizeof err)) {
-            fprintf(stderr, "check_invariance: %s\n", err);
-            return -1;
-        }
+        if (add_request(c, prompt, len, &outs[r])) return -1;
     }
-    while (core_has_work(c))
-        if (core_step(c) < 0) return -1;
+    if (drain(c)) return -1;
     struct engine_stats st;
     core_stats(c, &st);
     *preempt = st.preemptions_total;
@@ -66,32 +85,15 @@ static int run(const char *dir, const char *dev, const char *pat, float sp, int 
  * A's prompt ends mid-block. */
 static int run_prefix(const char *dir, const char *dev, const char *pat, float sp, bool warm, struct out *o,
                       unsigned long long *found) {
-    struct engine_config cfg = {.model_dir = dir, .device = dev, .max_num_batched_tokens = 4096, .max_num_seqs = 16,
-                                .duo_pattern = pat, .duo_sparsity = sp, .sink_tokens = 4, .recent_tokens = 8, .quiet = true};
-    struct core *c;
-    char err[512];
-    if (core_create(&c, &cfg, err, sizeof err)) {
-        fprintf(stderr, "check_invariance: %s\n", err);
-        return -1;
-    }
+    struct core *c = open_engine(dir, dev, pat, sp, 4096, 0);
+    if (!c) return -1;
     int V = core_model(c)->cfg.vocab_size;
     enum { A_LEN = 150, B_LEN = 183 }; /* A: B's first 150 tokens */
     int32_t b[B_LEN];
     for (int i = 0; i < B_LEN; i++) b[i] = 3 + (i < A_LEN ? 7 + i * 53 : 5 + i * 41) % (V - 3);
-    struct engine_sampling s = {.n = 1, .max_tokens = NG, .top_p = 1, .repetition_penalty = 1, .ignore_eos = true,
-                                .skip_special_tokens = true, .logprobs = -1};
     struct out oa;
-    for (int k = warm ? 0 : 1; k < 2; k++) {
-        struct engine_request req = {b, k ? B_LEN : A_LEN, s};
-        struct out *to = k ? o : &oa;
-        to->n = 0;
-        if (core_add(c, &req, on_event, to, NULL, err, sizeof err)) {
-            fprintf(stderr, "check_invariance: %s\n", err);
-            return -1;
-        }
-        while (core_has_work(c))
-            if (core_step(c) < 0) return -1;
-    }
+    if (warm && (add_request(c, b, A_LEN, &oa) || drain(c))) return -1;
+    if (add_request(c, b, B_LEN, o) || drain(c)) return -1;
     struct engine_stats st;
     core_stats(c, &st);
     *found = st.prefix_cache_hits;
@@ -120,12 +122,8 @@ int main(int argc, char **argv) {
         size_t kv = cfgs[k].kv;
         if (k == 4) kv = 1; /* sentinel: planned below as 22 blocks */
         if (k == 4) {
-            struct engine_config cfg = {.model_dir = argv[1], .device = argv[2], .duo_pattern = pat,
-                                        .duo_sparsity = sp, .sink_tokens = 4, .recent_tokens = 8, .quiet = true,
-                                        .max_num_seqs = 16};
-            struct core *c;
-            char err[512];
-            if (core_create(&c, &cfg, err, sizeof err)) return 1;
+            struct core *c = open_engine(argv[1], argv[2], pat, sp, 0, 0);
+            if (!c) return 1;
             const struct kv_cache *kvc = core_kv(c);
             struct kv_geometry g;
             model_kv_geometry(core_model(c), 16, 4, 8, &g);
