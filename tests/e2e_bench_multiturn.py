@@ -18,6 +18,7 @@ Every run is bounded (--max-duration, subprocess timeouts).
 usage: tests/e2e_bench_multiturn.py [--bin build/duoserve] [--model ../shared/models/stories260k] [-k NAME]
 """
 import argparse
+import contextlib
 import http.client
 import http.server
 import json
@@ -216,6 +217,18 @@ def scripted_server(log, counters):
     return H
 
 
+@contextlib.contextmanager
+def scripted(log, counters):
+    """The scripted server on a loopback port, for the block: its base URL."""
+    srv = es.LoopbackHTTPServer(("127.0.0.1", 0), scripted_server(log, counters))
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{srv.server_address[1]}"
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
 def test_scripted(tmp):
     convs = [[("Alpha first question about cats", "a reference answer, not what the server says"),
               ("alpha second", "another reference answer here"), ("alpha third", "a third reference answer"),
@@ -227,10 +240,7 @@ def test_scripted(tmp):
              [("Echo begins here", "first reference answer of echo"), ("echo asks, no answer in the trace", None)]]
     path = sharegpt(tmp, "scripted.json", convs)
     log, counters = Log(), {"queries": 0, "hits": 0}
-    srv = es.LoopbackHTTPServer(("127.0.0.1", 0), scripted_server(log, counters))
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{srv.server_address[1]}"
-    try:
+    with scripted(log, counters) as url:
         rc, out, err, r = bench(url, "--model", "scripted", "--dataset", path, "--multi-turn", "--max-turns", "3",
                                 "--max-concurrency", "2", "--no-shuffle", "--save-detailed")
         ok = rc == 0 and r is not None
@@ -298,9 +308,6 @@ def test_scripted(tmp):
         got = by_conversation(log)
         check("scripted: --num-prompts counts conversations, in file order with --no-shuffle",
               sorted(got) == ["Alpha first question about cats", "Bravo opening line"], list(got))
-    finally:
-        srv.shutdown()
-        srv.server_close()
 
 
 def test_context(tmp):
@@ -311,12 +318,9 @@ def test_context(tmp):
              [("Bravo opening line", "reference one is long enough"), ("bravo again", "reference two too")]]
     path = sharegpt(tmp, "context.json", convs)
     log, counters = Log(), {"queries": 0, "hits": 0}
-    srv = es.LoopbackHTTPServer(("127.0.0.1", 0), scripted_server(log, counters))
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{srv.server_address[1]}"
-    try:
-        rc, out, err, r = bench(url, "--model", "scripted", "--dataset", path, "--multi-turn", "--no-shuffle",
-                                "--multi-turn-context-len", "300", "--max-prompt-len", "4000", "--max-total-len", "8000")
+    with scripted(log, counters) as url:
+        ctx = ("--model", "scripted", "--dataset", path, "--multi-turn", "--no-shuffle", "--multi-turn-context-len", "300")
+        rc, out, err, r = bench(url, *ctx, "--max-prompt-len", "4000", "--max-total-len", "8000")
         check("context: the run ends with every turn sent", rc == 0 and r and r["turns_sent"] == 4 == len(log.reqs),
               (rc, err[-800:], len(log.reqs)))
         docs = {}
@@ -339,23 +343,17 @@ def test_context(tmp):
         # the same seed and conversation: the same document; another seed: another one
         first = {e["body"]["messages"][0]["content"] for e in log.reqs}
         log.reqs.clear()
-        bench(url, "--model", "scripted", "--dataset", path, "--multi-turn", "--no-shuffle", "--multi-turn-context-len",
-              "300", "--max-prompt-len", "4000", "--max-total-len", "8000")
+        bench(url, *ctx, "--max-prompt-len", "4000", "--max-total-len", "8000")
         again = {e["body"]["messages"][0]["content"] for e in log.reqs}
         log.reqs.clear()
-        bench(url, "--model", "scripted", "--dataset", path, "--multi-turn", "--no-shuffle", "--multi-turn-context-len",
-              "300", "--max-prompt-len", "4000", "--max-total-len", "8000", "--seed", "5")
+        bench(url, *ctx, "--max-prompt-len", "4000", "--max-total-len", "8000", "--seed", "5")
         other = {e["body"]["messages"][0]["content"] for e in log.reqs}
         check("context: the documents follow --seed", first == again and len(other) == 2 and not (other & first),
               (len(first), len(again), len(other)))
         # the document counts in the filter's history: past --max-prompt-len, no conversation is left
-        rc, out, err, r = bench(url, "--model", "scripted", "--dataset", path, "--multi-turn",
-                                "--multi-turn-context-len", "300", "--max-prompt-len", "200")
+        rc, out, err, r = bench(url, *ctx, "--max-prompt-len", "200")
         check("context: the document counts against --max-prompt-len (both conversations dropped as too long)",
               rc != 0 and "2 prompt too long" in (out + err), (rc, (out + err)[-400:]))
-    finally:
-        srv.shutdown()
-        srv.server_close()
 
 
 def test_bad_flags(tmp):
