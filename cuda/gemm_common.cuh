@@ -10,6 +10,9 @@
 #ifndef GEMM_KC // (a build may set it: scripts/device_pack.sh's VARIANTS)
 #define GEMM_KC 512                 // the K chunk of the summation order (a multiple of every BK)
 #endif
+#ifndef WG_T256_MIN // (likewise)
+#define WG_T256_MIN 4096            // the wgmma tiles are 256 tokens above this M (gemm_wg.cu)
+#endif
 #define GEMM_WS_FLOATS (16u << 20)  // split-K partials (64 MiB)
 #define GEMM_COUNTERS 65536         // tiles of a split launch
 

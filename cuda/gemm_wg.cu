@@ -385,9 +385,6 @@ int gemm_wg_init(void) {
 // - above M 4096, 256-token tiles of 32 k a stage with the totals in shared memory (run 43, M 8192:
 //   gate|up 3,829 us against 4,152 with 128-token tiles, qkv 830 against 860, down 1,965 against
 //   1,993; at M 2048 they lost, 958 against 849, and with 64 k a stage, two stages, everywhere).
-#ifndef WG_T256_MIN // (a build may set it: scripts/device_pack.sh's VARIANTS)
-#define WG_T256_MIN 4096 // 256-token tiles above this M
-#endif
 struct wg_plan {
     int bn, bk;
     bool sk;

@@ -62,8 +62,8 @@ prefix_cache_hits / prefix_cache_queries (duoserve:, vllm: or gpu_ prefixed, _to
 the run; "n/a" when the server reports neither. --multi-turn-context-len N opens each conversation
 with a system message of its own, a document of about N tokens (N words drawn with --seed and the
 conversation; its exact token count joins the filter's history), as chat clients send a long system
-prompt or a pasted document: the prefix cache's case (ShareGPT's own turns are short). Not with --output-lens-csv (one length per
-first-turn prompt), --structured-fraction or a completions backend.
+prompt or a pasted document: the prefix cache's case (ShareGPT's own turns are short). Not with
+--output-lens-csv (one length per first-turn prompt), --structured-fraction or a completions backend.
 
 Bounds: each request has --request-timeout (default 600 s, total, enforced on every socket
 read); the whole run has --max-duration (default 3600 s), after which requests still in flight

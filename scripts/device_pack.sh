@@ -20,7 +20,9 @@ mkdir -p .device/models .device/tokenizers
 [ -f .device/llama3_8b_pattern.tsv ] || cp "$SHARED/duo-attention/attn_patterns/Llama-3-8B-Instruct-Gradient-1048k/lr=0.02-reg=0.05-ctx=1000_32000-multi_passkey10/full_attention_heads.tsv" .device/llama3_8b_pattern.tsv
 make -j"$J" CUDA=1 BUILD=build-gpu build-gpu/duoserve build-gpu/duoserve-test-cuda build-gpu/duoserve-test-cuda-sampling \
     build-gpu/bench_gpu build-gpu/check_invariance build-gpu/libktrace.so
-[ "${CLK:-1}" = 0 ] || make -j"$J" CUDA=1 BUILD=build-clk CFLAGS="-O2 -g -DFA_CLOCKS" NVCCFLAGS="-O3 -g -lineinfo -std=c++17 -gencode arch=compute_90a,code=sm_90a -Xcompiler -Wall,-Wextra,-Wno-unused-parameter -I. -DFA_CLOCKS" \
+# the Makefile's NVCCFLAGS, for the builds below that add defines to them
+NVF="-O3 -g -lineinfo -std=c++17 -gencode arch=compute_90a,code=sm_90a -Xcompiler -Wall,-Wextra,-Wno-unused-parameter -I."
+[ "${CLK:-1}" = 0 ] || make -j"$J" CUDA=1 BUILD=build-clk CFLAGS="-O2 -g -DFA_CLOCKS" NVCCFLAGS="$NVF -DFA_CLOCKS" \
     build-clk/duoserve-test-cuda build-clk/bench_gpu
 # VARIANTS="name:-DX=v,-DY=w ...": duoserve-test-cuda-NAME and bench_gpu-NAME built again with those
 # nvcc defines (build-NAME, from a copy of build-gpu with the objects that read them rebuilt: VARIANT_OBJS,
@@ -29,7 +31,7 @@ for v in ${VARIANTS:-}; do
     name=${v%%:*}; defs=$(echo "${v#*:}" | tr ',' ' ')
     rm -rf build-$name && cp -a build-gpu build-$name
     for o in ${VARIANT_OBJS:-cuda/gemm.o cuda/gemm_wg.o}; do rm -f build-$name/$o; done
-    make -j"$J" CUDA=1 BUILD=build-$name NVCCFLAGS="-O3 -g -lineinfo -std=c++17 -gencode arch=compute_90a,code=sm_90a -Xcompiler -Wall,-Wextra,-Wno-unused-parameter -I. $defs" \
+    make -j"$J" CUDA=1 BUILD=build-$name NVCCFLAGS="$NVF $defs" \
         build-$name/duoserve-test-cuda build-$name/bench_gpu build-$name/duoserve
 done
 cuda=$(dirname "$(dirname "$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)")")
