@@ -3,22 +3,13 @@
 // duoserve's batch-invariant kernels (cuda/gemm.cu, packed weights) or, with --gemm cublas,
 // cuBLAS; everything else through the kernels of cuda/*.cu. All work is queued on one stream;
 // ops that cannot return a status record the first error, which sync() reports.
-#include <cublas_v2.h>
 #include <cuda_bf16.h>
-#include <cuda_runtime.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-extern "C" {
-#include "engine/backend.h"
-#include "engine/elog.h"
-}
-#include "cuda/cuda_attention.h"
 #include "cuda/cuda_common.h"
-#include "cuda/cuda_gemm.h"
-#include "cuda/cuda_tuning.h"
+#include "cuda/cuda_ctx.h"
 
 extern "C" {
 int cuda_embed(void *out, const void *table, const int32_t *tokens, int n, int dim, cudaStream_t s);
@@ -41,201 +32,6 @@ struct cuda_sampler;
 int cuda_sample(struct cuda_sampler **state, int32_t *host_ids, const struct sample_row *rows, int n,
                 const float *logits, int n_rows, int vocab, cudaStream_t s);
 void cuda_sampler_free(struct cuda_sampler *sp);
-}
-
-#define CUDA_MAX_GRAPHS 512 /* decode batch sizes that get a graph */
-
-/* DUOSERVE_OP_TIMING=1 (cuda_tuning): the GPU time of each op of every forward pass, from CUDA
- * events recorded after each op (captured into decode graphs as event nodes, so replays are timed
- * too); each op's share is the time from the previous event to its own, launch gaps included. A
- * table goes to the log when the backend is destroyed. Off by default. */
-#define TM_MAX_EV 2048
-#define TM_MAX_LABELS 96
-struct op_timing {
-    cudaEvent_t ev[TM_MAX_EV]; // ev[0]: the step's start (begin_step)
-    int label[TM_MAX_EV];      // the op that ended at ev[i]
-    int n;                     // events of the step in flight
-    char *names[TM_MAX_LABELS];
-    int n_names;
-    double ms[TM_MAX_LABELS];
-    long calls[TM_MAX_LABELS];
-    long steps, dropped;
-    bool capturing;
-    bool dirty; // this step captured a graph or grew a buffer: host time between its events
-};
-
-struct meta_caps {
-    size_t T, S, B; /* capacities of the segments of d_meta */
-};
-
-#define ATTN_COUNTERS 65536 // (token, KV head) pairs of a split step merged in the flash kernel
-
-struct cuda_ctx {
-    int device;
-    struct cuda_tuning tune; // the tuning switches, read once at creation
-    struct cuda_gemm gemm;   // the GEMMs' split-K workspace on this device
-    struct cuda_attn_env attn_env;
-    cudaStream_t stream;
-    cublasHandle_t blas;
-    int err; // first error of a void op (backend_status)
-    // batch metadata: one device buffer, one pinned staging buffer
-    int32_t *d_meta, *h_meta;
-    size_t meta_cap;
-    struct meta_caps caps;
-    const int32_t *tokens, *pos, *tok_seq, *seq_start, *indptr, *blocks, *slots, *rows, *part_off;
-    float *attn_ws; // split-decode partition states (cuda/attention.cu)
-    int *attn_counters; // the split blocks done per (token, KV head) and the long merges' list, after the states
-    bool decode_step;  // this step: every sequence one token
-    // and one of them past the first partition: 0 no; 1, 2, 3 every token within 2, 4, 8
-    // partitions (merged in a thread-block cluster of that many blocks when the step splits);
-    // 4 longer (merged through global memory), 5 some token past CUDA_ATTN_MERGE_LONG partitions
-    // (a work-sized split merges those in a kernel of its own). Decode graphs are kept apart by it.
-#define SPLIT_MODES 6
-    int split_decode;
-    size_t attn_ws_floats;
-    size_t attn_part_floats; // the largest layer's partition states a token position (heads x (head dim + 2))
-    size_t step_parts;       // this step's partitions (part_off's total)
-    int n_tokens, n_seqs, n_logits;
-    float *d_logits;
-    size_t logits_cap;
-    float *d_tmp; // f32 staging for upload/download of activations
-    size_t tmp_cap;
-    float *h_logits;       // pinned staging of the logits; copied out by sync()
-    size_t h_logits_cap;
-    float *pending_dst;    // where sync() delivers them
-    int n_logit_rows;
-    size_t pending_n;
-    int32_t *d_ids, *h_ids;   // argmax ids (device, pinned), [logits rows]
-    int32_t *d_amax_ws;       // the argmax kernel's workspace (in the d_ids allocation)
-    int ids_rows;
-    int32_t *pending_ids;     // where sync() delivers them
-    int pending_n_ids;
-    struct cuda_sampler *sampler; // the sample op's buffers (cuda/sampling.cu)
-    // CUDA graphs of decode steps, by batch size (and whether the logits go to the host); all
-    // invalid when a buffer they use moves
-    // [ids only][split decode][batch size]
-    cudaGraphExec_t graphs[2][SPLIT_MODES][CUDA_MAX_GRAPHS + 1];
-    bool graphs_off; // DUOSERVE_NO_CUDA_GRAPHS=1, or a capture or replay failed
-    struct op_timing *tm;             // DUOSERVE_OP_TIMING=1, else NULL
-    int *graph_labels[2][SPLIT_MODES][CUDA_MAX_GRAPHS + 1]; // per graph: the labels of its event nodes
-    int graph_n_ev[2][SPLIT_MODES][CUDA_MAX_GRAPHS + 1];
-    uint16_t *stage;   // weight upload staging, [2][32 Mi] bf16
-    bool stage_pinned;
-    bool cublas; // BACKEND_CUDA_CUBLAS: cuBLAS GEMMs (faster at large batches, not batch-invariant)
-    void *blas_ws;
-};
-
-#define CTX(b) ((struct cuda_ctx *)(b)->ctx)
-
-/* Makes the backend's GPU current on the calling thread. Tensor parallelism calls a rank's
- * backend from the engine thread (allocation, KV copies, freeing) as well as from the rank's own
- * thread; the entry points that may be the first call on a thread set it (begin_step for a
- * step's ops, which follow on the same thread). */
-static void use_device(const struct cuda_ctx *c) {
-    int cur = -1;
-    if (cudaGetDevice(&cur) != cudaSuccess || cur != c->device) cudaSetDevice(c->device);
-}
-
-static void drop_graphs(struct cuda_ctx *c) {
-    for (int k = 0; k < 2; k++)
-        for (int sp = 0; sp < SPLIT_MODES; sp++)
-            for (int i = 0; i <= CUDA_MAX_GRAPHS; i++)
-                if (c->graphs[k][sp][i]) {
-                    cudaGraphExecDestroy(c->graphs[k][sp][i]);
-                    c->graphs[k][sp][i] = NULL;
-                    free(c->graph_labels[k][sp][i]);
-                    c->graph_labels[k][sp][i] = NULL;
-                }
-}
-
-// Records the first failure of a void op; file:line goes to the log.
-#define CK(b, stmt)                                                                                       \
-    do {                                                                                                  \
-        cudaError_t e_ = (stmt);                                                                          \
-        if (e_ != cudaSuccess) {                                                                          \
-            elog("error", "CUDA error %s in %s at %s:%d", cudaGetErrorString(e_), #stmt, __FILE__, __LINE__);  \
-            if (!CTX(b)->err) CTX(b)->err = BACKEND_ERR_DEVICE;                                          \
-        }                                                                                                 \
-    } while (0)
-#define CKI(b, rc)                                                                                        \
-    do {                                                                                                  \
-        if ((rc) != 0 && !CTX(b)->err) CTX(b)->err = BACKEND_ERR_DEVICE;                                  \
-    } while (0)
-#define CUBLAS_CHECK(b, stmt)                                                                             \
-    do {                                                                                                  \
-        cublasStatus_t s_ = (stmt);                                                                       \
-        if (s_ != CUBLAS_STATUS_SUCCESS) {                                                                \
-            elog("error", "cuBLAS error %d in %s at %s:%d", (int)s_, #stmt, __FILE__, __LINE__);             \
-            if (!CTX(b)->err) CTX(b)->err = BACKEND_ERR_DEVICE;                                          \
-        }                                                                                                 \
-    } while (0)
-
-// Op timing: an event after an op, labelled with the op (and its shape).
-static void tm_mark(struct cuda_ctx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void tm_mark(struct cuda_ctx *c, const char *fmt, ...) {
-    struct op_timing *t = c->tm;
-    if (!t || t->n < 1 || t->n >= TM_MAX_EV) return;
-    char name[64];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(name, sizeof name, fmt, ap);
-    va_end(ap);
-    int k = 0;
-    while (k < t->n_names && strcmp(t->names[k], name)) k++;
-    if (k == t->n_names) {
-        char *d = k < TM_MAX_LABELS ? strdup(name) : NULL;
-        if (!d) return;
-        t->names[t->n_names++] = d;
-    }
-    if (cudaEventRecordWithFlags(t->ev[t->n], c->stream, t->capturing ? cudaEventRecordExternal : 0) != cudaSuccess) {
-        cudaGetLastError();
-        return;
-    }
-    t->label[t->n++] = k;
-}
-
-// After the step's sync: the time between consecutive events goes to the op that ended each.
-static void tm_collect(struct cuda_ctx *c) {
-    struct op_timing *t = c->tm;
-    if (!t) return;
-    if (t->dirty) { // not a steady-state step: its first events include host work
-        t->dropped += t->n > 1;
-        t->n = 0;
-        t->dirty = false;
-        return;
-    }
-    for (int i = 1; i < t->n; i++) {
-        float ms = 0.0f;
-        if (cudaEventElapsedTime(&ms, t->ev[i - 1], t->ev[i]) != cudaSuccess) {
-            cudaGetLastError();
-            continue;
-        }
-        t->ms[t->label[i]] += ms;
-        t->calls[t->label[i]]++;
-    }
-    if (t->n > 1) t->steps++;
-    t->n = 0;
-}
-
-static void tm_report(struct cuda_ctx *c) {
-    struct op_timing *t = c->tm;
-    if (!t || !t->steps) return;
-    double total = 0.0;
-    for (int k = 0; k < t->n_names; k++) total += t->ms[k];
-    elog("info",
-         "op timing over %ld forward passes (%.3f ms each on average; %ld passes that captured a graph or grew a "
-         "buffer left out):",
-         t->steps, total / (double)t->steps, t->dropped);
-    bool done[TM_MAX_LABELS] = {false};
-    for (int r = 0; r < t->n_names; r++) { // largest total first
-        int best = -1;
-        for (int k = 0; k < t->n_names; k++)
-            if (!done[k] && (best < 0 || t->ms[k] > t->ms[best])) best = k;
-        done[best] = true;
-        elog("info", "  %-28s %8ld calls %10.3f ms %8.1f us/call %6.1f%%", t->names[best], t->calls[best],
-             t->ms[best], t->calls[best] ? 1e3 * t->ms[best] / (double)t->calls[best] : 0.0,
-             total > 0.0 ? 100.0 * t->ms[best] / total : 0.0);
-    }
 }
 
 static void *cu_alloc(struct backend *b, size_t bytes, enum backend_status *st) {
@@ -392,7 +188,7 @@ static int attn_ws_alloc(struct cuda_ctx *c, size_t floats) {
     if (c->attn_ws) {
         cudaStreamSynchronize(c->stream);
         cudaFree(c->attn_ws);
-        drop_graphs(c);
+        cuda_drop_graphs(c);
         if (c->tm) c->tm->dirty = true;
     }
     c->attn_ws = ws;
@@ -440,7 +236,7 @@ static int cu_begin_step(struct backend *b, const struct fwd_batch *bt) {
         c->meta_cap = cap;
         g_caps = nc;
         if (c->tm) c->tm->dirty = true;
-        drop_graphs(c);
+        cuda_drop_graphs(c);
     }
     // the previous step's copy must be done before the staging buffer is rewritten
     if (cudaStreamSynchronize(c->stream) != cudaSuccess) return BACKEND_ERR_DEVICE;
@@ -643,7 +439,7 @@ static int ensure_logits(struct backend *b, size_t need, int vocab) {
     c->ids_rows = (int)rows;
     CK(b, cudaMemsetAsync(c->d_amax_ws, 0, cuda_argmax_ws_bytes((int)rows), c->stream));
     c->logits_cap = c->h_logits_cap = cap;
-    drop_graphs(c);
+    cuda_drop_graphs(c);
     if (c->tm) c->tm->dirty = true;
     return BACKEND_OK;
 }
@@ -711,7 +507,7 @@ static void cu_graph_reset(struct backend *b) {
     struct cuda_ctx *c = CTX(b);
     use_device(c);
     cudaStreamSynchronize(c->stream);
-    drop_graphs(c);
+    cuda_drop_graphs(c);
 }
 
 static void cu_argmax(struct backend *b, int32_t *host_ids, int n, int vocab) {
@@ -745,94 +541,13 @@ static int cu_sync(struct backend *b) {
     return e;
 }
 
-/* Decode steps replay a graph of the whole forward pass: hundreds of small launches become
- * one. A graph is captured the first time a batch size is seen. */
-/* key: the batch size, negative when only the argmax ids go to the host */
-static int cu_graph_begin(struct backend *b, int key, float *host_logits, size_t n_floats, int32_t *host_ids) {
-    struct cuda_ctx *c = CTX(b);
-    int ids_only = key < 0, T = key < 0 ? -key : key;
-    if (c->graphs_off || T < 1 || T > CUDA_MAX_GRAPHS) return BACKEND_GRAPH_OFF;
-    /* the first run sizes the logits buffers (a tensor-parallel rank other than 0 has none) */
-    if (n_floats && (!c->h_logits || n_floats > c->h_logits_cap)) return BACKEND_GRAPH_OFF;
-    cudaGraphExec_t *slot = &c->graphs[ids_only][c->split_decode][T];
-    if (*slot) {
-        if (cudaGraphLaunch(*slot, c->stream) != cudaSuccess) {
-            cudaGetLastError();
-            drop_graphs(c);
-            c->graphs_off = true;
-            return BACKEND_GRAPH_OFF;
-        }
-        if (!ids_only) {
-            c->pending_dst = host_logits;
-            c->pending_n = n_floats;
-        }
-        if (host_ids) {
-            c->pending_ids = host_ids;
-            c->pending_n_ids = T;
-        }
-        const int *labels = c->graph_labels[ids_only][c->split_decode][T];
-        if (c->tm && c->tm->n == 1 && labels) { // the graph's event nodes record ev[1..n)
-            int n = c->graph_n_ev[ids_only][c->split_decode][T];
-            memcpy(c->tm->label, labels, sizeof(int) * (size_t)n);
-            c->tm->n = n;
-        }
-        return BACKEND_GRAPH_REPLAYED;
-    }
-    if (cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
-        cudaGetLastError();
-        c->graphs_off = true;
-        return BACKEND_GRAPH_OFF;
-    }
-    if (c->tm) c->tm->capturing = c->tm->dirty = true;
-    return BACKEND_GRAPH_CAPTURING;
-}
-
-static int cu_graph_end(struct backend *b, int key) {
-    struct cuda_ctx *c = CTX(b);
-    int ids_only = key < 0, T = key < 0 ? -key : key;
-    cudaGraph_t g = NULL;
-    cudaGraphExec_t ge = NULL;
-    cudaError_t e = cudaStreamEndCapture(c->stream, &g);
-    if (c->tm) c->tm->capturing = false;
-    if (e == cudaSuccess && !c->err) e = cudaGraphInstantiate(&ge, g, 0);
-    if (g) cudaGraphDestroy(g);
-    if (e != cudaSuccess || c->err || cudaGraphLaunch(ge, c->stream) != cudaSuccess) {
-        elog("warning", "CUDA graph capture failed (%s); running without graphs", cudaGetErrorString(e));
-        cudaGetLastError();
-        if (ge) cudaGraphExecDestroy(ge);
-        c->err = 0;
-        c->graphs_off = true;
-        if (c->tm) c->tm->n = c->tm->n > 0 ? 1 : 0; // the ops run again, outside a graph
-        return -1;
-    }
-    cudaGraphExec_t *slot = &c->graphs[ids_only][c->split_decode][T];
-    if (*slot) { // cannot happen (a capture starts only for an empty slot); never leak one
-        cudaStreamSynchronize(c->stream);
-        cudaGraphExecDestroy(*slot);
-    }
-    *slot = ge;
-    if (c->tm && c->tm->n > 0) { // which op each of the graph's event nodes follows
-        int *labels = (int *)malloc(sizeof(int) * (size_t)c->tm->n);
-        if (labels) memcpy(labels, c->tm->label, sizeof(int) * (size_t)c->tm->n);
-        free(c->graph_labels[ids_only][c->split_decode][T]);
-        c->graph_labels[ids_only][c->split_decode][T] = labels;
-        c->graph_n_ev[ids_only][c->split_decode][T] = labels ? c->tm->n : 0;
-    }
-    return 0;
-}
-
 /* Also frees a context that backend_cuda_create left half made (NULL handles skipped). */
 static void cu_destroy(struct backend *b) {
     struct cuda_ctx *c = CTX(b);
     use_device(c);
     if (c->stream) cudaStreamSynchronize(c->stream);
-    drop_graphs(c);
-    if (c->tm) {
-        tm_report(c);
-        for (int i = 0; i < TM_MAX_EV; i++) cudaEventDestroy(c->tm->ev[i]);
-        for (int k = 0; k < c->tm->n_names; k++) free(c->tm->names[k]);
-        free(c->tm);
-    }
+    cuda_drop_graphs(c);
+    tm_close(c);
     cuda_sampler_free(c->sampler);
     if (c->stage_pinned) cudaFreeHost(c->stage);
     else free(c->stage);
@@ -882,8 +597,8 @@ static struct backend_ops make_ops(void) {
     o.sample_allow = true; // cuda/sampling.cu applies sample_row.allow (structured output)
     o.sync = cu_sync;
     o.destroy = cu_destroy;
-    o.graph_begin = cu_graph_begin;
-    o.graph_end = cu_graph_end;
+    o.graph_begin = cuda_graph_begin;
+    o.graph_end = cuda_graph_end;
     o.graph_reset = cu_graph_reset;
     o.logits_to = cu_logits_to;
     o.logits_assemble = cu_logits_assemble;
@@ -994,15 +709,6 @@ extern "C" struct backend *backend_cuda_create(int device, int flags, char *err,
      * head) instead, with the same result */
     c->attn_env.plain_split = (flags & BACKEND_CUDA_PLAIN_SPLIT) != 0;
     attn_ws_alloc(c, (size_t)16 << 20);
-    if (c->tune.op_timing && (c->tm = (struct op_timing *)calloc(1, sizeof *c->tm))) {
-        for (int i = 0; i < TM_MAX_EV; i++)
-            if (cudaEventCreate(&c->tm->ev[i]) != cudaSuccess) {
-                cudaGetLastError();
-                for (int j = 0; j < i; j++) cudaEventDestroy(c->tm->ev[j]);
-                free(c->tm);
-                c->tm = NULL;
-                break;
-            }
-    }
+    tm_open(c);
     return b;
 }
