@@ -15,7 +15,7 @@ for t in "$@"; do
 done
 # the structure (issue 23): no call circle between modules, no include that runs back up
 echo "=== scripts/check_structure.py"
-if python3 scripts/check_structure.py | tail -4; [ "${PIPESTATUS[0]}" -eq 0 ]; then pass=$((pass+1)); else fail=$((fail+1)); failed+=("scripts/check_structure.py"); fi
+if python3 scripts/check_structure.py --build "${BUILD:-build}" | tail -4; [ "${PIPESTATUS[0]}" -eq 0 ]; then pass=$((pass+1)); else fail=$((fail+1)); failed+=("scripts/check_structure.py"); fi
 for t in tests/e2e_*.sh tests/e2e_*.py; do
   [ -e "$t" ] || continue
   echo "=== $t"
