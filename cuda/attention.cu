@@ -15,6 +15,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "cuda/attn_common.cuh"
 #include "cuda/cuda_attention.h"
 #include "cuda/cuda_common.h"
 
@@ -27,20 +28,6 @@
 #define ATTN_SPLIT_FILL 2
 // a decode token's partitions run in parallel from this many on
 #define ATTN_SPLIT_MIN_PARTS 2
-
-__device__ __forceinline__ int fdiv(int n, const struct cuda_fdiv &f) {
-    return (int)((__umulhi((unsigned)n, f.m) + (unsigned)n) >> f.s);
-}
-
-// The two pools' layouts, in rows of head_dim: full pool [block][in_blk][n_full head]; streaming
-// pool [slot][ring row r][n_stream head], r = p for the sinks, sink + (p - sink) % recent after
-// (every kernel that addresses a pool goes through these)
-__device__ __forceinline__ size_t full_pool_row(const struct cuda_attn_args &a, int blk, int in_blk, int h) {
-    return ((size_t)blk * a.block_size + (size_t)in_blk) * a.n_full + (size_t)h;
-}
-__device__ __forceinline__ size_t stream_pool_row(const struct cuda_attn_args &a, int slot, int r, int h) {
-    return ((size_t)slot * (a.sink + a.recent) + (size_t)r) * a.n_stream + (size_t)h;
-}
 
 __device__ __forceinline__ const __nv_bfloat16 *full_row(const __nv_bfloat16 *cache, const struct cuda_attn_args &a,
                                                          int s, int p, int h) {
@@ -170,7 +157,6 @@ __global__ void attn_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *q, const __
 // which rows share its unit or how the prompt was chunked: tiles a row cannot see add exactly
 // nothing (p = 0, correction 1). That keeps greedy outputs identical alone, batched and chunked.
 // Invisible keys are zero-filled, never read, so stale pool rows cannot inject NaN.
-#define FA_KT 32
 
 // FA_CLOCKS builds (profiling only; scripts/device_pack.sh makes one): thread 0 of block (0, 0, 0)
 // stamps clock64() at the flash kernel's phases into g_fa_clk (the last launch's), read by
@@ -192,10 +178,6 @@ extern "C" int cuda_attention_clocks(long long *out) { return cudaMemcpyFromSymb
 #define FA_GT_ANY(k) do { } while (0)
 #endif
 
-__device__ __forceinline__ void fa_cp16(void *smem, const void *gmem, bool pred) {
-    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(pred ? 16 : 0));
-}
 __device__ __forceinline__ void fa_ldsm_x4(uint32_t *r, const void *p) {
     unsigned s = (unsigned)__cvta_generic_to_shared(p);
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -213,21 +195,12 @@ __device__ __forceinline__ void fa_mma(float *c, const uint32_t *a, uint32_t b0,
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
-// Two probabilities as bf16 pairs: head (x rounded) and remainder (x - head, rounded).
-__device__ __forceinline__ void split_p(float x0, float x1, uint32_t &hi, uint32_t &lo) {
-    __nv_bfloat162 h = __floats2bfloat162_rn(x0, x1);
-    float2 hf = __bfloat1622float2(h);
-    __nv_bfloat162 l = __floats2bfloat162_rn(x0 - hf.x, x1 - hf.y);
-    hi = *reinterpret_cast<uint32_t *>(&h);
-    lo = *reinterpret_cast<uint32_t *>(&l);
-}
-
 // HDP: the head dim padded to a multiple of 16 (16, 32, 64 or 128); dims >= head_dim are zero.
 // A block of FA_WARPS warps takes FA_WARPS consecutive units of one sequence and KV head: they
 // share every K/V tile through shared memory (loaded by all threads), each warp computing its
 // own rows; a warp skips tiles none of its rows can see, which changes nothing for them.
 #define FA_WARPS 4
-#define FA_PT (CUDA_ATTN_PART / FA_KT) // key tiles per partition
+
 #define FA_STAGES 3 // K/V tiles in flight: the one summed and the next two loading (COOP: FA_PT)
 // DEC (decode steps: every sequence one token, so a block has one unit), with head dims 64 or 128
 // (PV takes output tiles in pairs): the block's warps share the unit ("cooperative"), a partition
@@ -253,22 +226,6 @@ template <int HDP, bool DEC> struct fa_cfg {
 
 #define FA_MERGE_AHEAD 8 // partition states a merging warp loads at once (two batches in flight)
 
-// Adds a partition's softmax state (its rows' max m, full sum l, and o) to a running total (M,
-// L, O). Every rounding is explicit (no contraction), so the flash kernel, which merges in
-// registers, and fa_merge_kernel, which merges states from memory, compute the same bits. An
-// empty partition (m = -inf: the row sees none of its keys) adds nothing at all.
-__device__ __forceinline__ bool fa_merge_begin(float &M, float &L, float m, float l, float &ca, float &cb) {
-    if (m == -INFINITY) return false;
-    float mn = fmaxf(M, m);
-    ca = exp2f(M - mn); // 0 while the total is empty
-    cb = exp2f(m - mn);
-    L = __fadd_rn(__fmul_rn(L, ca), __fmul_rn(l, cb));
-    M = mn;
-    return true;
-}
-__device__ __forceinline__ float fa_merge_o(float O, float o, float ca, float cb) {
-    return __fadd_rn(__fmul_rn(O, ca), __fmul_rn(o, cb));
-}
 // One partition state {m, l, o} of a head folded into its running total (M, L, O) by one warp:
 // this lane's dims lane, lane + 32, .. (o_at(i): o[lane + 32 i])
 template <int NI, typename OAT>

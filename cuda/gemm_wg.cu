@@ -21,6 +21,7 @@
 
 #include "cuda/gemm_common.cuh"
 #include "cuda/gemm_wg.h"
+#include "cuda/hopper.cuh"
 #include "cuda/wgmma.cuh"
 
 #define WG_BM 128       // weight rows a tile (two consumer warpgroups of 64)
@@ -39,24 +40,6 @@ template <int BN, int BK, int TS = 0> struct wg_cfg {
     static constexpr size_t SMEM = 1024 + (size_t)STAGES * (X_BYTES + W_BYTES) + 2 * STAGES * 8 + T_BYTES;
 };
 
-__device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
-__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
-}
-__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint32_t bar, int parity) {
-    uint32_t done = 0;
-    while (!done)
-        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-                     : "=r"(done)
-                     : "r"(bar), "r"(parity)
-                     : "memory");
-}
 __device__ __forceinline__ void tma_tokens(uint32_t dst, const CUtensorMap *map, int k, int t, uint32_t bar) {
     asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
                  "l"(map), "r"(k), "r"(t), "r"(bar)
@@ -67,14 +50,6 @@ __device__ __forceinline__ void tma_weights(uint32_t dst, const CUtensorMap *map
     asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
                  "l"(map), "r"(0), "r"(kb), "r"(strip), "r"(bar)
                  : "memory");
-}
-// wgmma descriptor of a K-major tile with 128-byte rows, 128-byte swizzle (8-row groups 1024 bytes apart)
-__device__ __forceinline__ uint64_t sw128_desc(uint32_t addr) {
-    return (uint64_t)((addr & 0x3FFFF) >> 4) | (1ull << 16) | ((uint64_t)(1024 >> 4) << 32) | (1ull << 62);
-}
-// the same with 64-byte rows, 64-byte swizzle (8-row groups 512 bytes apart)
-__device__ __forceinline__ uint64_t sw64_desc(uint32_t addr) {
-    return (uint64_t)((addr & 0x3FFFF) >> 4) | (1ull << 16) | ((uint64_t)(512 >> 4) << 32) | (2ull << 62);
 }
 // the B descriptor of k block kk of a stage at x: BK >= 64: boxes of 64 k, 128-byte rows; BK 32: one
 // box of 32 k, 64-byte rows

@@ -1,0 +1,57 @@
+// attn_common.cuh: what the attention kernels share (cuda/attention.cu's flash kernel, cuda/
+// attn_prefill.cu's wgmma prefill kernel): the pools' layouts, the copies, and the roundings of
+// the probabilities and of the partition merge, so that every kernel sums alike.
+#pragma once
+#include <cuda_bf16.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "cuda/cuda_attention.h"
+
+// keys are walked in tiles of FA_KT absolute positions, FA_PT tiles a partition
+#define FA_KT 32
+#define FA_PT (CUDA_ATTN_PART / FA_KT)
+
+__device__ __forceinline__ int fdiv(int n, const struct cuda_fdiv &f) {
+    return (int)((__umulhi((unsigned)n, f.m) + (unsigned)n) >> f.s);
+}
+
+// The two pools' layouts, in rows of head_dim: full pool [block][in_blk][n_full head]; streaming
+// pool [slot][ring row r][n_stream head], r = p for the sinks, sink + (p - sink) % recent after
+// (every kernel that addresses a pool goes through these)
+__device__ __forceinline__ size_t full_pool_row(const struct cuda_attn_args &a, int blk, int in_blk, int h) {
+    return ((size_t)blk * a.block_size + (size_t)in_blk) * a.n_full + (size_t)h;
+}
+__device__ __forceinline__ size_t stream_pool_row(const struct cuda_attn_args &a, int slot, int r, int h) {
+    return ((size_t)slot * (a.sink + a.recent) + (size_t)r) * a.n_stream + (size_t)h;
+}
+
+__device__ __forceinline__ void fa_cp16(void *smem, const void *gmem, bool pred) {
+    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(pred ? 16 : 0));
+}
+// Two probabilities as bf16 pairs: head (x rounded) and remainder (x - head, rounded).
+__device__ __forceinline__ void split_p(float x0, float x1, uint32_t &hi, uint32_t &lo) {
+    __nv_bfloat162 h = __floats2bfloat162_rn(x0, x1);
+    float2 hf = __bfloat1622float2(h);
+    __nv_bfloat162 l = __floats2bfloat162_rn(x0 - hf.x, x1 - hf.y);
+    hi = *reinterpret_cast<uint32_t *>(&h);
+    lo = *reinterpret_cast<uint32_t *>(&l);
+}
+
+// Adds a partition's softmax state (its rows' max m, full sum l, and o) to a running total (M,
+// L, O). Every rounding is explicit (no contraction), so the flash kernel, which merges in
+// registers, and fa_merge_kernel, which merges states from memory, compute the same bits. An
+// empty partition (m = -inf: the row sees none of its keys) adds nothing at all.
+__device__ __forceinline__ bool fa_merge_begin(float &M, float &L, float m, float l, float &ca, float &cb) {
+    if (m == -INFINITY) return false;
+    float mn = fmaxf(M, m);
+    ca = exp2f(M - mn); // 0 while the total is empty
+    cb = exp2f(m - mn);
+    L = __fadd_rn(__fmul_rn(L, ca), __fmul_rn(l, cb));
+    M = mn;
+    return true;
+}
+__device__ __forceinline__ float fa_merge_o(float O, float o, float ca, float cb) {
+    return __fadd_rn(__fmul_rn(O, ca), __fmul_rn(o, cb));
+}
