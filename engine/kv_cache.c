@@ -694,6 +694,14 @@ int kv_cache_seq_match(struct kv_cache *kv, struct kv_seq *t, const int32_t *tok
     return found;
 }
 
+void kv_cache_prefix_drop(struct kv_cache *kv) {
+    struct kv_prefix *pc = kv->pc;
+    if (!pc) return;
+    while (pc->n_snaps > 0) snap_drop(kv, pc->n_snaps - 1);
+    while (evict_block(kv)) {
+    }
+}
+
 void kv_cache_prefix_count(struct kv_cache *kv, int n, int found) {
     if (!kv->pc || n < 2) return;
     kv->pc->queries += (uint64_t)n;

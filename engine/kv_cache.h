@@ -126,6 +126,9 @@ bool kv_cache_prefix_caching(const struct kv_cache *kv);
 /* For t (empty): the longest cached prefix of tokens[0, n), leaving at least the last token to
  * compute. t then holds its blocks (and slot). Returns the tokens found (0: none, or caching off). */
 int kv_cache_seq_match(struct kv_cache *kv, struct kv_seq *t, const int32_t *tokens, int n);
+/* Forgets every snapshot and every cached block that no sequence holds (they go back to the free
+ * pools): what the engine's warm-up requests left is no prefix of a user's. */
+void kv_cache_prefix_drop(struct kv_cache *kv);
 /* Counts one admission's lookup in the prefix cache's statistics: n tokens asked for, found of
  * them found (kv_cache_seq_match does not count: a request may be matched again while it waits). */
 void kv_cache_prefix_count(struct kv_cache *kv, int n, int found);

@@ -7,6 +7,7 @@
 #include "tests/test_common.h"
 
 #include "engine/engine_core.h"
+#include "engine/kv_cache.h"
 #include "engine/warmup.h"
 
 #define MAXG 64
@@ -88,6 +89,12 @@ static void assert_no_trace(struct core *c, const struct engine_stats *fresh) {
     assert_int_equal(st.finished_stop + st.finished_length + st.finished_abort, 0);
     assert_true(st.forward_seconds == 0.0 && st.sample_seconds == 0.0);
     assert_int_equal(st.kv_capacity_tokens, fresh->kv_capacity_tokens);
+    /* nothing cached: a user's first request finds no prefix of the warm-up's */
+    struct kv_prefix_stats ps;
+    kv_cache_prefix_stats(core_kv(c), &ps);
+    assert_int_equal(ps.cached_blocks, 0);
+    assert_int_equal(ps.snapshots, 0);
+    assert_true(st.prefix_cache_queries == 0 && st.prefix_cache_hits == 0 && st.prefix_cache_blocks == 0);
 }
 
 static void check_model(const char *dir) {
@@ -96,6 +103,8 @@ static void check_model(const char *dir) {
     core_stats(cold, &fresh);
     struct out want[3];
     run_requests(cold, want);
+    struct engine_stats cold_after;
+    core_stats(cold, &cold_after);
     for (int max_batch = 0; max_batch <= 8; max_batch += 8) {
         struct core *c = make_core(dir, 0);
         char err[256] = "";
@@ -105,6 +114,10 @@ static void check_model(const char *dir) {
         assert_no_trace(c, &fresh);
         struct out got[3];
         run_requests(c, got);
+        struct engine_stats after; /* the same prefix-cache lookups and finds as the cold engine's */
+        core_stats(c, &after);
+        assert_true(after.prefix_cache_queries == cold_after.prefix_cache_queries);
+        assert_true(after.prefix_cache_hits == cold_after.prefix_cache_hits);
         for (int r = 0; r < 3; r++) {
             assert_int_equal(got[r].errors, 0);
             for (int k = 0; k < 2; k++) {
