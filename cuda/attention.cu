@@ -14,7 +14,6 @@
 #include <limits.h>
 #include <stdint.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include "cuda/attn_common.cuh"
 #include "cuda/attn_prefill.h"
@@ -1244,8 +1243,7 @@ extern "C" int cuda_attention_init(struct cuda_attn_env *env) {
     env->resident[0] = fa_resident<16>(env->sms), env->resident[1] = fa_resident<32>(env->sms);
     env->resident[2] = fa_resident<64>(env->sms), env->resident[3] = fa_resident<128>(env->sms);
     env->plain_split = false;
-    const char *wg = getenv("DUOSERVE_ATTN_WG");
-    env->wg_prefill = wg && !strcmp(wg, "1");
+    env->wg_prefill = false; // (the backend sets it from its tuning)
     if (fa_prefill_wg_init()) return -2;
     return 0;
 }

@@ -82,8 +82,8 @@ struct cuda_attn_env {
     // BACKEND_CUDA_PLAIN_SPLIT (the op test): long decode steps split each (token, KV head) into
     // the same number of blocks, as when the work-sized split cannot run
     bool plain_split;
-    // DUOSERVE_ATTN_WG=1: prefill steps through the wgmma kernel (cuda/attn_prefill.cu; an A/B
-    // switch until a GPU run measures it)
+    // DUOSERVE_ATTN_WG=1 (cuda_tuning): prefill steps through the wgmma kernel (cuda/attn_prefill.cu;
+    // an A/B switch until a GPU run measures it)
     bool wg_prefill;
 };
 
