@@ -32,11 +32,13 @@ if has attnbench; then # one decode token's attention at several contexts; FA_CL
     [ -x $B/duoserve-test-cuda-clk ] && DUOSERVE_TEST_ONLY=attnbench $B/duoserve-test-cuda-clk
   } 2>&1 | tee $L/attnbench.log
 fi
-# the op test alone, as built and again under OPTEST_ENV="VAR=v,..." (a new path behind a switch)
+# the op test alone, as built and again under OPTEST_ENV="VAR=v,..." (a new path behind a switch);
+# each run stopped after OPTEST_TIMEOUT s (300)
 if has optest; then
   for v in "" ${OPTEST_ENV:-}; do
-    env $(echo "$v" | tr ',' ' ') $B/duoserve-test-cuda > $L/optest.log 2>&1
-    echo "op test [$v]: $(grep FAIL $L/optest.log | head -5) $(tail -1 $L/optest.log)"
+    f=$L/optest$(echo "$v" | tr -c 'A-Za-z0-9\n' '_').log
+    timeout ${OPTEST_TIMEOUT:-300} env $(echo "$v" | tr ',' ' ') $B/duoserve-test-cuda > $f 2>&1
+    echo "op test [$v] (rc $?): $(grep FAIL $f | head -5) $(tail -1 $f)"
   done
 fi
 # the op test's GEMM cases alone (a new GEMM kernel first: the benchmarks after it are skipped if it fails)
