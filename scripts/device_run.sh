@@ -33,9 +33,11 @@ if has attnbench; then # one decode token's attention at several contexts; FA_CL
   } 2>&1 | tee $L/attnbench.log
 fi
 # the op test alone, as built and again under OPTEST_ENV="VAR=v,..." (a new path behind a switch);
-# each run stopped after OPTEST_TIMEOUT s (300)
+# each run stopped after OPTEST_TIMEOUT s (300); OPTEST_SKIP_PLAIN=1: only the OPTEST_ENV runs
 if has optest; then
-  for v in "" ${OPTEST_ENV:-}; do
+  runs=(); [ "${OPTEST_SKIP_PLAIN:-0}" = 1 ] || runs+=("")
+  for v in ${OPTEST_ENV:-}; do runs+=("$v"); done
+  for v in "${runs[@]}"; do
     f=$L/optest$(echo "$v" | tr -c 'A-Za-z0-9\n' '_').log
     timeout ${OPTEST_TIMEOUT:-300} env $(echo "$v" | tr ',' ' ') $B/duoserve-test-cuda > $f 2>&1
     echo "op test [$v] (rc $?): $(grep FAIL $f | head -5) $(tail -1 $f)"
