@@ -183,6 +183,51 @@ static void check_turns(const char *pattern, int budget) {
     core_free(off);
 }
 
+/* Prompts shorter than sink + recent (4 + 8: the streaming ring never wrapped), at and just past
+ * it, ending mid-block and at a block edge: the next turn (prompt, answer, a new message) finds
+ * the earlier sequence's computed tokens; a request that leaves the earlier answer inside its
+ * recent window (prompt, all but the answer's last token, something else) finds no more than it
+ * shares with the cached turns; every request gives the bits of an engine without the cache. */
+static void check_short_prefixes(const char *pattern, int budget) {
+    static const int lens[] = {2, 5, 9, 11, 12, 13, 16, 17};
+    static const int32_t tail[5] = {301, 302, 303, 304, 305};
+    static struct collect first, r_on, r_off;
+    for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++) {
+        struct core *on = make_core(pattern, true, budget), *off = make_core(pattern, false, budget);
+        const int L = lens[li], G = 3;
+        int32_t a[32], p2[48], p3[48];
+        for (int i = 0; i < L; i++) a[i] = 3 + (i * 41 + L) % 500;
+        run(on, a, L, 1, G, &first);
+        run(off, a, L, 1, G, &r_off);
+        assert_same_bits(&first, &r_off, 1);
+        int n2 = cat(p2, a, L, first.ids[0], G); /* the next turn */
+        n2 = cat(p2, p2, n2, tail, 5);
+        run(on, p2, n2, 1, 6, &r_on);
+        run(off, p2, n2, 1, 6, &r_off);
+        assert_same_bits(&r_on, &r_off, 1);
+        assert_int_equal(r_on.cached[0], L + G - 1); /* the first sequence's computed tokens */
+        int n3 = cat(p3, a, L, first.ids[0], G - 1); /* diverges inside the earlier recent window */
+        n3 = cat(p3, p3, n3, tail + 2, 3);
+        run(on, p3, n3, 1, 6, &r_on);
+        run(off, p3, n3, 1, 6, &r_off);
+        assert_same_bits(&r_on, &r_off, 1);
+        assert_true(r_on.cached[0] <= L + G - 1); /* at most what it shares with turn 2 */
+        assert_kv_idle(core_kv(on));
+        core_free(on);
+        core_free(off);
+    }
+}
+
+static void test_short_prefixes(void **state) {
+    (void)state;
+    char *p = write_pattern();
+    check_short_prefixes(NULL, 4096);
+    check_short_prefixes(p, 4096);
+    check_short_prefixes(p, 3); /* chunks of 3 */
+    unlink(p);
+    free(p);
+}
+
 static void test_hit_equals_miss_full_attention(void **state) {
     (void)state;
     check_turns(NULL, 4096);
@@ -313,6 +358,7 @@ int main(void) {
         cmocka_unit_test(test_hit_equals_miss_full_attention),
         cmocka_unit_test(test_hit_equals_miss_with_streaming_heads),
         cmocka_unit_test(test_hit_equals_miss_fp8),
+        cmocka_unit_test(test_short_prefixes),
         cmocka_unit_test(test_pressure_keeps_bits),
         cmocka_unit_test(test_full_pool_request_runs),
     };
