@@ -2,7 +2,7 @@
 # device_run.sh: one GPU-machine run of the checks, benchmarks, A/B of the switches, kernel
 # traces and ShareGPT serving; the stages to run are the arguments (default: all of them).
 #
-#   [AB="name:VAR=v,..."] [TRACE_AB="name:VAR=v,..."] bash scripts/device_run.sh [attnbench] [optest] [gemm] [gemmab] [ncu] [checks] [bench] [gemmprof] [gemmbench] [stamps] [ab] [variants] [longdec] [trace] [optime] [serving] [sharegpt] [multiturn] [longprefill] [tp]
+#   [AB="name:VAR=v,..."] [TRACE_AB="name:VAR=v,..."] bash scripts/device_run.sh [attnbench] [prefillbench] [optest] [gemm] [gemmab] [ncu] [checks] [bench] [gemmprof] [gemmbench] [stamps] [ab] [variants] [longdec] [trace] [optime] [serving] [sharegpt] [multiturn] [longprefill] [tp]
 #
 # Expects .device/ as scripts/device_pack.sh leaves it (run there first): bin.txz (the stripped
 # binaries of make CUDA=1 BUILD=build-gpu, libktrace.so and libcupti.so.13 in bin/),
@@ -31,6 +31,15 @@ if has attnbench; then # one decode token's attention at several contexts; FA_CL
   { echo "== attnbench"; DUOSERVE_TEST_ONLY=attnbench $B/duoserve-test-cuda
     [ -x $B/duoserve-test-cuda-clk ] && DUOSERVE_TEST_ONLY=attnbench $B/duoserve-test-cuda-clk
   } 2>&1 | tee $L/attnbench.log
+fi
+# issue 21: one Llama-3-8B layer's causal prefill attention alone (DUOSERVE_TEST_ONLY=prefillbench:
+# ms a call and TFLOP/s at PREFILLBENCH_N tokens, default 2k, 8k, 32k, 128k), as built and again
+# under each of PREFILLBENCH_AB="name:VAR=v,... ..."
+if has prefillbench; then
+  for spec in "default:" ${PREFILLBENCH_AB:-}; do
+    echo "== prefillbench ${spec%%:*}"
+    timeout 200 env $(echo "${spec#*:}" | tr ',' ' ') DUOSERVE_TEST_ONLY=prefillbench $B/duoserve-test-cuda 2>&1 | tee $L/prefillbench_${spec%%:*}.log | grep -E "prefillbench|FAIL|error"
+  done
 fi
 # the op test alone, as built and again under OPTEST_ENV="VAR=v,..." (a new path behind a switch);
 # each run stopped after OPTEST_TIMEOUT s (300); OPTEST_SKIP_PLAIN=1: only the OPTEST_ENV runs

@@ -911,6 +911,47 @@ static void attention_bench(int ctx) {
 }
 
 
+/* DUOSERVE_TEST_ONLY=prefillbench (profiling, not a test): one Llama-3-8B-shaped layer's causal
+ * prefill attention (32/8 heads, head dim 128, full attention) of a prompt of n tokens in one
+ * step (the engine's op: the step's K/V appended to the pool, then attention), the time a call
+ * and TFLOP/s in standard FLOPs (4 n^2 / 2 x head dim x heads). Which kernel: as the backend's
+ * switches say (DUOSERVE_ATTN_WG). */
+static void prefill_bench(int n) {
+    const int H = 32, KV = 8, hd = 128, bs = 16, NB = (n + bs - 1) / bs, rs = (H + 2 * KV) * hd, R = 1024;
+    const size_t full_n = (size_t)NB * bs * KV * hd;
+    enum backend_status st;
+    void *kf = gpu->ops->alloc(gpu, full_n * 2, &st), *vf = gpu->ops->alloc(gpu, full_n * 2, &st);
+    void *q = gpu->ops->alloc(gpu, (size_t)n * rs * 2, &st), *o = gpu->ops->alloc(gpu, (size_t)n * H * hd * 2, &st);
+    if (!kf || !vf || !q || !o) {
+        printf("prefillbench %6d: out of device memory\n", n);
+        gpu->ops->free(gpu, kf), gpu->ops->free(gpu, vf), gpu->ops->free(gpu, q), gpu->ops->free(gpu, o);
+        return;
+    }
+    float *hq = rand_bf16((size_t)R * rs, 1.0f); /* R random rows, repeated */
+    for (int r0 = 0; r0 < n; r0 += R)
+        gpu->ops->upload_act(gpu, (char *)q + (size_t)r0 * rs * 2, hq, (size_t)(n - r0 < R ? n - r0 : R) * rs);
+    int32_t *ids = malloc(sizeof(int32_t) * NB), *pos = malloc(sizeof(int32_t) * n), *tok = calloc((size_t)n, sizeof(int32_t));
+    for (int i = 0; i < NB; i++) ids[i] = i;
+    for (int i = 0; i < n; i++) pos[i] = i;
+    int32_t ss[2] = {0, n}, ip[2] = {0, NB}, slot = 0;
+    struct fwd_batch bt = {n, 1, tok, pos, ss, ip, ids, &slot, 0, NULL, NULL, false};
+    gpu->ops->begin_step(gpu, &bt);
+    struct attn_layer L = {.n_heads = H, .n_kv_heads = KV, .head_dim = hd, .n_full = KV, .n_stream = 0,
+                           .block_size = bs, .sink = 0, .recent = 1, .k_full = kf, .v_full = vf,
+                           .scale = 1.0f / sqrtf((float)hd)};
+    const int reps = n >= 65536 ? 2 : n >= 16384 ? 5 : 20;
+    gpu->ops->attention(gpu, o, q, rs, &L);
+    gpu->ops->sync(gpu);
+    double t0 = util_now();
+    for (int r = 0; r < reps; r++) gpu->ops->attention(gpu, o, q, rs, &L);
+    int err = gpu->ops->sync(gpu);
+    const double s = (util_now() - t0) / reps, flop = 2.0 * H * hd * (double)n * (double)n;
+    printf("prefillbench %6d tokens: %9.3f ms a call, %6.1f TFLOP/s%s\n", n, s * 1e3, flop / s * 1e-12,
+           err ? " [device error]" : "");
+    gpu->ops->free(gpu, kf), gpu->ops->free(gpu, vf), gpu->ops->free(gpu, q), gpu->ops->free(gpu, o);
+    free(hq), free(ids), free(pos), free(tok);
+}
+
 /* DUOSERVE_TEST_ONLY=gemmbench: Llama-3-8B's GEMMs alone at decode and prefill batch sizes, us a
  * call (back to back, then one sync), the default kernels against cuBLAS. */
 static void gemm_bench(void) {
@@ -998,6 +1039,16 @@ int main(void) {
     if (only && !strcmp(only, "attnbench")) {
         int ctxs[] = {128, 1000, 4000, 32000};
         for (int i = 0; i < 4; i++) attention_bench(ctxs[i]);
+        backend_destroy(cpu);
+        backend_destroy(gpu);
+        return 0;
+    }
+    if (only && !strcmp(only, "prefillbench")) { /* PREFILLBENCH_N="8192,32768": other prompt sizes */
+        const char *ns = getenv("PREFILLBENCH_N");
+        for (const char *s = ns ? ns : "2048,8192,32768,131072"; *s;) {
+            prefill_bench(atoi(s));
+            s = strchr(s, ',') ? strchr(s, ',') + 1 : "";
+        }
         backend_destroy(cpu);
         backend_destroy(gpu);
         return 0;
