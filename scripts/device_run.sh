@@ -38,7 +38,7 @@ fi
 if has prefillbench; then
   for spec in "default:" ${PREFILLBENCH_AB:-}; do
     echo "== prefillbench ${spec%%:*}"
-    timeout 200 env $(echo "${spec#*:}" | tr ',' ' ') DUOSERVE_TEST_ONLY=prefillbench $B/duoserve-test-cuda 2>&1 | tee $L/prefillbench_${spec%%:*}.log | grep -E "prefillbench|FAIL|error"
+    timeout 90 env $(echo "${spec#*:}" | tr ',' ' ') DUOSERVE_TEST_ONLY=prefillbench $B/duoserve-test-cuda 2>&1 | tee $L/prefillbench_${spec%%:*}.log | grep -E "prefillbench|FAIL|error"
   done
 fi
 # the op test alone, as built and again under OPTEST_ENV="VAR=v,..." (a new path behind a switch);
