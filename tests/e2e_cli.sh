@@ -113,6 +113,13 @@ check "--kv-cache-memory 256 (bytes, too small): exit 2 with the range in binary
   "$rc/$(grep -c 'is not a size in \[1MiB, 1TiB\]' "$tmp/e7")" "2/1"
 DUOSERVE_CACHE="$tmp/c1" "$BIN" generate --kv-cache-memory 64MiB --prompt-ids 1 -n 2 >/dev/null 2>&1
 check "generate --kv-cache-memory 64MiB (the unit serve takes): exit 0" "$?" 0
+# --name=value as serve takes it: a boolean's value, and any other flag's
+DUOSERVE_CACHE="$tmp/c1" "$BIN" generate --enable-prefix-caching=false --max-tokens=2 --prompt-ids 1 >/dev/null 2>"$tmp/e9"
+check "generate --enable-prefix-caching=false --max-tokens=2: exit 0, caching off" "$?/$(grep -c 'prefix caching off' "$tmp/e9")" "0/1"
+DUOSERVE_CACHE="$tmp/c1" "$BIN" generate --enable-prefix-caching=maybe --prompt-ids 1 >/dev/null 2>"$tmp/e10"; rc=$?
+check "generate --enable-prefix-caching=maybe: exit 2 naming the flag" "$rc/$(grep -c 'enable-prefix-caching: "maybe" is not true or false' "$tmp/e10")" "2/1"
+DUOSERVE_CACHE="$tmp/c1" "$BIN" generate --json=1 --prompt-ids 1 >/dev/null 2>"$tmp/e11"; rc=$?
+check "generate --json=1 (a flag without a value): exit 2" "$rc/$(grep -c -- '--json takes no value' "$tmp/e11")" "2/1"
 
 # CORS flags in the same table: --allow-credentials is bare or =true|false and never takes the
 # next argument; the allowed-* lists are checked before listening; --config takes booleans and lists
