@@ -94,6 +94,11 @@ def test_turns(on, off):
           (h0, h1))
     qo, ho = counters(off)
     check("metrics without the cache: no queries, no hits", qo == 0 and ho == 0, (qo, ho))
+    last = a[2]["usage"]
+    blocks = (last["prompt_tokens"] + last["completion_tokens"] - 1) // 16  # the last turn's whole blocks
+    bon, boff = on.metrics().get(P + "prefix_cache_blocks", -1), off.metrics().get(P + "prefix_cache_blocks", -1)
+    check("metrics: prefix_cache_blocks holds at least the last turn's whole blocks", bon >= blocks > 0, (bon, blocks))
+    check("metrics without the cache: prefix_cache_blocks 0", boff == 0, boff)
 
 
 def test_chat(on, off):
