@@ -70,7 +70,7 @@ struct pf_range {
     __device__ bool has(int t) const { return (t >= lo0 && t <= hi0) || (t >= lo1 && t <= hi1); }
     __device__ bool has_part(int p) const {
         const int t0 = p * FA_PT, t1 = t0 + FA_PT - 1;
-        return (t0 <= hi0 && t1 >= lo0) || (t0 <= hi1 && t1 >= lo1);
+        return max(t0, lo0) <= min(t1, hi0) || max(t0, lo1) <= min(t1, hi1); // (an empty range has none)
     }
     // the next partition after p (-1: from the start) with a tile in the range, or -1
     __device__ int next_part(int p) const {
