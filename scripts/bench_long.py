@@ -44,9 +44,10 @@ import sys
 import threading
 import time
 
-sys.dont_write_bytecode = True  # importing bench_serving must not leave scripts/__pycache__ behind
+sys.dont_write_bytecode = True  # importing the bench_* modules must not leave scripts/__pycache__ behind
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_serving import Server, error_message, percentile  # noqa: E402
+from bench_client import Server, error_message  # noqa: E402
+from bench_report import percentile  # noqa: E402
 
 
 class Failed(Exception):
