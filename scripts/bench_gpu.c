@@ -81,131 +81,107 @@ static int parse_runs(const char *s, int (*out)[2], int max) {
     return n;
 }
 
-int main(int argc, char **argv) {
-    if (argc < 2) {
-        fprintf(stderr, "usage: %s MODEL_DIR [cuda|cpu] [--decode 1,8,64,256] [--decode-ctx 128] [--runs BxCTX,..] "
-                        "[--steps 64] [--skip-prefill] [--prefill 2048,32768] [--duo-pattern FILE --duo-sparsity S]\n",
-                argv[0]);
-        return 2;
-    }
-    const char *dev = argc > 2 && argv[2][0] != '-' ? argv[2] : "cuda";
-    int dec[16] = {1, 8, 64, 256}, n_dec = 4, pre[16] = {2048, 32768}, n_pre = 2, runs[32][2], n_runs = 0;
-    const char *gemm = NULL, *load_format = NULL, *pattern = NULL;
-    int dctx = 128, tp = 1, steps = 64;
-    float sparsity = 0.0f, util = 0.0f;
-    bool skip = false;
+/* the command line */
+struct bench_opts {
+    const char *model, *dev, *gemm, *load_format, *pattern;
+    int dec[16], n_dec, pre[16], n_pre, runs[32][2], n_runs, dctx, tp, steps;
+    float sparsity, util;
+    bool skip;
+};
+
+/* 0, or 2 after the message (a malformed --runs) */
+static int parse_opts(int argc, char **argv, struct bench_opts *o) {
+    *o = (struct bench_opts){.model = argv[1], .dev = argc > 2 && argv[2][0] != '-' ? argv[2] : "cuda",
+                             .dec = {1, 8, 64, 256}, .n_dec = 4, .pre = {2048, 32768}, .n_pre = 2, .dctx = 128,
+                             .tp = 1, .steps = 64};
     for (int i = 2; i < argc; i++) {
-        if (!strcmp(argv[i], "--skip-prefill")) skip = true;
+        if (!strcmp(argv[i], "--skip-prefill")) o->skip = true;
         if (i + 1 >= argc) continue;
-        if (!strcmp(argv[i], "--decode-ctx")) dctx = atoi(argv[i + 1]);
-        if (!strcmp(argv[i], "--decode")) n_dec = parse_list(argv[i + 1], dec, 16);
-        if (!strcmp(argv[i], "--runs") && !(n_runs = parse_runs(argv[i + 1], runs, 32))) {
+        if (!strcmp(argv[i], "--decode-ctx")) o->dctx = atoi(argv[i + 1]);
+        if (!strcmp(argv[i], "--decode")) o->n_dec = parse_list(argv[i + 1], o->dec, 16);
+        if (!strcmp(argv[i], "--runs") && !(o->n_runs = parse_runs(argv[i + 1], o->runs, 32))) {
             fprintf(stderr, "bench_gpu: --runs takes BATCHxCONTEXT pairs, e.g. 1x131072,8x98304\n");
             return 2;
         }
-        if (!strcmp(argv[i], "--steps")) steps = atoi(argv[i + 1]);
-        if (!strcmp(argv[i], "--prefill")) n_pre = parse_list(argv[i + 1], pre, 16);
-        if (!strcmp(argv[i], "--gemm")) gemm = argv[i + 1];
-        if (!strcmp(argv[i], "--tp")) tp = atoi(argv[i + 1]);
-        if (!strcmp(argv[i], "--load-format")) load_format = argv[i + 1];
-        if (!strcmp(argv[i], "--duo-pattern")) pattern = argv[i + 1];
-        if (!strcmp(argv[i], "--duo-sparsity")) sparsity = (float)atof(argv[i + 1]);
-        if (!strcmp(argv[i], "--gpu-memory-utilization")) util = (float)atof(argv[i + 1]);
+        if (!strcmp(argv[i], "--steps")) o->steps = atoi(argv[i + 1]);
+        if (!strcmp(argv[i], "--prefill")) o->n_pre = parse_list(argv[i + 1], o->pre, 16);
+        if (!strcmp(argv[i], "--gemm")) o->gemm = argv[i + 1];
+        if (!strcmp(argv[i], "--tp")) o->tp = atoi(argv[i + 1]);
+        if (!strcmp(argv[i], "--load-format")) o->load_format = argv[i + 1];
+        if (!strcmp(argv[i], "--duo-pattern")) o->pattern = argv[i + 1];
+        if (!strcmp(argv[i], "--duo-sparsity")) o->sparsity = (float)atof(argv[i + 1]);
+        if (!strcmp(argv[i], "--gpu-memory-utilization")) o->util = (float)atof(argv[i + 1]);
     }
     /* the decode runs: --runs, else every batch size of --decode at --decode-ctx */
-    if (!n_runs)
-        for (int i = 0; i < n_dec; i++) runs[n_runs][0] = dec[i], runs[n_runs++][1] = dctx;
-    const int warm = 2; /* decode steps before the timed ones (--skip-prefill) */
-    if (steps < 1) steps = 1;
-    int max_b = 1, max_len = BENCH_PROMPT_CAP; /* prefills up to the prompt array */
-    for (int i = 0; i < n_runs; i++) {
-        int B = runs[i][0], x = runs[i][1];
-        if (skip ? x > BENCH_MAX_CTX : x + B > BENCH_PROMPT_CAP - 70 || x + steps + warm + 2 > BENCH_PROMPT_CAP) {
-            fprintf(stderr, "bench_gpu: batch %d at context %d: contexts go up to %d %s\n", B, x,
-                    skip ? BENCH_MAX_CTX : BENCH_PROMPT_CAP - 70 - B,
-                    skip ? "" : "at this batch size (larger ones: --skip-prefill)");
-            return 2;
-        }
-        max_b = B > max_b ? B : max_b;
-        /* the context, the steps and the few tokens around them */
-        if (skip && x + steps + warm + 8 > max_len) max_len = x + steps + warm + 8;
-    }
-    struct engine_config cfg = {.model_dir = argv[1], .device = dev, .gemm = gemm, .max_num_seqs = max_b,
-                                .max_num_batched_tokens = 8192, .max_model_len = max_len,
-                                .tensor_parallel_size = tp, .load_format = load_format, .duo_pattern = pattern,
-                                .duo_sparsity = sparsity, .gpu_memory_utilization = util,
-                                .no_prefix_caching = skip};
-    struct core *c;
-    char err[512];
-    double t0 = util_now();
-    if (core_create(&c, &cfg, err, sizeof err)) {
-        fprintf(stderr, "bench_gpu: %s\n", err);
-        return 1;
-    }
-    printf("load: %.2f s (%s, %s, gemm %s", util_now() - t0, argv[1], dev, gemm ? gemm : "invariant");
-    if (pattern) printf(", duo %s at sparsity %.2f", pattern, (double)sparsity);
-    printf(")\n");
-    int V = core_model(c)->cfg.vocab_size;
-    if (getenv("BENCH_PROFILE")) { /* per-op times at batch 1 on this model's shapes */
-        const struct model *m = core_model(c);
-        struct backend *b = m->b;
-        const struct backend_ops *op = b->ops;
-        int D = m->cfg.dim, F = m->cfg.hidden_dim, QKV = (m->cfg.n_heads + 2 * m->cfg.n_kv_heads) * m->cfg.head_dim;
-        int32_t tok = 5, pos = 100, ss[2] = {0, 1}, ip[2] = {0, 0}, row = 0;
-        struct fwd_batch bt = {1, 1, &tok, &pos, ss, ip, NULL, NULL, 1, &row, NULL, false};
-        op->begin_step(b, &bt);
-        op->sync(b);
-        const struct layer_weights *w = &m->layers[0];
-        struct {
-            const char *name;
-            int kind;
-        } ops[] = {{"add_rmsnorm 4096", 0}, {"silu_mul 14336", 4}, {"rope", 6}, {"begin_step+sync", 8}};
-        for (size_t k = 0; k < sizeof ops / sizeof ops[0]; k++) {
-            int reps = 200;
-            op->sync(b);
-            double t1 = util_now();
-            for (int r = 0; r < reps; r++) {
-                switch (ops[k].kind) {
-                case 0: op->add_rmsnorm(b, m->h, m->x, m->o, w->attn_norm, 1, D, 1e-5f); break;
-                case 4: op->silu_mul(b, m->act, m->gu, 1, F); break;
-                case 6: op->rope(b, m->qkv, m->cfg.n_heads + m->cfg.n_kv_heads, m->cfg.head_dim, QKV, m->inv_freq); break;
-                case 8: op->begin_step(b, &bt); op->sync(b); break;
-                }
-            }
-            op->sync(b);
-            printf("profile %-28s %8.1f us\n", ops[k].name, (util_now() - t1) / reps * 1e6);
-        }
-        /* GEMMs at decode and prefill batch sizes: time and the weight bandwidth it implies */
-        int Ms[] = {1, 8, 16, 32, 64, 256, 2048};
-        for (int g = 0; g < 5; g++) {
-            const char *gname[] = {"qkv", "wo", "gate|up", "down", "logits"};
-            int gn[] = {QKV, D, 2 * F, D, V}, gk[] = {D, m->cfg.n_heads * m->cfg.head_dim, D, F, D};
-            const void *gw[] = {w->wqkv, w->wo, w->w_gateup, w->w_down, m->lm_head};
-            void *gout[] = {m->qkv, m->o, m->gu, m->o, NULL};
-            const void *gin[] = {m->h, m->att, m->h, m->act, m->h};
-            for (int mi = 0; mi < (int)(sizeof Ms / sizeof Ms[0]); mi++) {
-                int M = Ms[mi], reps = M >= 2048 ? 5 : 50;
-                if (M > m->max_tokens || (g == 4 && M > 256)) continue;
-                op->sync(b);
-                double t1 = 0;
-                for (int r = -1; r < reps; r++) { /* r = -1: warm-up (first logits call sizes buffers) */
-                    if (r == 0) op->sync(b), t1 = util_now();
-                    if (g == 4) op->logits(b, NULL, gin[g], gw[g], M, gn[g], gk[g]);
-                    else op->matmul(b, gout[g], gin[g], gw[g], NULL, M, gn[g], gk[g]);
-                }
-                op->sync(b);
-                double us = (util_now() - t1) / reps * 1e6;
-                printf("profile gemm %-8s M %5d  N %6d K %5d %9.1f us  %6.0f GB/s  %6.1f TFLOP/s\n", gname[g], M, gn[g],
-                       gk[g], us, (double)gn[g] * gk[g] * 2 / us * 1e-3, 2.0 * M * gn[g] * gk[g] / us * 1e-6);
-            }
-        }
-    }
-    static int32_t prompt[BENCH_PROMPT_CAP];
-    for (int i = 0; i < BENCH_PROMPT_CAP; i++)
-        prompt[i] = V > 4000 ? 1000 + (i * 7919) % (V - 2000) : 3 + (i * 7919) % (V - 3);
+    if (!o->n_runs)
+        for (int i = 0; i < o->n_dec; i++) o->runs[o->n_runs][0] = o->dec[i], o->runs[o->n_runs++][1] = o->dctx;
+    if (o->steps < 1) o->steps = 1;
+    return 0;
+}
 
-    for (int k = 0; k < n_runs; k++) {
-        int B = runs[k][0], x = runs[k][1], plen = skip ? 1 : x;
+/* BENCH_PROFILE: per-op times at batch 1 on this model's shapes, then each GEMM at decode and
+ * prefill batch sizes: time and the weight bandwidth it implies */
+static void profile_ops(struct core *c) {
+    const struct model *m = core_model(c);
+    struct backend *b = m->b;
+    const struct backend_ops *op = b->ops;
+    int D = m->cfg.dim, F = m->cfg.hidden_dim, QKV = (m->cfg.n_heads + 2 * m->cfg.n_kv_heads) * m->cfg.head_dim;
+    int V = m->cfg.vocab_size;
+    int32_t tok = 5, pos = 100, ss[2] = {0, 1}, ip[2] = {0, 0}, row = 0;
+    struct fwd_batch bt = {1, 1, &tok, &pos, ss, ip, NULL, NULL, 1, &row, NULL, false};
+    op->begin_step(b, &bt);
+    op->sync(b);
+    const struct layer_weights *w = &m->layers[0];
+    struct {
+        const char *name;
+        int kind;
+    } ops[] = {{"add_rmsnorm 4096", 0}, {"silu_mul 14336", 4}, {"rope", 6}, {"begin_step+sync", 8}};
+    for (size_t k = 0; k < sizeof ops / sizeof ops[0]; k++) {
+        int reps = 200;
+        op->sync(b);
+        double t1 = util_now();
+        for (int r = 0; r < reps; r++) {
+            switch (ops[k].kind) {
+            case 0: op->add_rmsnorm(b, m->h, m->x, m->o, w->attn_norm, 1, D, 1e-5f); break;
+            case 4: op->silu_mul(b, m->act, m->gu, 1, F); break;
+            case 6: op->rope(b, m->qkv, m->cfg.n_heads + m->cfg.n_kv_heads, m->cfg.head_dim, QKV, m->inv_freq); break;
+            case 8: op->begin_step(b, &bt); op->sync(b); break;
+            }
+        }
+        op->sync(b);
+        printf("profile %-28s %8.1f us\n", ops[k].name, (util_now() - t1) / reps * 1e6);
+    }
+    int Ms[] = {1, 8, 16, 32, 64, 256, 2048};
+    for (int g = 0; g < 5; g++) {
+        const char *gname[] = {"qkv", "wo", "gate|up", "down", "logits"};
+        int gn[] = {QKV, D, 2 * F, D, V}, gk[] = {D, m->cfg.n_heads * m->cfg.head_dim, D, F, D};
+        const void *gw[] = {w->wqkv, w->wo, w->w_gateup, w->w_down, m->lm_head};
+        void *gout[] = {m->qkv, m->o, m->gu, m->o, NULL};
+        const void *gin[] = {m->h, m->att, m->h, m->act, m->h};
+        for (int mi = 0; mi < (int)(sizeof Ms / sizeof Ms[0]); mi++) {
+            int M = Ms[mi], reps = M >= 2048 ? 5 : 50;
+            if (M > m->max_tokens || (g == 4 && M > 256)) continue;
+            op->sync(b);
+            double t1 = 0;
+            for (int r = -1; r < reps; r++) { /* r = -1: warm-up (first logits call sizes buffers) */
+                if (r == 0) op->sync(b), t1 = util_now();
+                if (g == 4) op->logits(b, NULL, gin[g], gw[g], M, gn[g], gk[g]);
+                else op->matmul(b, gout[g], gin[g], gw[g], NULL, M, gn[g], gk[g]);
+            }
+            op->sync(b);
+            double us = (util_now() - t1) / reps * 1e6;
+            printf("profile gemm %-8s M %5d  N %6d K %5d %9.1f us  %6.0f GB/s  %6.1f TFLOP/s\n", gname[g], M, gn[g],
+                   gk[g], us, (double)gn[g] * gk[g] * 2 / us * 1e-3, 2.0 * M * gn[g] * gk[g] / us * 1e-6);
+        }
+    }
+}
+
+/* Each decode run: B sequences at context x (prefilled, or made without a prefill with
+ * --skip-prefill), then steps timed steps. 0, or 1 after the message. */
+static int run_decode(struct core *c, const struct bench_opts *o, const int32_t *prompt, int warm) {
+    char err[512];
+    for (int k = 0; k < o->n_runs; k++) {
+        int B = o->runs[k][0], x = o->runs[k][1], plen = o->skip ? 1 : x, steps = o->steps;
         for (int i = 0; i < B; i++) {
             struct engine_request r = {prompt + i, plen, greedy(steps + warm + 2)};
             if (core_add(c, &r, on_event, NULL, NULL, err, sizeof err)) {
@@ -216,7 +192,7 @@ int main(int argc, char **argv) {
         /* prefill (and the first token) until every sequence decodes one token per step */
         while (core_step(c) != B) {
         }
-        if (skip) { /* the context without its prefill, then steps at it until its graph is captured */
+        if (o->skip) { /* the context without its prefill, then steps at it until its graph is captured */
             if (core_bench_skip_context(c, x - 1, err, sizeof err) != B) {
                 fprintf(stderr, "bench_gpu: --skip-prefill at context %d, batch %d: %s\n", x, B, err);
                 return 1;
@@ -231,13 +207,19 @@ int main(int argc, char **argv) {
         core_stats(c, &s1);
         printf("decode batch %4d, context %5d: %7.2f ms/step, %9.1f tokens/s (forward %.2f ms, sampling %.2f ms per step)%s\n", B,
                x, dt / steps * 1e3, B * steps / dt, (s1.forward_seconds - s0.forward_seconds) / steps * 1e3,
-               (s1.sample_seconds - s0.sample_seconds) / steps * 1e3, skip ? " [skipped prefill]" : "");
+               (s1.sample_seconds - s0.sample_seconds) / steps * 1e3, o->skip ? " [skipped prefill]" : "");
         fflush(stdout);
         print_fa_clocks();
         while (core_has_work(c)) core_step(c);
     }
-    for (int k = 0; k < n_pre; k++) {
-        int L = pre[k];
+    return 0;
+}
+
+/* Each prefill: a prompt of L tokens alone (after a short warm-up prompt), its time */
+static void run_prefill(struct core *c, const struct bench_opts *o, const int32_t *prompt) {
+    char err[512];
+    for (int k = 0; k < o->n_pre; k++) {
+        int L = o->pre[k];
         if (L <= 0 || L > core_max_model_len(c) - 1 || L > BENCH_PROMPT_CAP) continue;
         struct engine_request r = {prompt, L, greedy(1)};
         /* warm-up on a short prompt, then the measured one */
@@ -253,6 +235,53 @@ int main(int argc, char **argv) {
         double dt = util_now() - t1;
         printf("prefill %6d tokens: %8.1f ms, %9.1f tokens/s\n", L, dt * 1e3, L / dt);
     }
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        fprintf(stderr, "usage: %s MODEL_DIR [cuda|cpu] [--decode 1,8,64,256] [--decode-ctx 128] [--runs BxCTX,..] "
+                        "[--steps 64] [--skip-prefill] [--prefill 2048,32768] [--duo-pattern FILE --duo-sparsity S]\n",
+                argv[0]);
+        return 2;
+    }
+    struct bench_opts o;
+    if (parse_opts(argc, argv, &o)) return 2;
+    const int warm = 2; /* decode steps before the timed ones (--skip-prefill) */
+    int max_b = 1, max_len = BENCH_PROMPT_CAP; /* prefills up to the prompt array */
+    for (int i = 0; i < o.n_runs; i++) {
+        int B = o.runs[i][0], x = o.runs[i][1];
+        if (o.skip ? x > BENCH_MAX_CTX : x + B > BENCH_PROMPT_CAP - 70 || x + o.steps + warm + 2 > BENCH_PROMPT_CAP) {
+            fprintf(stderr, "bench_gpu: batch %d at context %d: contexts go up to %d %s\n", B, x,
+                    o.skip ? BENCH_MAX_CTX : BENCH_PROMPT_CAP - 70 - B,
+                    o.skip ? "" : "at this batch size (larger ones: --skip-prefill)");
+            return 2;
+        }
+        max_b = B > max_b ? B : max_b;
+        /* the context, the steps and the few tokens around them */
+        if (o.skip && x + o.steps + warm + 8 > max_len) max_len = x + o.steps + warm + 8;
+    }
+    struct engine_config cfg = {.model_dir = o.model, .device = o.dev, .gemm = o.gemm, .max_num_seqs = max_b,
+                                .max_num_batched_tokens = 8192, .max_model_len = max_len,
+                                .tensor_parallel_size = o.tp, .load_format = o.load_format, .duo_pattern = o.pattern,
+                                .duo_sparsity = o.sparsity, .gpu_memory_utilization = o.util,
+                                .no_prefix_caching = o.skip};
+    struct core *c;
+    char err[512];
+    double t0 = util_now();
+    if (core_create(&c, &cfg, err, sizeof err)) {
+        fprintf(stderr, "bench_gpu: %s\n", err);
+        return 1;
+    }
+    printf("load: %.2f s (%s, %s, gemm %s", util_now() - t0, o.model, o.dev, o.gemm ? o.gemm : "invariant");
+    if (o.pattern) printf(", duo %s at sparsity %.2f", o.pattern, (double)o.sparsity);
+    printf(")\n");
+    if (getenv("BENCH_PROFILE")) profile_ops(c);
+    int V = core_model(c)->cfg.vocab_size;
+    static int32_t prompt[BENCH_PROMPT_CAP];
+    for (int i = 0; i < BENCH_PROMPT_CAP; i++)
+        prompt[i] = V > 4000 ? 1000 + (i * 7919) % (V - 2000) : 3 + (i * 7919) % (V - 3);
+    int rc = run_decode(c, &o, prompt, warm);
+    if (!rc) run_prefill(c, &o, prompt);
     core_free(c);
-    return 0;
+    return rc;
 }
