@@ -128,10 +128,8 @@ STRUCTURED_BODY = {"response_format": {"type": "json_schema", "json_schema": {
                                  "required": ["answer"], "additionalProperties": False}}}}
 
 
-def run_request(server, args, model, req, run_deadline, stop, messages=None):
-    """One streamed request; chat requests send `messages` (--multi-turn: the conversation so
-    far), else the prompt as one user message."""
-    res = Result(req)
+def request_body(args, model, req, messages):
+    """The JSON body of one streamed request."""
     chat = args.backend == "openai-chat"
     body = {"model": model}
     if chat:  # as vLLM's async_request_openai_chat_completions
@@ -147,7 +145,27 @@ def run_request(server, args, model, req, run_deadline, stop, messages=None):
         body.update(args.extra_body)
     if req.get("structured"):
         body.update(args.structured_body)
-    payload = json.dumps(body).encode()
+    return json.dumps(body).encode()
+
+
+def take_usage(res, usage):
+    """A stream's usage object into res (the counts the server reports)."""
+    if isinstance(usage.get("completion_tokens"), int):
+        res.output_tokens = usage["completion_tokens"]
+        res.usage_seen = True
+    if isinstance(usage.get("prompt_tokens"), int):
+        res.prompt_tokens = usage["prompt_tokens"]
+    details = usage.get("prompt_tokens_details")
+    if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
+        res.cached_tokens = details["cached_tokens"]
+
+
+def run_request(server, args, model, req, run_deadline, stop, messages=None):
+    """One streamed request; chat requests send `messages` (--multi-turn: the conversation so
+    far), else the prompt as one user message."""
+    res = Result(req)
+    chat = args.backend == "openai-chat"
+    payload = request_body(args, model, req, messages)
 
     st = time.perf_counter()
     res.start = st
@@ -213,16 +231,8 @@ def run_request(server, args, model, req, run_deadline, stop, messages=None):
                 res.chunks += 1
                 if args.keep_text:
                     res.text.append((delta.get("content") if chat else c0.get("text")) or "")
-            usage = obj.get("usage")
-            if isinstance(usage, dict):
-                if isinstance(usage.get("completion_tokens"), int):
-                    res.output_tokens = usage["completion_tokens"]
-                    res.usage_seen = True
-                if isinstance(usage.get("prompt_tokens"), int):
-                    res.prompt_tokens = usage["prompt_tokens"]
-                details = usage.get("prompt_tokens_details")
-                if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
-                    res.cached_tokens = details["cached_tokens"]
+            if isinstance(obj.get("usage"), dict):
+                take_usage(res, obj["usage"])
         res.end = time.perf_counter()
         if res.chunks == 0:
             res.status, res.error = "failed", "stream ended without any completion chunk"

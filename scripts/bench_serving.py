@@ -212,7 +212,7 @@ def benchmark(server, args, model, jobs):
     return final, duration, n_unsent, n_unfinished, interrupted, turns_sent
 
 
-def parse_args():
+def make_parser():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--base-url", default="http://127.0.0.1:8000", help="server root (default %(default)s)")
     ap.add_argument("--backend", default=None, choices=("openai", "vllm", "openai-chat"),
@@ -276,10 +276,11 @@ def parse_args():
     ap.add_argument("--save-detailed", action="store_true",
                     help="add per-request lists (input_lens, output_lens, ttfts, itls, e2els, errors) to --result-json")
     ap.add_argument("--quiet", action="store_true", help="no progress lines")
-    args = ap.parse_args()
+    return ap
 
-    if args.num_prompts < 1:
-        ap.error("--num-prompts must be >= 1")
+
+def check_multi_turn(ap, args):
+    """--multi-turn's flags, and the ones it does not take."""
     if args.max_turns is not None and not args.multi_turn:
         ap.error("--max-turns needs --multi-turn")
     if args.max_turns is not None and args.max_turns < 1:
@@ -300,6 +301,14 @@ def parse_args():
         if args.structured_fraction > 0:
             ap.error("--multi-turn does not take --structured-fraction (structured answers would become the "
                      "conversation's history)")
+
+
+def parse_args():
+    ap = make_parser()
+    args = ap.parse_args()
+    if args.num_prompts < 1:
+        ap.error("--num-prompts must be >= 1")
+    check_multi_turn(ap, args)
     if args.backend is None:
         args.backend = "openai"
     if args.output_len is not None and args.output_len < 1:

@@ -10,13 +10,16 @@ run back up, and the size limits of the house style.
 - Includes that run back up: file F includes header H of module M (H's own .c, same stem) while
   M's code reaches F's module through calls; and the folder rules of FOLDER_RULES (a lower floor
   that names a higher one). Header include loops count too.
-- Size (reported only): source files over 800 lines outside cuda/ kernels and tests; functions
-  over 120 lines outside kernels (__global__ / __device__), from ctags.
+- Size: source files (C, CUDA, headers, and scripts/'s C, Python and shell) over 800 lines, but
+  kernel files (CUDA sources with __global__ or __device__ code) and tests; functions over 120
+  lines but kernels (__global__ / __device__), from ctags for C and CUDA and the syntax tree for
+  Python.
 
 Objects of sources that were not built (the CUDA ones in a CUDA=0 build) are left out of the
-call graph, with a note. Exit status: 1 when there is a call circle or an include that runs
-back up, else 0 (the size report does not change it); 2 when nothing was built."""
+call graph, with a note. Exit status: 1 when there is a call circle, an include that runs back
+up or a file or function over its size, else 0; 2 when nothing was built."""
 import argparse
+import ast
 import os
 import re
 import subprocess
@@ -51,6 +54,31 @@ def sources(root):
                 if f.endswith((".c", ".h", ".cu", ".cuh")):
                     out.append(os.path.relpath(os.path.join(dirpath, f), root))
     return sorted(out)
+
+
+def scripts(root):
+    """scripts/'s C, Python and shell sources, as root-relative paths (sizes only)."""
+    d = os.path.join(root, "scripts")
+    return sorted(os.path.join("scripts", f) for f in os.listdir(d) if f.endswith((".c", ".h", ".py", ".sh")))
+
+
+def kernel_file(root, f):
+    """A CUDA source with device code: exempt from the file size (kernels are long by nature)."""
+    if not f.endswith((".cu", ".cuh")):
+        return False
+    text = open(os.path.join(root, f), encoding="utf-8", errors="replace").read()
+    return "__global__" in text or "__device__" in text
+
+
+def python_function_sizes(root, files):
+    """(file, function, lines, start) of every Python function."""
+    out = []
+    for f in files:
+        tree = ast.parse(open(os.path.join(root, f), encoding="utf-8").read())
+        for n in ast.walk(tree):
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                out.append((f, n.name, n.end_lineno - n.lineno + 1, n.lineno))
+    return out
 
 
 def nm_symbols(obj):
@@ -272,22 +300,25 @@ def main():
         bad += 1
         print(f"   UP {f} includes {h} ({why})")
 
-    print(f"== size (report only): files over {MAX_FILE_LINES} lines, functions over "
-          f"{MAX_FUNC_LINES} lines; cuda/ kernels and tests exempt")
-    checked = [f for f in files if not f.endswith((".cu", ".cuh"))]
+    print(f"== size: files over {MAX_FILE_LINES} lines, functions over {MAX_FUNC_LINES} lines; kernels and "
+          f"tests exempt")
+    extra = scripts(root)
+    checked = [f for f in files + extra if not kernel_file(root, f)]
     for f in checked:
         n = sum(1 for _ in open(os.path.join(root, f), encoding="utf-8", errors="replace"))
         if n > MAX_FILE_LINES:
+            bad += 1
             print(f"   FILE {f}: {n} lines")
-    funcs = function_sizes(root, files)
+    funcs = function_sizes(root, files + [f for f in extra if f.endswith((".c", ".h"))])
     if funcs is None:
-        print("   (ctags not found or failed: function sizes not checked)")
-    else:
-        for f, name, n, start in sorted(funcs):
-            if n > MAX_FUNC_LINES:
-                print(f"   FUNC {f}:{start} {name}: {n} lines")
+        print("   (ctags not found or failed: C function sizes not checked)")
+        funcs = []
+    for f, name, n, start in sorted(funcs + python_function_sizes(root, [f for f in extra if f.endswith(".py")])):
+        if n > MAX_FUNC_LINES:
+            bad += 1
+            print(f"   FUNC {f}:{start} {name}: {n} lines")
 
-    print("== result: " + ("FAIL (circles or upward includes)" if bad else "ok"))
+    print("== result: " + ("FAIL (circles, upward includes or sizes)" if bad else "ok"))
     return 1 if bad else 0
 
 
