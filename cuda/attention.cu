@@ -14,12 +14,8 @@
 #include <limits.h>
 #include <stdint.h>
 #include <stdlib.h>
-#include <string.h>
-
-#include <type_traits>
 
 #include "cuda/attn_common.cuh"
-#include "cuda/attn_prefill.h"
 #include "cuda/cuda_attention.h"
 #include "cuda/cuda_common.h"
 
@@ -213,22 +209,15 @@ __device__ __forceinline__ void fa_mma(float *c, const uint32_t *a, uint32_t b0,
 // bits in each) and sums P V for its HDP / 8 / FA_WARPS output tiles only. Each value is computed
 // exactly as a lone warp computes it (the same bits as prefill), the scores of four tiles at once
 // and without a barrier between tiles. One copy of Q.
-// PW (a work-sized split's retrieval units, head dims 64 and 128): each warp sums whole partitions
-// of the unit's run on its own (warp w: partitions pa + w, pa + w + FA_WARPS, ..), through a ring of
-// FA_PW_STAGES K/V tiles of its own, and writes their states; the lone warp's code again (the same
-// bits), with FA_WARPS x (FA_PW_STAGES - 1) tiles loading a block. One copy of Q.
-#define FA_PW_STAGES 3
-template <int HDP, bool DEC, bool PW = false> struct fa_cfg {
-    static constexpr bool COOP = DEC && !PW && FA_PT == FA_WARPS && (HDP / 8) % (2 * FA_WARPS) == 0;
+template <int HDP, bool DEC> struct fa_cfg {
+    static constexpr bool COOP = DEC && FA_PT == FA_WARPS && (HDP / 8) % (2 * FA_WARPS) == 0;
     static constexpr int OT = COOP ? HDP / 8 / FA_WARPS : HDP / 8; // output n8 tiles of a warp
-    static constexpr int STAGES = PW ? FA_PW_STAGES * FA_WARPS : COOP ? FA_PT : FA_STAGES; // K/V buffers
-    static constexpr int QW = COOP || PW ? 1 : FA_WARPS;                                      // Q copies
+    static constexpr int STAGES = COOP ? FA_PT : FA_STAGES, QW = COOP ? 1 : FA_WARPS; // K/V buffers, Q copies
     static constexpr int LD = HDP + 8; // padded smem rows: conflict-free ldmatrix
     // K, V x STAGES buffers; Q (per warp, or one); then each warp's partition total O (f32,
-    // lane-private, OT * 4 a lane; PW: warp 0's only, the one that sums an unsplit unit); then
-    // (COOP) the partition's scores, [tile][FA_KT / 8][4][32] f32
+    // lane-private, OT * 4 a lane); then (COOP) the partition's scores, [tile][FA_KT / 8][4][32] f32
     static constexpr size_t BF16_BYTES = (size_t)(2 * STAGES * FA_KT + 16 * QW) * LD * 2;
-    static constexpr size_t XS_OFF = BF16_BYTES + (size_t)(PW ? 1 : FA_WARPS) * OT * 4 * 32 * 4;
+    static constexpr size_t XS_OFF = BF16_BYTES + (size_t)FA_WARPS * OT * 4 * 32 * 4;
     // then (COOP) the block's partition state of each of up to 16 heads, [head][HDP + 2] f32
     // (cluster merges: read by the cluster's first block)
     static constexpr size_t ST_OFF = XS_OFF + (COOP ? (size_t)FA_PT * (FA_KT / 8) * 4 * 32 * 4 : 0);
@@ -429,21 +418,19 @@ __device__ fa_unit fa_unit_of(const struct cuda_attn_args &a, int u) {
 // (a.unit_T, decode steps): a 1-D grid of units (fa_unit_of); a unit that splits its (token, KV
 // head) computes a run of partitions and writes their states, and the last of its units to finish
 // merges them, or lists them for fa_merge_long_kernel (more than CUDA_ATTN_MERGE_LONG).
-// PW (WORK only): each warp of a retrieval unit whole partitions; a streaming unit warp 0 alone.
-template <int HDP, bool DEC, bool WORK = false, bool PW = false> // WORK (DEC only): a work-sized split's grid
+template <int HDP, bool DEC, bool WORK = false> // WORK (DEC only): a work-sized split's grid
 __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *q,
                                                               const __nv_bfloat16 *kb, const __nv_bfloat16 *vb, int rs,
                                                               struct cuda_attn_args a) {
-    using CF = fa_cfg<HDP, DEC, PW>;
+    using CF = fa_cfg<HDP, DEC>;
     constexpr int LD = CF::LD, OT = CF::OT, S = CF::STAGES;
     constexpr bool COOP = CF::COOP;
-    static_assert(!PW || WORK, "PW: a work-sized split's retrieval units");
     // the fused decode kernel (COOP with a.rope_inv_freq) is launched programmatically after the
     // qkv GEMM: its metadata and past K/V rows load while that GEMM runs, and it waits only
     // before its first read of the q|k|v rows (below). It lets the next kernel (the wo GEMM,
     // whose weight loads would queue ahead of its own) launch only once its last K/V tile has
     // landed (late_trigger); every other kernel at its start
-    const bool late_trigger = PW || (COOP && a.rope_inv_freq);
+    const bool late_trigger = COOP && a.rope_inv_freq;
     if (!late_trigger) pdl_trigger();
     if (!COOP || !a.rope_inv_freq) pdl_wait();
     FA_STAMP_GT(0, 48);
@@ -470,8 +457,7 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
         pv0 = full && a.sliding_window > 0 ? max(0, pos_tb - a.sliding_window + 1) / CUDA_ATTN_PART : 0;
         const int w = n_p - pv0;
         n_work = full ? min(un.k, w) : 1;
-        // (PW: a retrieval unit of one run splits too, its warps sharing the run; the block merges it)
-        split = (PW ? full : n_work > 1) && fa_split_fits_n(a, poff);
+        split = n_work > 1 && fa_split_fits_n(a, poff);
         if (!split && un.j != un.k - 1) return;
         if (split) {
             pa = pv0 + (int)((long long)un.j * w / un.k);
@@ -485,15 +471,15 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
         Z = split ? (int)gridDim.z : 1, z = split ? (int)blockIdx.z : 0;
         if (!split && blockIdx.z > 0) return;
     }
-    __nv_bfloat16 *sq = sv + S * FA_KT * LD + (COOP || PW ? 0 : warp) * 16 * LD;
+    __nv_bfloat16 *sq = sv + S * FA_KT * LD + (COOP ? 0 : warp) * 16 * LD;
     // the total O of this thread's outputs o[d][e]: sO[(d * 4 + e) * 32] (lane-private, no conflicts)
-    float *sO = reinterpret_cast<float *>(fa_raw + CF::BF16_BYTES) + (size_t)(PW ? 0 : warp) * OT * 4 * 32 + lane;
+    float *sO = reinterpret_cast<float *>(fa_raw + CF::BF16_BYTES) + (size_t)warp * OT * 4 * 32 + lane;
     const int HD = a.head_dim;
     const int G = a.n_heads / a.n_kv_heads, TPU = G >= 16 ? 1 : 16 / G; // tokens per unit (warp)
     // DEC: token tb is sequence tb's only row of the step (no tok_seq or seq_start round trips)
     const int s = DEC ? tb : a.tok_seq[tb], row0 = DEC ? tb : a.seq_start[s], row_end = DEC ? tb + 1 : a.seq_start[s + 1];
     if ((tb - row0) % (TPU * FA_WARPS)) return; // not the first token of a block's units
-    const int uw = COOP || PW ? 0 : warp; // the unit this warp computes on (COOP, PW: the block's one unit)
+    const int uw = COOP ? 0 : warp; // the unit this warp computes on (COOP: the block's one unit)
     const int d0 = COOP ? warp * OT : 0; // its first output n8 tile
     const int t0 = tb + uw * TPU, nt = max(0, min(TPU, row_end - t0)), nrows = nt * G;
     const int pos0 = DEC ? pos_tb : a.pos[row0], pos_last = DEC ? pos_tb : a.pos[row_end - 1]; // s's in this step
@@ -576,7 +562,7 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
     // the rotated Q goes back there too, by the block that writes the output (after every block
     // of the token has read the raw Q). So the step leaves what rope_append_kernel would.
     constexpr int RH = HDP / 2, RSTEP = 32 * FA_WARPS / RH; // pair ri of rows rr0, rr0 + RSTEP, ..
-    const float *rif = COOP || PW ? a.rope_inv_freq : NULL;
+    const float *rif = COOP ? a.rope_inv_freq : NULL;
     const int ri = tid % RH, rr0 = tid / RH;
     const bool own = rif && next_tile(pos_tb / FA_KT - 1) == pos_tb / FA_KT;
     __nv_bfloat16 *qrow = const_cast<__nv_bfloat16 *>(q) + (size_t)tb * rs + (size_t)kvh * G * HD; // head kvh*G + r
@@ -633,7 +619,7 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
     // (COOP loads a partition's K and V as two groups: kv 1 = K only, 2 = V only, 3 = both)
     auto load_tile = [&](int buf, int tile, int blk_next, int kv = 3) {
         int j = tile * FA_KT + kr;
-        if (own && !PW && j == pos_tb) return; // put_own's (PW: do_rope put it in the pool first)
+        if (own && j == pos_tb) return; // put_own's
         const __nv_bfloat16 *kp = NULL, *vp = NULL;
         if (full) {
             if (j <= pos_last) {
@@ -693,14 +679,11 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, M[2] = {-INFINITY, -INFINITY}, L[2] = {0.0f, 0.0f};
     float o[OT][4]; // output tiles d0 + d
     for (int d = 0; d < OT; d++)
-        for (int e = 0; e < 4; e++) {
-            o[d][e] = 0.0f;
-            if (!PW || warp == 0) sO[(d * 4 + e) * 32] = 0.0f;
-        }
+        for (int e = 0; e < 4; e++) o[d][e] = 0.0f, sO[(d * 4 + e) * 32] = 0.0f;
     uint32_t qa[HDP / 16][4];
     // this warp's Q rows into smem (zero rows/dims beyond the unit; COOP: warp 0's, once)
     auto load_q = [&]() {
-        for (int i = (COOP || PW) && warp ? 16 * (HDP / 8) : lane; i < 16 * (HDP / 8); i += 32) {
+        for (int i = COOP && warp ? 16 * (HDP / 8) : lane; i < 16 * (HDP / 8); i += 32) {
             int r = i / (HDP / 8), c = (i % (HDP / 8)) * 8;
             bool ok = r < nrows && c < HD;
             const int rt = fdiv(r, a.g_div);
@@ -850,9 +833,7 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
             lf[h] = l[h] + __shfl_xor_sync(0xffffffffu, l[h], 1);
             lf[h] += __shfl_xor_sync(0xffffffffu, lf[h], 2);
         }
-        if (split && PW) { // (every partition of a PW run has visible keys: no empty states)
-            write_state(p, false, lf);
-        } else if (split) {
+        if (split) {
             empty_until(p);
             write_state(p, false, lf);
             next_p = p + Z;
@@ -870,113 +851,7 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
             for (int e = 0; e < 4; e++) o[d][e] = 0.0f;
     };
 
-    if constexpr (PW) {
-        // Each warp its partitions (split; unsplit, warp 0 all of them), a tile at a time through
-        // its ring of FA_PW_STAGES buffers: tile k sums while k + 1 .. k + FA_PW_STAGES - 1 load
-        // (their pool blocks read an iteration ahead). Lane l copies 16 bytes of rows l / CPR +
-        // RPI i (16-byte pieces l % CPR): whole 32-byte sectors an instruction. Fused RoPE: the
-        // step's own K/V row goes to the pool (retrieval heads) or back to its q|k|v row (streaming
-        // heads) first (do_rope), and is read from there like any other. A streaming unit (sink and
-        // recent: a few partitions) is unsplit, summed by warp 0 alone.
-        constexpr int CPR = HDP / 8, RPI = 32 / CPR, NR = FA_KT / RPI; // pieces a row, rows an instruction, instructions a tile
-        constexpr int PS = FA_PW_STAGES;
-        const int lr = lane / CPR, lc = (lane % CPR) * 8, wb = warp * PS;
-        if (rif) do_rope();
-        else if (warp == 0) load_q();
-        asm volatile("cp.async.commit_group;\n" ::);
-        asm volatile("cp.async.wait_group 0;\n" ::);
-        __syncthreads(); // Q (and the own row in the pool) for every warp
-        const bool idle = !split && warp > 0;
-        const int first = pa + (split ? warp : 0), step = split ? FA_WARPS : 1;
-        auto pw_next = [&](int t) { // this warp's next tile after t, or INT_MAX
-            if (idle || t == INT_MAX) return INT_MAX;
-            if (!split) return next_tile(t); // (the block's whole walk: warp 0's)
-            t = max(t + 1, lo0);
-            const int p = t / FA_PT, pn = p <= first ? first : first + (p - first + step - 1) / step * step;
-            if (pn != p) t = max(pn * FA_PT, lo0); // the warp's next partition
-            return pn >= pb || t > hi0 ? INT_MAX : t;
-        };
-        auto pw_blocks = [&](int tile) { // lane l: the pool block of the tile's row l (retrieval heads)
-            const int j = tile == INT_MAX ? INT_MAX : tile * FA_KT + lane;
-            return full && j <= pos_last ? a.block_ids[bbase + fdiv(j, a.bs_div)] : 0;
-        };
-        static_assert(FA_KT == 32, "a lane a key row of a tile");
-        // a streaming head's row as load_tile reads it: this step's rows, else the streaming slot
-        // (their own loop below, so that the retrieval heads' hot loop keeps its registers)
-        auto pw_src = [&](int j, const __nv_bfloat16 *&kp, const __nv_bfloat16 *&vp) {
-            kp = vp = NULL;
-            if (j >= pos0) {
-                if (j <= pos_last) {
-                    const size_t off = (size_t)(row0 + j - pos0) * rs + (size_t)kvh * HD;
-                    kp = kb + off, vp = vb + off;
-                }
-            } else if (j < a.sink || j >= pos0 - a.recent) {
-                const int rr = j < a.sink ? j : a.sink + (j - a.sink) - fdiv(j - a.sink, a.rec_div) * a.recent;
-                const size_t off = stream_pool_row(a, sslot, rr, kvh - a.n_full) * HD;
-                kp = a.k_stream + off, vp = a.v_stream + off;
-            }
-        };
-        auto pw_load = [&](int buf, int tile, int bid) {
-            auto rows = [&](auto is_full) {
-#pragma unroll
-                for (int i = 0; i < NR; i++) {
-                    const int r = i * RPI + lr, j = tile * FA_KT + r, blk = __shfl_sync(0xffffffffu, bid, r);
-                    __nv_bfloat16 *dk = sk + ((wb + buf) * FA_KT + r) * LD + lc, *dv = sv + ((wb + buf) * FA_KT + r) * LD + lc;
-                    if (lc < HD) {
-                        const __nv_bfloat16 *kp, *vp;
-                        if constexpr (decltype(is_full)::value) {
-                            const bool ok = j <= pos_last;
-                            const size_t row = ok ? full_pool_row(a, blk, j - fdiv(j, a.bs_div) * a.block_size, kvh) * HD : 0;
-                            kp = ok ? a.k_full + row : NULL, vp = ok ? a.v_full + row : NULL;
-                        } else {
-                            pw_src(j, kp, vp);
-                        }
-                        fa_cp16(dk, kp ? kp + lc : kb, kp != NULL);
-                        fa_cp16(dv, vp ? vp + lc : vb, vp != NULL);
-                    } else { // padded dims are zero
-                        *reinterpret_cast<uint4 *>(dk) = make_uint4(0, 0, 0, 0);
-                        *reinterpret_cast<uint4 *>(dv) = make_uint4(0, 0, 0, 0);
-                    }
-                }
-            };
-            if (full) rows(std::true_type{});
-            else rows(std::false_type{});
-        };
-        if (warp == 0 || split) load_qa();
-        int tl[PS];
-        tl[0] = pw_next(-1);
-#pragma unroll
-        for (int i = 1; i < PS; i++) tl[i] = pw_next(tl[i - 1]);
-#pragma unroll
-        for (int i = 0; i < PS - 1; i++) {
-            if (tl[i] != INT_MAX) pw_load(i, tl[i], pw_blocks(tl[i]));
-            asm volatile("cp.async.commit_group;\n" ::);
-        }
-        int bid = pw_blocks(tl[PS - 1]);
-        int buf = 0;
-        for (int tile = tl[0]; tile != INT_MAX;) {
-            if (tl[PS - 1] != INT_MAX) pw_load((buf + PS - 1) % PS, tl[PS - 1], bid);
-            asm volatile("cp.async.commit_group;\n" ::);
-            const int tn = pw_next(tl[PS - 1]);
-            bid = pw_blocks(tn); // (its latency under this tile's sums)
-            asm volatile("cp.async.wait_group %0;\n" ::"n"(PS - 1)); // this tile's group landed
-            __syncwarp();
-            float sc[FA_KT / 8][4];
-            tile_scores(sk + (wb + buf) * FA_KT * LD, sc);
-            tile_mask(tile, sc);
-            tile_softmax(sc);
-            tile_pv(sv + (wb + buf) * FA_KT * LD, sc);
-            __syncwarp(); // every lane done with buf before the next iteration refills it
-#pragma unroll
-            for (int i = 0; i < PS - 1; i++) tl[i] = tl[i + 1];
-            tl[PS - 1] = tn;
-            buf = (buf + 1) % PS;
-            const int nx = tl[0];
-            if (nx == INT_MAX || nx / FA_PT != tile / FA_PT) close_partition(tile / FA_PT);
-            tile = nx;
-        }
-        __syncthreads(); // every warp done with the ring (the merge below reuses it)
-    } else if constexpr (COOP) {
+    if constexpr (COOP) {
         // A partition at a time: its tiles (up to FA_PT) land in buffers 0 .. FA_PT - 1, K and V
         // as two groups. Warp w computes the scores of tile w (tile_scores: the lone warp's code)
         // into the exchange; then every warp walks the tiles in order, the mask and softmax (the
@@ -1132,7 +1007,7 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
     if (late_trigger) pdl_trigger();
     FA_STAMP_GT(40, 49);
     if (split) { // the token's last block to finish (or fa_merge_kernel) writes the output
-        if (nrows > 0 && !PW) empty_until(min(n_parts, pb));
+        if (nrows > 0) empty_until(min(n_parts, pb));
         if (clus) { // the cluster's first block, from every block's shared memory
             fa_cluster_sync(); // every state written; every block has read the raw Q
             if (z == 0) {
@@ -1171,7 +1046,6 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
     }
 
     // out = O / L
-    if (PW && warp > 0) return; // (an unsplit PW unit: warp 0 summed it)
     for (int h = 0; h < 2; h++) {
         int r = g + 8 * h;
         if (r >= nrows) continue;
@@ -1303,9 +1177,6 @@ template <int HDP> static int fa_allow_smem() {
                                     (int)fa_cfg<HDP, true>::BYTES));
     CUDA_CHECK(cudaFuncSetAttribute(flash_kernel<HDP, true, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     (int)fa_cfg<HDP, true>::BYTES));
-    if constexpr (HDP >= 64)
-        CUDA_CHECK(cudaFuncSetAttribute(flash_kernel<HDP, true, true, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        (int)fa_cfg<HDP, true, true>::BYTES));
     return 0;
 }
 
@@ -1315,13 +1186,8 @@ static constexpr int fa_hdp_index(int hdp) { return hdp <= 16 ? 0 : hdp <= 32 ? 
 template <int HDP>
 static int fa_launch(const struct cuda_attn_env *env, bool dec, dim3 grid, cudaStream_t st, __nv_bfloat16 *o,
                      const __nv_bfloat16 *q, const __nv_bfloat16 *kb, const __nv_bfloat16 *vb, int rs,
-                     const struct cuda_attn_args &a, bool pw = false) {
+                     const struct cuda_attn_args &a) {
     const dim3 T(32 * FA_WARPS);
-    if constexpr (HDP >= 64) // a work-sized split's units, each warp whole partitions
-        if (pw) {
-            CUDA_CHECK(cuda_launch(flash_kernel<HDP, true, true, true>, grid, T, fa_cfg<HDP, true, true>::BYTES, st, o, q, kb, vb, rs, a));
-            return 0;
-        }
     // the fused decode kernel starts while the qkv GEMM runs (it waits for it inside)
     // (one wave of blocks: a larger step's blocks would take the GEMM's SMs and gain nothing; a
     // work-sized split's units, at most the blocks the device holds at once)
@@ -1355,10 +1221,10 @@ template <int HDP> static bool fa_cluster_fits() {
 }
 
 // The work-sized split's decode kernel blocks the device holds at once (its units fill them): at least sms.
-template <int HDP, bool PW = false> static int fa_resident(int sms) {
+template <int HDP> static int fa_resident(int sms) {
     int n = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, flash_kernel<HDP, true, true, PW>, 32 * FA_WARPS,
-                                                      fa_cfg<HDP, true, PW>::BYTES) != cudaSuccess) {
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, flash_kernel<HDP, true, true>, 32 * FA_WARPS,
+                                                      fa_cfg<HDP, true>::BYTES) != cudaSuccess) {
         cudaGetLastError();
         n = 1;
     }
@@ -1375,12 +1241,7 @@ extern "C" int cuda_attention_init(struct cuda_attn_env *env) {
     env->cluster = cl && fa_cluster_fits<64>() && fa_cluster_fits<128>();
     env->resident[0] = fa_resident<16>(env->sms), env->resident[1] = fa_resident<32>(env->sms);
     env->resident[2] = fa_resident<64>(env->sms), env->resident[3] = fa_resident<128>(env->sms);
-    env->resident_pw[0] = fa_resident<64, true>(env->sms), env->resident_pw[1] = fa_resident<128, true>(env->sms);
-    const char *pw = getenv("DUOSERVE_ATTN_PW"); // (an A/B switch until the next GPU run decides)
-    env->pw = !(pw && !strcmp(pw, "0"));
     env->plain_split = false;
-    env->wg_prefill = false; // (the backend sets it from its tuning)
-    if (fa_prefill_wg_init()) return -2;
     return 0;
 }
 
@@ -1461,13 +1322,11 @@ extern "C" int cuda_attention(const struct cuda_attn_env *env, void *out, void *
     // the step's time following the retrieval heads' bytes (PERF_NOTES run 43: 1.2-23x faster than
     // the plain split at 128k-512k)
     const int hdp_i = fa_hdp_index(a->head_dim);
-    // PW: the decode kernel whose warps take whole partitions (flash_kernel), head dims 64 and 128
-    const bool pw = env->pw && flash && decode && split >= 4 && (a->head_dim == 64 || a->head_dim == 128);
     // (a step of full-attention layers too many tokens to split at all: one block a (token, KV head) either way)
-    const int room = (pw ? env->resident_pw[a->head_dim == 64 ? 0 : 1] : env->resident[hdp_i]) - a->n_stream * n_tokens; // blocks left for retrieval units
+    const int room = env->resident[hdp_i] - a->n_stream * n_tokens; // blocks left for retrieval units
     const int X = a->n_full > 0 && room / a->n_full > n_tokens ? room / a->n_full - n_tokens : 0;
     const bool work = flash && decode && split >= 4 && !env->plain_split && a->ws && a->part_off && a->counters &&
-                      (long)n_tokens * a->n_kv_heads <= a->n_counters && (X > 0 || a->n_stream > 0 || pw);
+                      (long)n_tokens * a->n_kv_heads <= a->n_counters && (X > 0 || a->n_stream > 0);
     int Z = 1, n_work = 0;
     if (work) {
         n_work = a->n_stream * n_tokens + a->n_full * (n_tokens + X);
@@ -1500,23 +1359,19 @@ extern "C" int cuda_attention(const struct cuda_attn_env *env, void *out, void *
     } else if (!inv_freq && a->n_full) {
         CUDA_CHECK(cuda_launch(append_full_kernel, dim3(n_tokens), dim3(128), 0, st, kb, vb, rs, *a));
     }
-    if (flash && !decode && env->wg_prefill && fa_prefill_wg_takes(fa)) {
-        const int rc = fa_prefill_wg(o, q, kb, vb, rs, fa, n_tokens, st);
-        if (rc) return rc;
-    } else if (flash) {
+    if (flash) {
         dim3 fgrid = work ? dim3(n_work) : dim3(n_tokens, a->n_kv_heads, Z);
-        const bool pwl = work && pw;
         int rc = a->head_dim <= 16   ? fa_launch<16>(env, decode, fgrid, st, o, q, kb, vb, rs, fa)
                  : a->head_dim <= 32 ? fa_launch<32>(env, decode, fgrid, st, o, q, kb, vb, rs, fa)
-                 : a->head_dim <= 64 ? fa_launch<64>(env, decode, fgrid, st, o, q, kb, vb, rs, fa, pwl)
-                                     : fa_launch<128>(env, decode, fgrid, st, o, q, kb, vb, rs, fa, pwl);
+                 : a->head_dim <= 64 ? fa_launch<64>(env, decode, fgrid, st, o, q, kb, vb, rs, fa)
+                                     : fa_launch<128>(env, decode, fgrid, st, o, q, kb, vb, rs, fa);
         if (rc) return rc;
         if (Z > 1 && !fa.counters && !clus)
             CUDA_CHECK(cuda_launch(fa_merge_kernel, dim3(n_tokens, (a->n_heads + 3) / 4), dim3(128), 0, st, o, fa));
         // the long merges (split 5; only tokens given more than one unit split: at most X of them
         // a retrieval KV head), a warp each head and 32 dims, launched early (they wait inside)
-        if (work && split >= 5 && (X > 0 || pw)) {
-            const long items = (long)a->n_full * (pw ? n_tokens : min(n_tokens, X)) * G * ((a->head_dim + 31) / 32);
+        if (work && split >= 5 && X > 0) {
+            const long items = (long)a->n_full * min(n_tokens, X) * G * ((a->head_dim + 31) / 32);
             CUDA_CHECK(cuda_launch_pdl(true, fa_merge_long_kernel, dim3((unsigned)min(items, 8L * env->sms)), dim3(32), 0,
                                        st, o, (__nv_bfloat16 *)qkv, rs, fa));
         }

@@ -82,13 +82,6 @@ struct cuda_attn_env {
     // BACKEND_CUDA_PLAIN_SPLIT (the op test): long decode steps split each (token, KV head) into
     // the same number of blocks, as when the work-sized split cannot run
     bool plain_split;
-    // DUOSERVE_ATTN_WG=1 (cuda_tuning): prefill steps through the wgmma kernel (cuda/attn_prefill.cu;
-    // an A/B switch until a GPU run measures it)
-    bool wg_prefill;
-    // a work-sized split in the decode kernel whose warps take whole partitions (PW), and the
-    // blocks of that kernel the device holds at once (head dims 64, 128)
-    bool pw;
-    int resident_pw[2];
 };
 
 /* With the device current, before any launch there: the attention kernels' opt-in shared memory,

@@ -51,23 +51,6 @@ __device__ __forceinline__ void tma_weights(uint32_t dst, const CUtensorMap *map
                  "l"(map), "r"(0), "r"(kb), "r"(strip), "r"(bar)
                  : "memory");
 }
-// EXPERIMENT (MC): the same copy of half a tile's strips into the same offset of both blocks of a
-// 2-block cluster, completing on each block's barrier at bar's offset
-__device__ __forceinline__ void tma_weights_mc(uint32_t dst, const CUtensorMap *map, int kb, int strip, uint32_t bar) {
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%2, %3, %4}], [%5], %6;\n" ::"r"(dst),
-                 "l"(map), "r"(0), "r"(kb), "r"(strip), "r"(bar), "h"((unsigned short)3)
-                 : "memory");
-}
-// an arrival on the barrier at bar's offset in the cluster's block `rank`
-__device__ __forceinline__ void mbar_arrive_remote(uint32_t bar, unsigned rank) {
-    uint32_t r;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(bar), "r"(rank));
-    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(r) : "memory");
-}
-__device__ __forceinline__ void cluster_sync() {
-    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-
 // the B descriptor of k block kk of a stage at x: BK >= 64: boxes of 64 k, 128-byte rows; BK 32: one
 // box of 32 k, 64-byte rows
 template <int BN, int BK> __device__ __forceinline__ uint64_t x_desc(uint32_t x, int kk) {
@@ -85,21 +68,11 @@ struct wg_seg {
 };
 struct wg_walk {
     int u, u1; // stream-K: the next unit and the end of the block's range
-    int i;     // tiles mode: the next tile (MC: the next pair)
-    __device__ wg_walk(bool sk, int T, int CH, bool mc = false) {
+    int i;     // tiles mode: the next tile
+    __device__ wg_walk(bool sk, int T, int CH) {
         const int U = T * CH;
         u = (int)((long long)blockIdx.x * U / gridDim.x), u1 = (int)((long long)(blockIdx.x + 1) * U / gridDim.x);
-        i = mc ? blockIdx.x / 2 : blockIdx.x;
-    }
-    // MC: the cluster's two blocks take token tiles 2j and 2j + 1 of one weight tile (pair wt *
-    // ceil(TT / 2) + j; block 1's tile past the tokens when TT is odd: zeros in, nothing out)
-    __device__ bool next_mc(int NW, int TT, int CH, wg_seg &sg) {
-        const int TT2 = (TT + 1) / 2;
-        if (i >= NW * TT2) return false;
-        sg.wt = i / TT2, sg.tt = (i % TT2) * 2 + (int)(blockIdx.x & 1), sg.tile = sg.wt * TT + sg.tt;
-        sg.c_lo = 0, sg.c_hi = CH;
-        i += gridDim.x / 2;
-        return true;
+        i = blockIdx.x;
     }
     __device__ bool next(bool sk, int T, int TT, int CH, wg_seg &sg) {
         if (!sk) {
@@ -131,7 +104,7 @@ struct wg_args {
     int sk;    // stream-K
 };
 
-template <int BN, int BK, int TS, typename OUT, bool SW, int MC = 0>
+template <int BN, int BK, int TS, typename OUT, bool SW>
 __global__ void __launch_bounds__(WG_THREADS, 1)
     gemm_wg_kernel(const wg_args p, const __grid_constant__ CUtensorMap xmap, const __grid_constant__ CUtensorMap wmap) {
     using C = wg_cfg<BN, BK, TS>;
@@ -148,24 +121,22 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
     // k tiles go in pairs, so the last chunk's count is rounded up to even (a tile wholly past K
     // is zeros, and a step of zero products leaves the sum as it is)
     const int KT = (CH - 1) * KTC + ((KT0 - (CH - 1) * KTC + 1) & ~1);
-    const int TT = (M + BN - 1) / BN, NW = (N + WG_BM - 1) / WG_BM, T = NW * TT;
-    const bool sk = !MC && p.sk != 0;
-    const unsigned rank = blockIdx.x & 1; // MC: this block's rank in its cluster
-    if (threadIdx.x == 0) { // (MC: a stage is empty once both blocks' consumers are done with it)
-        for (int s = 0; s < ST; s++) mbar_init(full0 + 8 * s, 1), mbar_init(empty0 + 8 * s, MC ? 16 : 8);
+    const int TT = (M + BN - 1) / BN, T = (N + WG_BM - 1) / WG_BM * TT;
+    const bool sk = p.sk != 0;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < ST; s++) mbar_init(full0 + 8 * s, 1), mbar_init(empty0 + 8 * s, 8);
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
-    if constexpr (MC) cluster_sync(); // the peer's barriers are set before any copy or arrival reaches them
     pdl_wait();
 
     if (threadIdx.x < 128) { // producer
         asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
         if (threadIdx.x == 0) {
             int s = 0, ph = 0;
-            wg_walk walk(sk, T, CH, MC);
+            wg_walk walk(sk, T, CH);
             wg_seg sg;
-            while (MC ? walk.next_mc(NW, TT, CH, sg) : walk.next(sk, T, TT, CH, sg)) {
+            while (walk.next(sk, T, TT, CH, sg)) {
                 const int kt_end = min(KT, sg.c_hi * KTC);
                 for (int kt = sg.c_lo * KTC; kt < kt_end; kt++) {
                     mbar_wait(empty0 + 8 * s, ph ^ 1);
@@ -173,9 +144,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
                     // every box of the stage, also one wholly past K: the copies fill zeros past the
                     // matrix, and every k block of a stage goes through the wgmma group
                     mbar_expect_tx(full, C::X_BYTES + C::W_BYTES);
-                    if constexpr (MC) // this block's half of the strips, into both blocks
-                        tma_weights_mc(wsm(s) + rank * (C::W_BYTES / 2), &wmap, kt * KS, sg.wt * (WG_BM / 16) + rank * (WG_BM / 32), full);
-                    else tma_weights(wsm(s), &wmap, kt * KS, sg.wt * (WG_BM / 16), full);
+                    tma_weights(wsm(s), &wmap, kt * KS, sg.wt * (WG_BM / 16), full);
                     constexpr int XB = BK < 64 ? BK : 64; // k a token box
                     for (int h = 0; h < BK / XB; h++) tma_tokens(xs(s) + h * BN * XB * 2, &xmap, kt * BK + h * XB, sg.tt * BN, full);
                     if (++s == ST) s = 0, ph ^= 1;
@@ -196,16 +165,13 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
 #pragma unroll
         for (int j = 0; j < BN / 2; j++) acc[j] = 0.0f; // (defined before the first wgmma: a chunk's first step overwrites it)
         int s = 0, ph = 0;
-        auto release = [&](int st) { // stage st may be refilled (MC: in both blocks)
+        auto release = [&](int st) { // stage st may be refilled
             __syncwarp();
-            if (lane == 0) {
-                mbar_arrive(empty0 + 8 * st);
-                if constexpr (MC) mbar_arrive_remote(empty0 + 8 * st, rank ^ 1);
-            }
+            if (lane == 0) mbar_arrive(empty0 + 8 * st);
         };
-        wg_walk walk(sk, T, CH, MC);
+        wg_walk walk(sk, T, CH);
         wg_seg sg;
-        while (MC ? walk.next_mc(NW, TT, CH, sg) : walk.next(sk, T, TT, CH, sg)) {
+        while (walk.next(sk, T, TT, CH, sg)) {
             const int n0 = sg.wt * WG_BM + cwarp * 16 + g, t0 = sg.tt * BN + 2 * q;
             // output i of this thread: row n0 + 8 ((i % 4) / 2), token t0 + 8 (i / 4) + i % 2; f(n, t,
             // v(i)) for each within the matrix (v: an accumulator's or a running total's reference)
@@ -287,7 +253,6 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
         }
         pdl_trigger();
     }
-    if constexpr (MC) cluster_sync(); // no block leaves while its peer may still copy into it or arrive on it
 }
 
 // Stream-K's split tiles: each output's prefix total (slot j - 1) plus its chunks j.. in order,
@@ -346,25 +311,11 @@ static int weight_map(CUtensorMap *map, const void *w, int N, int K, int bk, int
     return encode(map, 3, w, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_NONE);
 }
 
-static int g_mc_clusters; // EXPERIMENT (MC): 2-block clusters of the MC kernel the device holds at once
-
 template <int BN, int BK, int TS, typename OUT, bool SW>
 static int wg_launch(OUT *y, const void *x, const void *w, const void *bias, int M, int N, int K, bool sk,
                      const struct gemm_wg_env *env, cudaStream_t s) {
     CUtensorMap xm, wm;
     if (token_map(&xm, x, M, K, BN, BK) || weight_map(&wm, w, N, K, BK, WG_BM / 16)) return -2;
-    if constexpr (BN == 128 && BK == 64 && !TS) {
-        const char *plan = getenv("DUOSERVE_WG_PLAN");
-        if (!sk && g_mc_clusters > 0 && plan && !strcmp(plan, "mc2")) { // EXPERIMENT (issue 20)
-            if (weight_map(&wm, w, N, K, BK, WG_BM / 32)) return -2;
-            const unsigned pairs = (unsigned)((N + WG_BM - 1) / WG_BM) * (unsigned)((M + 2 * BN - 1) / (2 * BN));
-            const unsigned grid = 2 * min(pairs, (unsigned)g_mc_clusters);
-            const wg_args a = {y, (const __nv_bfloat16 *)bias, M, N, K, env->ws, 0};
-            CUDA_CHECK(cuda_launch_cluster(false, dim3(2, 1, 1), gemm_wg_kernel<BN, BK, TS, OUT, SW, 1>, dim3(grid),
-                                           dim3(WG_THREADS), wg_cfg<BN, BK, TS>::SMEM, s, a, xm, wm));
-            return 0;
-        }
-    }
     const unsigned chunks = (unsigned)((K + GEMM_KC - 1) / GEMM_KC);
     const unsigned tiles = (unsigned)((N + WG_BM - 1) / WG_BM) * (unsigned)((M + BN - 1) / BN);
     const unsigned grid = sk ? (unsigned)min((size_t)env->sms, (size_t)tiles * chunks) : min(tiles, (unsigned)env->sms);
@@ -395,21 +346,6 @@ int gemm_wg_init(void) {
         return -2;
     }
     g_encode = (PFN_cuTensorMapEncodeTiled_v12000)fn;
-    { // EXPERIMENT (MC)
-        const int smem = (int)wg_cfg<128, 64>::SMEM;
-        CUDA_CHECK(cudaFuncSetAttribute(gemm_wg_kernel<128, 64, 0, __nv_bfloat16, false, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-        CUDA_CHECK(cudaFuncSetAttribute(gemm_wg_kernel<128, 64, 0, float, false, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-        CUDA_CHECK(cudaFuncSetAttribute(gemm_wg_kernel<128, 64, 0, __nv_bfloat16, true, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-        cudaLaunchConfig_t cfg = {};
-        cudaLaunchAttribute at;
-        at.id = cudaLaunchAttributeClusterDimension;
-        at.val.clusterDim.x = 2, at.val.clusterDim.y = 1, at.val.clusterDim.z = 1;
-        cfg.gridDim = dim3(256), cfg.blockDim = dim3(WG_THREADS), cfg.dynamicSmemBytes = smem, cfg.attrs = &at, cfg.numAttrs = 1;
-        int n = 0;
-        if (cudaOccupancyMaxActiveClusters(&n, gemm_wg_kernel<128, 64, 0, __nv_bfloat16, false, 1>, &cfg) != cudaSuccess)
-            cudaGetLastError(), n = 0;
-        g_mc_clusters = n;
-    }
     return wg_allow<64, 128>() | wg_allow<64, 64>() | wg_allow<128, 128>() | wg_allow<128, 64>() | wg_allow<256, 32, 1>();
 }
 

@@ -914,8 +914,7 @@ static void attention_bench(int ctx) {
 /* DUOSERVE_TEST_ONLY=prefillbench (profiling, not a test): one Llama-3-8B-shaped layer's causal
  * prefill attention (32/8 heads, head dim 128, full attention) of a prompt of n tokens in one
  * step (the engine's op: the step's K/V appended to the pool, then attention), the time a call
- * and TFLOP/s in standard FLOPs (4 n^2 / 2 x head dim x heads). Which kernel: as the backend's
- * switches say (DUOSERVE_ATTN_WG). */
+ * and TFLOP/s in standard FLOPs (4 n^2 / 2 x head dim x heads). */
 static void prefill_bench(int n) {
     const int H = 32, KV = 8, hd = 128, bs = 16, NB = (n + bs - 1) / bs, rs = (H + 2 * KV) * hd, R = 1024;
     const size_t full_n = (size_t)NB * bs * KV * hd;
