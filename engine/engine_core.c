@@ -427,8 +427,9 @@ const char *core_kv_dtype(const struct core *c) {
 }
 struct grammar_cache *core_grammar_cache(struct core *c) { return c->gcache; }
 
+void core_clear_prefix_cache(struct core *c) { kv_cache_prefix_drop(c->kv); }
+
 void core_reset_stats(struct core *c) {
-    kv_cache_prefix_drop(c->kv);
     int capacity = c->stats.kv_capacity_tokens;
     memset(&c->stats, 0, sizeof c->stats);
     c->sched.preemptions = 0;

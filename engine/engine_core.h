@@ -52,9 +52,12 @@ bool core_has_work(const struct core *c);
  * step or two). */
 void core_queue_state(const struct core *c, int *unseated, int *seats_left);
 void core_stats(const struct core *c, struct engine_stats *st);
-/* Zeroes the counters core_stats reports (not the capacity) and empties the prefix cache (none of
- * its sequences may run): requests the engine made itself, such as its warm-up, are nobody's. */
+/* Zeroes the counters core_stats reports (not the capacity): requests the engine made itself,
+ * such as its warm-up, are nobody's. */
 void core_reset_stats(struct core *c);
+/* Empties the prefix cache (no sequence may be running): what the engine's own requests left is
+ * no prefix of a user's. */
+void core_clear_prefix_cache(struct core *c);
 
 const struct model *core_model(const struct core *c);
 const struct tokenizer *core_tokenizer(const struct core *c);

@@ -46,6 +46,7 @@ int warmup_run(struct core *c, int max_batch, char *err, size_t errlen) {
     core_stats(c, &st);
     if (failed || core_has_work(c) || st.kv_usage_full != 0.0 || st.kv_usage_streaming != 0.0)
         return util_err(err, errlen, "the warm-up requests did not finish cleanly");
+    core_clear_prefix_cache(c);
     core_reset_stats(c);
     return steps;
 }
