@@ -133,18 +133,15 @@ static int parse_generate(int argc, char **argv, struct gen_cli *o) {
             return 1;
         }
         void *base = o;
-        /* --name=value as serve takes it (a boolean's value only that way) */
-        const char *eq = !strncmp(a, "--", 2) ? strchr(a, '=') : NULL, *v = eq ? eq + 1 : NULL;
-        char name[64] = "";
-        if (eq && (size_t)(eq - a - 2) < sizeof name) memcpy(name, a + 2, (size_t)(eq - a - 2));
-        const char *key = eq ? name : a + 2;
-        const struct opt *op = !strncmp(a, "--", 2) ? opt_find(gen_opts, N_GEN_OPTS, key) : NULL;
-        if (!op && !eq) op = opt_find_alias(gen_opts, N_GEN_OPTS, a);
-        if (!op && (op = !strncmp(a, "--", 2) ? opt_find(opt_engine, opt_engine_n, key) : NULL)) base = &o->ec;
-        if (!op && !eq && (op = opt_find_alias(opt_engine, opt_engine_n, a))) base = &o->ec;
+        /* --name=value as serve takes it (a boolean's value only that way; a flag's is refused by opt_set) */
+        char name[64];
+        const char *v = opt_split(a, name, sizeof name);
+        const struct opt *op = name[0] ? opt_find(gen_opts, N_GEN_OPTS, name) : NULL;
+        if (!op) op = opt_find_alias(gen_opts, N_GEN_OPTS, a);
+        if (!op && (op = name[0] ? opt_find(opt_engine, opt_engine_n, name) : NULL)) base = &o->ec;
+        if (!op && (op = opt_find_alias(opt_engine, opt_engine_n, a))) base = &o->ec;
         if (!op) return usage_error("generate: unknown option \"%s\"", a);
-        if (eq && op->type == OPT_FLAG) return usage_error("--%s takes no value", op->name);
-        if (!eq && op->type != OPT_FLAG && op->type != OPT_BOOL && op->type != OPT_BOOL_NOT) {
+        if (!v && op->type != OPT_FLAG && op->type != OPT_BOOL && op->type != OPT_BOOL_NOT) {
             if (i + 1 >= argc) return usage_error("%s needs a value", a);
             v = argv[++i];
         }

@@ -70,6 +70,18 @@ const struct opt *opt_find_alias(const struct opt *t, size_t n, const char *arg)
     return NULL;
 }
 
+const char *opt_split(const char *arg, char *name, size_t cap) {
+    name[0] = 0;
+    if (strncmp(arg, "--", 2)) return NULL;
+    const char *eq = strchr(arg, '=');
+    size_t n = eq ? (size_t)(eq - arg - 2) : strlen(arg + 2);
+    if (n < cap) {
+        memcpy(name, arg + 2, n);
+        name[n] = 0;
+    }
+    return eq ? eq + 1 : NULL;
+}
+
 int opt_parse_bytes(const char *v, double *out) {
     char *end;
     errno = 0;

@@ -37,6 +37,9 @@ extern const size_t opt_engine_n;
 const struct opt *opt_find(const struct opt *t, size_t n, const char *name);
 /* The entry whose alias is arg ("-m"), or NULL. */
 const struct opt *opt_find_alias(const struct opt *t, size_t n, const char *arg);
+/* A long option "--name" or "--name=value": its name into name[cap] (empty when arg is not one,
+ * or the name does not fit, so that no entry matches) and its value, or NULL without "=". */
+const char *opt_split(const char *arg, char *name, size_t cap);
 
 /* Sets op's field in base from the text v (NULL for an OPT_FLAG or a bare OPT_BOOL). Returns 0,
  * or -1 with a one-line message in err ("--max-model-len: \"abc\" is not an integer in [1, 16777216]"). */

@@ -136,20 +136,11 @@ static int parse_args(struct serve_options *o, int argc, char **argv) {
             serve_usage(stdout);
             return 1;
         }
-        const char *val = NULL;
+        char name[64];
+        const char *val = opt_split(a, name, sizeof name);
         const struct opt *op = NULL;
         void *base = o;
-        if (!strncmp(a, "--", 2)) {
-            char name[64];
-            const char *eq = strchr(a, '=');
-            size_t n = eq ? (size_t)(eq - a - 2) : strlen(a + 2);
-            if (n < sizeof name) {
-                memcpy(name, a + 2, n);
-                name[n] = 0;
-                op = find_flag(o, name, &base);
-            }
-            if (eq) val = eq + 1;
-        }
+        if (name[0]) op = find_flag(o, name, &base);
         if (!op && (op = opt_find_alias(opts, N_OPTS, a))) base = o;
         if (!op && (op = opt_find_alias(opt_engine, opt_engine_n, a))) base = &o->ec;
         if (!op) return usage_error("unknown option \"%s\"", a);
