@@ -30,7 +30,7 @@ from e2e_server import Server, check  # noqa: E402
 
 ROOT = es.ROOT
 BENCH = os.path.join(ROOT, "scripts", "bench_serving.py")
-SHARED = os.path.normpath(os.environ.get("DUO_SHARED", os.path.join(ROOT, "..", "shared")))
+SHARED = es.SHARED
 
 
 def bench(base_url, *args, timeout=90):
@@ -250,7 +250,7 @@ def test_chat(srv, tmp):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", default=os.path.join(ROOT, "build", "duoserve"))
-    ap.add_argument("--model", default=os.path.join(os.environ.get("DUO_SHARED", os.path.join(ROOT, "..", "shared")), "models", "stories260k"))
+    ap.add_argument("--model", default=es.STORIES260K)
     ap.add_argument("-k", default="", help="run only tests whose name contains this")
     args = ap.parse_args()
     model = os.path.normpath(args.model)

@@ -72,7 +72,7 @@ def test_failures(url):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", default=os.path.join(ROOT, "build", "duoserve"))
-    ap.add_argument("--model", default=os.path.join(os.environ.get("DUO_SHARED", os.path.join(ROOT, "..", "shared")), "models", "stories260k"))
+    ap.add_argument("--model", default=es.STORIES260K)
     args = ap.parse_args()
     model = os.path.normpath(args.model)
     if not os.path.exists(os.path.join(model, "config.json")):

@@ -641,7 +641,7 @@ def main():
     global LONG
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", default=os.path.join(ROOT, "build", "duoserve"))
-    ap.add_argument("--model", default=os.path.join(os.environ.get("DUO_SHARED", os.path.join(ROOT, "..", "shared")), "models", "stories260k"))
+    ap.add_argument("--model", default=es.STORIES260K)
     ap.add_argument("-k", default="", help="run only tests whose name contains this")
     ap.add_argument("--long", action="store_true", help="more trials, larger sizes (minutes)")
     args = ap.parse_args()

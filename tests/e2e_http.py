@@ -23,7 +23,7 @@ import time
 import traceback
 
 sys.dont_write_bytecode = True  # importing e2e_server must not leave tests/__pycache__ behind
-from e2e_server import FAIL, PASS, ROOT, Server, check, error_shape_ok, stream
+from e2e_server import FAIL, PASS, ROOT, Server, check, error_shape_ok, STORIES260K, stream
 
 LIMIT = 65536  # --max-request-bytes of the shared server
 
@@ -364,7 +364,7 @@ def test_cors_flags(binary, model):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", default=os.path.join(ROOT, "build", "duoserve"))
-    ap.add_argument("--model", default=os.path.join(os.environ.get("DUO_SHARED", os.path.join(ROOT, "..", "shared")), "models", "stories260k"))
+    ap.add_argument("--model", default=STORIES260K)
     ap.add_argument("-k", default="", help="run only tests whose name contains this")
     args = ap.parse_args()
     model = os.path.normpath(args.model)

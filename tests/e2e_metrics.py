@@ -495,7 +495,7 @@ def test_process(srv):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", default=os.path.join(ROOT, "build", "duoserve"))
-    ap.add_argument("--model", default=os.path.join(os.environ.get("DUO_SHARED", os.path.join(ROOT, "..", "shared")), "models", "stories260k"))
+    ap.add_argument("--model", default=es.STORIES260K)
     ap.add_argument("-k", default="", help="run only tests whose name contains this")
     args = ap.parse_args()
     model = os.path.normpath(args.model)

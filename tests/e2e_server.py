@@ -27,6 +27,9 @@ import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+# the fixtures (../shared, or $DUO_SHARED) and the model most tests serve
+SHARED = os.path.normpath(os.environ.get("DUO_SHARED", os.path.join(ROOT, "..", "shared")))
+STORIES260K = os.path.join(SHARED, "models", "stories260k")
 
 PASS, FAIL = [], []
 
@@ -554,7 +557,7 @@ def test_drain(binary, model):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", default=os.path.join(ROOT, "build", "duoserve"))
-    ap.add_argument("--model", default=os.path.join(os.environ.get("DUO_SHARED", os.path.join(ROOT, "..", "shared")), "models", "stories260k"))
+    ap.add_argument("--model", default=STORIES260K)
     ap.add_argument("-k", default="", help="run only tests whose name contains this")
     args = ap.parse_args()
     model = os.path.normpath(args.model)

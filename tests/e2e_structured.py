@@ -35,9 +35,8 @@ import traceback
 from decimal import Decimal
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from e2e_server import FAIL, PASS, ROOT, Server, check, error_shape_ok, stream  # noqa: E402
+from e2e_server import FAIL, PASS, ROOT, SHARED, Server, check, error_shape_ok, stream  # noqa: E402
 
-SHARED = os.environ.get("DUO_SHARED", os.path.join(ROOT, "..", "shared"))
 
 
 # ---- a JSON Schema validator for the subset (standard semantics), decimals exact ----

@@ -24,7 +24,7 @@ import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from e2e_server import FAIL, PASS, Server, check, stream  # noqa: E402
+from e2e_server import FAIL, PASS, Server, check, STORIES260K, stream  # noqa: E402
 
 CJK_PROMPT = "Lily saw a 日本"  # 日本 is six <0xNN> tokens in stories260k's vocabulary
 
@@ -205,9 +205,7 @@ def test_demo_stream_is_incremental(binary, demo_dir, srv):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", default=os.path.join(os.path.dirname(HERE), "build", "duoserve"))
-    ap.add_argument("--model", default=os.path.join(os.environ.get("DUO_SHARED", os.path.join(os.path.dirname(HERE), "..",
-                                                                                                "shared")),
-                                                    "models", "stories260k"))
+    ap.add_argument("--model", default=STORIES260K)
     ap.add_argument("-k", default="")
     args = ap.parse_args()
     binary, model = os.path.abspath(args.bin), os.path.normpath(args.model)
