@@ -16,6 +16,7 @@
 #include <stdlib.h>
 
 #include "cuda/attn_common.cuh"
+#include "cuda/attn_prefill.h"
 #include "cuda/cuda_attention.h"
 #include "cuda/cuda_common.h"
 
@@ -1242,6 +1243,8 @@ extern "C" int cuda_attention_init(struct cuda_attn_env *env) {
     env->resident[0] = fa_resident<16>(env->sms), env->resident[1] = fa_resident<32>(env->sms);
     env->resident[2] = fa_resident<64>(env->sms), env->resident[3] = fa_resident<128>(env->sms);
     env->plain_split = false;
+    env->wg_prefill = false; // (the backend sets it from its tuning)
+    if (fa_prefill_wg_init()) return -2;
     return 0;
 }
 
@@ -1359,7 +1362,10 @@ extern "C" int cuda_attention(const struct cuda_attn_env *env, void *out, void *
     } else if (!inv_freq && a->n_full) {
         CUDA_CHECK(cuda_launch(append_full_kernel, dim3(n_tokens), dim3(128), 0, st, kb, vb, rs, *a));
     }
-    if (flash) {
+    if (flash && !decode && env->wg_prefill && fa_prefill_wg_takes(fa)) {
+        const int rc = fa_prefill_wg(o, q, kb, vb, rs, fa, n_tokens, st);
+        if (rc) return rc;
+    } else if (flash) {
         dim3 fgrid = work ? dim3(n_work) : dim3(n_tokens, a->n_kv_heads, Z);
         int rc = a->head_dim <= 16   ? fa_launch<16>(env, decode, fgrid, st, o, q, kb, vb, rs, fa)
                  : a->head_dim <= 32 ? fa_launch<32>(env, decode, fgrid, st, o, q, kb, vb, rs, fa)

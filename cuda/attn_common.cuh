@@ -1,6 +1,6 @@
-// attn_common.cuh: what the attention kernels share (cuda/attention.cu's, and issue 21's prefill
-// kernel when it comes back): the pools' layouts, the copies, and the roundings of the
-// probabilities and of the partition merge, so that every kernel sums alike.
+// attn_common.cuh: what the attention kernels share (cuda/attention.cu's flash kernel, cuda/
+// attn_prefill.cu's wgmma prefill kernel): the pools' layouts, the copies, and the roundings of
+// the probabilities and of the partition merge, so that every kernel sums alike.
 #pragma once
 #include <cuda_bf16.h>
 #include <math.h>

@@ -708,6 +708,7 @@ extern "C" struct backend *backend_cuda_create(int device, int flags, char *err,
      * attn_ws_fit): a step whose states do not fit computes them in one block per (token, KV
      * head) instead, with the same result */
     c->attn_env.plain_split = (flags & BACKEND_CUDA_PLAIN_SPLIT) != 0;
+    c->attn_env.wg_prefill = c->tune.attn_wg;
     attn_ws_alloc(c, (size_t)16 << 20);
     tm_open(c);
     return b;

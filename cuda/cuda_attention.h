@@ -82,6 +82,9 @@ struct cuda_attn_env {
     // BACKEND_CUDA_PLAIN_SPLIT (the op test): long decode steps split each (token, KV head) into
     // the same number of blocks, as when the work-sized split cannot run
     bool plain_split;
+    // DUOSERVE_ATTN_WG (cuda_tuning, on by default): prefill steps at head dims 64 and 128 through the
+    // wgmma kernel (cuda/attn_prefill.cu); off, through the flash kernel (the same bits, slower)
+    bool wg_prefill;
 };
 
 /* With the device current, before any launch there: the attention kernels' opt-in shared memory,

@@ -12,12 +12,13 @@ struct tuning_switch {
     unsigned lo, hi, def;
 };
 
-enum { SW_NO_GRAPHS, SW_OP_TIMING, SW_NORM_PDL, SW_STREAM_K_MIN_UNITS, SW_COUNT };
+enum { SW_NO_GRAPHS, SW_OP_TIMING, SW_NORM_PDL, SW_ATTN_WG, SW_STREAM_K_MIN_UNITS, SW_COUNT };
 
 static const struct tuning_switch switches[SW_COUNT] = {
     [SW_NO_GRAPHS] = {"DUOSERVE_NO_CUDA_GRAPHS", 0, 1, 0},
     [SW_OP_TIMING] = {"DUOSERVE_OP_TIMING", 0, 1, 0},
     [SW_NORM_PDL] = {"DUOSERVE_NORM_PDL", 0, 1, 1},
+    [SW_ATTN_WG] = {"DUOSERVE_ATTN_WG", 0, 1, 1},
     [SW_STREAM_K_MIN_UNITS] = {"DUOSERVE_STREAM_K_MIN_UNITS", 0, 1u << 30, 8192},
 };
 
@@ -47,6 +48,7 @@ int cuda_tuning_parse(struct cuda_tuning *t, char *err, size_t errlen) {
     t->no_graphs = v[SW_NO_GRAPHS] != 0;
     t->op_timing = v[SW_OP_TIMING] != 0;
     t->norm_pdl = v[SW_NORM_PDL] != 0;
+    t->attn_wg = v[SW_ATTN_WG] != 0;
     t->stream_k_min_units = v[SW_STREAM_K_MIN_UNITS];
     return rc;
 }

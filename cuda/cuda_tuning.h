@@ -13,6 +13,7 @@ struct cuda_tuning {
     bool no_graphs;              // DUOSERVE_NO_CUDA_GRAPHS=1: decode steps run op by op, no CUDA graphs
     bool op_timing;              // DUOSERVE_OP_TIMING=1: each op's GPU time, logged when the backend goes
     bool norm_pdl;               // DUOSERVE_NORM_PDL (1): decode-step norms start while the GEMM before runs
+    bool attn_wg;                // DUOSERVE_ATTN_WG (1): prefill attention through the wgmma kernel (0: the flash kernel)
     unsigned stream_k_min_units; // DUOSERVE_STREAM_K_MIN_UNITS (8192): weight streams of this many
                                  // (strip, K chunk) units or more, on a grid short of a wave, go stream-K
 };

@@ -1,5 +1,5 @@
-// hopper.cuh: Hopper (sm_90a) building blocks of the wgmma kernels (cuda/gemm_wg.cu): shared-memory
-// addresses, mbarriers, and wgmma shared-memory descriptors.
+// hopper.cuh: Hopper (sm_90a) building blocks shared by the wgmma kernels (cuda/gemm_wg.cu,
+// cuda/attn_prefill.cu): shared-memory addresses, mbarriers, and wgmma shared-memory descriptors.
 #pragma once
 #include <stdint.h>
 
@@ -21,6 +21,11 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, int parity) {
                      : "r"(bar), "r"(parity)
                      : "memory");
 }
+// an arrival on bar once every cp.async this thread issued before has landed (the barrier counts
+// it as one of its expected arrivals: no pending count is added)
+__device__ __forceinline__ void mbar_arrive_cp_async(uint32_t bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
 
 // wgmma descriptor of a K-major tile with 128-byte rows, 128-byte swizzle (8-row groups 1024 bytes apart)
 __device__ __forceinline__ uint64_t sw128_desc(uint32_t addr) {
@@ -29,4 +34,11 @@ __device__ __forceinline__ uint64_t sw128_desc(uint32_t addr) {
 // the same with 64-byte rows, 64-byte swizzle (8-row groups 512 bytes apart)
 __device__ __forceinline__ uint64_t sw64_desc(uint32_t addr) {
     return (uint64_t)((addr & 0x3FFFF) >> 4) | (1ull << 16) | ((uint64_t)(512 >> 4) << 32) | (2ull << 62);
+}
+// an MN-major operand (B of P V: the keys are its k, the head dims its n, 64 dims a 128-byte
+// row) in 128-byte swizzled atoms of 8 k rows x 64 n: lbo bytes from one 64-wide n block to the
+// next, 1024 from one 8-row k group to the next
+__device__ __forceinline__ uint64_t sw128_mn_desc(uint32_t addr, uint32_t lbo) {
+    return (uint64_t)((addr & 0x3FFFF) >> 4) | ((uint64_t)((lbo >> 4) & 0x3FFF) << 16) | ((uint64_t)(1024 >> 4) << 32) |
+           (1ull << 62);
 }

@@ -7,8 +7,8 @@
 #include "cuda/cuda_tuning.h"
 
 static const char *const names[] = {"DUOSERVE_NO_CUDA_GRAPHS", "DUOSERVE_OP_TIMING", "DUOSERVE_NORM_PDL",
-                                    "DUOSERVE_STREAM_K_MIN_UNITS"};
-#define N_ON_OFF 3 /* the on/off switches come first */
+                                    "DUOSERVE_ATTN_WG", "DUOSERVE_STREAM_K_MIN_UNITS"};
+#define N_ON_OFF 4 /* the on/off switches come first */
 #define N_NAMES (sizeof names / sizeof names[0])
 
 static int unset_all(void **state) {
@@ -28,6 +28,7 @@ static void assert_defaults(const struct cuda_tuning *t) {
     assert_false(t->no_graphs);
     assert_false(t->op_timing);
     assert_true(t->norm_pdl);
+    assert_true(t->attn_wg);
     assert_int_equal(t->stream_k_min_units, 8192);
 }
 
@@ -49,6 +50,7 @@ static void test_zero(void **state) {
     assert_false(t.no_graphs); /* DUOSERVE_NO_CUDA_GRAPHS=0: graphs stay on */
     assert_false(t.op_timing);
     assert_false(t.norm_pdl);
+    assert_false(t.attn_wg);
     assert_int_equal(t.stream_k_min_units, 0); /* stream-K at every size (the op test's check) */
 }
 
@@ -61,6 +63,7 @@ static void test_one(void **state) {
     assert_true(t.no_graphs);
     assert_true(t.op_timing);
     assert_true(t.norm_pdl);
+    assert_true(t.attn_wg);
     assert_int_equal(t.stream_k_min_units, 1);
 }
 
@@ -74,6 +77,7 @@ static void test_each_switch_alone(void **state) {
     assert_true(t.no_graphs);
     assert_false(t.op_timing);
     assert_true(t.norm_pdl);
+    assert_true(t.attn_wg);
     assert_int_equal(t.stream_k_min_units, 8192);
     unset_all(NULL);
     setenv("DUOSERVE_STREAM_K_MIN_UNITS", "0016384", 1); /* leading zeros: still decimal */

@@ -914,7 +914,8 @@ static void attention_bench(int ctx) {
 /* DUOSERVE_TEST_ONLY=prefillbench (profiling, not a test): one Llama-3-8B-shaped layer's causal
  * prefill attention (32/8 heads, head dim 128, full attention) of a prompt of n tokens in one
  * step (the engine's op: the step's K/V appended to the pool, then attention), the time a call
- * and TFLOP/s in standard FLOPs (4 n^2 / 2 x head dim x heads). */
+ * and TFLOP/s in standard FLOPs (4 n^2 / 2 x head dim x heads). Which kernel: as the backend's
+ * switches say (DUOSERVE_ATTN_WG). */
 static void prefill_bench(int n) {
     const int H = 32, KV = 8, hd = 128, bs = 16, NB = (n + bs - 1) / bs, rs = (H + 2 * KV) * hd, R = 1024;
     const size_t full_n = (size_t)NB * bs * KV * hd;
@@ -1018,76 +1019,9 @@ static void gemm_bench(void) {
     if (blas) backend_destroy(blas);
 }
 
-int main(void) {
-    char err[256];
-    gpu = backend_cuda_create(0, 0, err, sizeof err);
-    char why[256];
-    if (!gpu && backend_cuda_probe(0, why, sizeof why) != BACKEND_CUDA_NONE) { /* a GPU it could not use: a failure */
-        printf("FAIL: %s\n0 passed, 1 failed\n", err);
-        return 1;
-    }
-    if (!gpu) {
-        printf("SKIP: %s\n0 passed, 0 failed\n", err);
-        return 0;
-    }
-    cpu = backend_cpu_create();
-    util_rng_seed(&rng, 7);
-    /* DUOSERVE_TEST_ONLY=matmul: the GEMM cases alone (checking another tile choice quickly);
-     * longattn: the long decode attention cases alone, under both splits */
-    const char *only = getenv("DUOSERVE_TEST_ONLY");
-    if (only && !strcmp(only, "attnbench")) {
-        int ctxs[] = {128, 1000, 4000, 32000};
-        for (int i = 0; i < 4; i++) attention_bench(ctxs[i]);
-        backend_destroy(cpu);
-        backend_destroy(gpu);
-        return 0;
-    }
-    if (only && !strcmp(only, "prefillbench")) { /* PREFILLBENCH_N="8192,32768": other prompt sizes */
-        const char *ns = getenv("PREFILLBENCH_N");
-        for (const char *s = ns ? ns : "2048,8192,32768,131072"; *s;) {
-            prefill_bench(atoi(s));
-            s = strchr(s, ',') ? strchr(s, ',') + 1 : "";
-        }
-        backend_destroy(cpu);
-        backend_destroy(gpu);
-        return 0;
-    }
-    if (only && !strcmp(only, "longattn")) { /* the long decode cases alone, under both splits */
-        test_long_decode();
-        printf("\ncuda ops: %d passed, %d failed\n", n_pass, n_fail);
-        backend_destroy(cpu);
-        backend_destroy(gpu);
-        return n_fail ? 1 : 0;
-    }
-    if (only && !strcmp(only, "gemmbench")) {
-        gemm_bench();
-        backend_destroy(cpu);
-        backend_destroy(gpu);
-        return 0;
-    }
-    if (only && !strcmp(only, "matmul")) {
-        printf("GEMM cases only (%s)\n", cuda_gemm_kind(64, 4096, 4096));
-        test_matmul();
-        test_matmul_stale_stages();
-        test_matmul_invariance();
-        test_matmul_swiglu();
-        test_norm_matmul();
-        test_matmul_llama();
-        printf("\ncuda ops: %d passed, %d failed\n", n_pass, n_fail);
-        backend_destroy(cpu);
-        backend_destroy(gpu);
-        return n_fail ? 1 : 0;
-    }
-    test_elementwise();
-    test_embed_rows_logits();
-    test_matmul();
-    test_matmul_stale_stages();
-    test_matmul_invariance();
-    test_matmul_swiglu();
-    test_norm_matmul();
-    test_matmul_llama();
-    test_rope();
-    test_argmax();
+/* every attention case: decode and prefill against the CPU, invariance, mask edges, mixed
+ * contexts, the fused RoPE append, cluster merges, the long decode cases */
+static void test_attention_all(void) {
     /* GQA ratios 1, 4, 8; head dims 64 and 128; decode and prefill; contexts to 32k */
     attention_case(8, 8, 64, 0, 1000, 1, 3, 0, 1, NULL);
     attention_case(32, 8, 128, 0, 4096, 1, 4, 0, 1, NULL);
@@ -1145,6 +1079,87 @@ int main(void) {
     /* the CUDA-core kernel: head dim 256, GQA 32 */
     attention_case(32, 1, 256, 0, 300, 3, 2, 0, 1, NULL);
     test_long_decode();
+}
+
+int main(void) {
+    char err[256];
+    gpu = backend_cuda_create(0, 0, err, sizeof err);
+    char why[256];
+    if (!gpu && backend_cuda_probe(0, why, sizeof why) != BACKEND_CUDA_NONE) { /* a GPU it could not use: a failure */
+        printf("FAIL: %s\n0 passed, 1 failed\n", err);
+        return 1;
+    }
+    if (!gpu) {
+        printf("SKIP: %s\n0 passed, 0 failed\n", err);
+        return 0;
+    }
+    cpu = backend_cpu_create();
+    util_rng_seed(&rng, 7);
+    /* DUOSERVE_TEST_ONLY=matmul: the GEMM cases alone (checking another tile choice quickly);
+     * attention: every attention case; longattn: the long decode cases alone, under both splits */
+    const char *only = getenv("DUOSERVE_TEST_ONLY");
+    if (only && !strcmp(only, "attnbench")) {
+        int ctxs[] = {128, 1000, 4000, 32000};
+        for (int i = 0; i < 4; i++) attention_bench(ctxs[i]);
+        backend_destroy(cpu);
+        backend_destroy(gpu);
+        return 0;
+    }
+    if (only && !strcmp(only, "prefillbench")) { /* PREFILLBENCH_N="8192,32768": other prompt sizes */
+        const char *ns = getenv("PREFILLBENCH_N");
+        for (const char *s = ns ? ns : "2048,8192,32768,131072"; *s;) {
+            prefill_bench(atoi(s));
+            s = strchr(s, ',') ? strchr(s, ',') + 1 : "";
+        }
+        backend_destroy(cpu);
+        backend_destroy(gpu);
+        return 0;
+    }
+    if (only && !strcmp(only, "attention")) { /* the attention cases alone (a new attention kernel) */
+        test_rope();
+        test_attention_all();
+        printf("\ncuda ops: %d passed, %d failed\n", n_pass, n_fail);
+        backend_destroy(cpu);
+        backend_destroy(gpu);
+        return n_fail ? 1 : 0;
+    }
+    if (only && !strcmp(only, "longattn")) { /* the long decode cases alone, under both splits */
+        test_long_decode();
+        printf("\ncuda ops: %d passed, %d failed\n", n_pass, n_fail);
+        backend_destroy(cpu);
+        backend_destroy(gpu);
+        return n_fail ? 1 : 0;
+    }
+    if (only && !strcmp(only, "gemmbench")) {
+        gemm_bench();
+        backend_destroy(cpu);
+        backend_destroy(gpu);
+        return 0;
+    }
+    if (only && !strcmp(only, "matmul")) {
+        printf("GEMM cases only (%s)\n", cuda_gemm_kind(64, 4096, 4096));
+        test_matmul();
+        test_matmul_stale_stages();
+        test_matmul_invariance();
+        test_matmul_swiglu();
+        test_norm_matmul();
+        test_matmul_llama();
+        printf("\ncuda ops: %d passed, %d failed\n", n_pass, n_fail);
+        backend_destroy(cpu);
+        backend_destroy(gpu);
+        return n_fail ? 1 : 0;
+    }
+    test_elementwise();
+    test_embed_rows_logits();
+    test_matmul();
+    test_matmul_stale_stages();
+    test_matmul_invariance();
+    test_matmul_swiglu();
+    test_norm_matmul();
+    test_matmul_llama();
+    test_rope();
+    test_argmax();
+    test_attention_all();
     printf("\ncuda ops: %d passed, %d failed\n", n_pass, n_fail);
     backend_destroy(cpu);
     backend_destroy(gpu);

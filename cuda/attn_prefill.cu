@@ -1,0 +1,325 @@
+// attn_prefill: the prefill attention on Hopper's wgmma (issue 21), for head dims 64 and 128.
+//
+// A block takes 2 x 4 units of one sequence and one KV head (a unit: 16 query rows, the (token,
+// head) pairs of TPU consecutive tokens and the G heads of the group, as the flash kernel's
+// warps have them), 128 rows in all, and three warpgroups: a producer, whose 128 threads copy a
+// partition's K and V rows at a time (cp.async, from the paged pool, the streaming slot or the
+// step's batch rows, as the flash kernel's load_tile) into a ring of stages in the 128-byte
+// swizzled layout wgmma reads, each thread's copies arriving on the stage's mbarrier; and two
+// consumer warpgroups of 64 rows (4 units) each. For each partition a consumer warpgroup
+// computes S = Q K^T for all 128 keys (wgmma m64n128k16, the head dim in k16 steps in order),
+// then walks the partition's 32-key tiles in order: the mask and the online softmax of the flash
+// kernel (the same code on the same accumulator layout: a warp's rows 16w + g and + 8, columns
+// 8n + 2q and + 1), then P V from registers (wgmma RS, P as a bf16 head and its remainder, each
+// k16 step head then remainder, in key order) with V from shared memory as an MN-major operand.
+// A closed partition's state is merged into the running total in shared memory with the flash
+// kernel's roundings. Every sum is the flash kernel's, in its order, so a row's bits are those
+// of the flash kernel (prefill or decode); tiles a warp's rows cannot see add exactly nothing.
+#include <cuda_bf16.h>
+#include <limits.h>
+#include <stdint.h>
+
+#include "cuda/attn_common.cuh"
+#include "cuda/attn_prefill.h"
+#include "cuda/cuda_common.h"
+#include "cuda/hopper.cuh"
+#include "cuda/wgmma.cuh"
+
+#define PF_WG 2                        // consumer warpgroups a block
+#define PF_THREADS (128 * (PF_WG + 1)) // and the producer's
+#define PF_ROWS 64                     // query rows a consumer warpgroup: 4 units
+
+template <int HD> struct pf_cfg {
+    static constexpr int Q_BYTES = PF_ROWS * HD * 2;           // a consumer warpgroup's Q rows
+    static constexpr int KV_BYTES = CUDA_ATTN_PART * HD * 2;   // a partition's K (or V) rows
+    static constexpr int O_BYTES = PF_WG * 128 * (HD / 2) * 4; // the consumers' running totals
+    static constexpr int STAGES = HD == 64 ? 4 : 2;
+    // (1024: the alignment of the swizzled tiles)
+    static constexpr size_t SMEM = 1024 + (size_t)PF_WG * Q_BYTES + (size_t)STAGES * 2 * KV_BYTES + O_BYTES + 2 * STAGES * 8 + 8;
+};
+
+// a 16-byte copy into shared memory at a 32-bit shared address (zeros when !pred)
+__device__ __forceinline__ void pf_cp16(uint32_t dst, const void *gmem, bool pred) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(pred ? 16 : 0));
+}
+// byte offset of element (row, col) in a tile of `rows` rows of HD bf16, stored as HD / 64 blocks
+// of 64 columns, each block's rows 128 bytes, their 16-byte chunks swizzled by the row (128-byte
+// swizzle, the pattern wgmma's descriptors name)
+__device__ __forceinline__ uint32_t pf_sw(int rows, int row, int col) {
+    return (uint32_t)((col / 64) * rows * 128 + row * 128 + ((((col % 64) / 8) ^ (row & 7)) * 16) + (col % 8) * 2);
+}
+
+// the tiles a query range [pf, pl] sees: [lo0, hi0] then [lo1, hi1] (the flash kernel's `range`)
+struct pf_range {
+    int lo0, hi0, lo1, hi1;
+    __device__ void make(const struct cuda_attn_args &a, bool full, int pf, int pl) {
+        lo1 = 1, hi1 = 0;
+        if (full) {
+            int first = a.sliding_window > 0 ? max(0, pf - a.sliding_window + 1) : 0;
+            lo0 = first / FA_KT;
+            hi0 = pl / FA_KT;
+        } else {
+            int sink_end = min(a.sink, pl + 1);
+            lo0 = 0;
+            hi0 = sink_end > 0 ? (sink_end - 1) / FA_KT : -1;
+            lo1 = max(hi0 + 1, max(0, pf - a.recent + 1) / FA_KT);
+            hi1 = pl / FA_KT;
+        }
+    }
+    __device__ void none() { lo0 = lo1 = 1, hi0 = hi1 = 0; }
+    __device__ bool has(int t) const { return (t >= lo0 && t <= hi0) || (t >= lo1 && t <= hi1); }
+    __device__ bool has_part(int p) const {
+        const int t0 = p * FA_PT, t1 = t0 + FA_PT - 1;
+        return max(t0, lo0) <= min(t1, hi0) || max(t0, lo1) <= min(t1, hi1); // (an empty range has none)
+    }
+    // the next partition after p (-1: from the start) with a tile in the range, or -1
+    __device__ int next_part(int p) const {
+        int t = (p + 1) * FA_PT;
+        if (t <= hi0) t = max(t, lo0);
+        else if (t <= hi1) t = max(t, lo1);
+        else return -1;
+        return t / FA_PT;
+    }
+};
+
+template <int HD>
+__global__ void __launch_bounds__(PF_THREADS, 1)
+    fa_prefill_wg_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *q, const __nv_bfloat16 *kb, const __nv_bfloat16 *vb,
+                         int rs, struct cuda_attn_args a) {
+    using C = pf_cfg<HD>;
+    constexpr int ST = C::STAGES, P = CUDA_ATTN_PART;
+    extern __shared__ unsigned char pf_raw[];
+    const uint32_t base = (smem_u32(pf_raw) + 1023) & ~1023u;
+    unsigned char *gbase = pf_raw + (base - smem_u32(pf_raw)); // generic address of base
+    auto q_at = [&](int w) { return base + w * C::Q_BYTES; };
+    auto k_at = [&](int s) { return base + PF_WG * C::Q_BYTES + s * C::KV_BYTES; };
+    auto v_at = [&](int s) { return base + PF_WG * C::Q_BYTES + (ST + s) * C::KV_BYTES; };
+    const uint32_t o_off = PF_WG * C::Q_BYTES + 2 * ST * C::KV_BYTES;
+    const uint32_t full0 = base + o_off + C::O_BYTES, empty0 = full0 + 8 * ST, qbar = empty0 + 8 * ST;
+
+    const int G = a.n_heads / a.n_kv_heads, TPU = G >= 16 ? 1 : 16 / G;
+    const int CT = TPU * 4 * PF_WG; // tokens a block
+    // the last tokens (the longest contexts) first
+    const int tb = (int)(gridDim.x - 1 - blockIdx.x), kvh = (int)blockIdx.y;
+    const int s = a.tok_seq[tb], row0 = a.seq_start[s], row_end = a.seq_start[s + 1];
+    if ((tb - row0) % CT) return; // not the first token of a block's units
+    const bool full = kvh < a.n_full;
+    const int pos0 = a.pos[row0], pos_last = a.pos[row_end - 1], pb_first = a.pos[tb];
+    const int pb_last = pb_first + min(CT, row_end - tb) - 1;
+    pf_range blk;
+    blk.make(a, full, pb_first, pb_last); // the block walks these (both warpgroups' tiles)
+
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < ST; i++) mbar_init(full0 + 8 * i, 128), mbar_init(empty0 + 8 * i, 4 * PF_WG);
+        mbar_init(qbar, 128);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    pdl_wait();
+
+    if (threadIdx.x < 128) { // producer: thread pt copies key row pt of each partition
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n");
+        const int pt = threadIdx.x;
+        // Q: row r of consumer warpgroup w is row r % 16 of unit 4 w + r / 16 (zeros past the unit)
+        for (int i = pt; i < PF_WG * PF_ROWS * (HD / 8); i += 128) {
+            const int w = i / (PF_ROWS * (HD / 8)), rem = i - w * (PF_ROWS * (HD / 8)), r = rem / (HD / 8), c = rem % (HD / 8);
+            const int t0 = tb + (4 * w + r / 16) * TPU, nt = max(0, min(TPU, row_end - t0)), rr = r % 16;
+            const bool ok = rr < nt * G;
+            const int rt = fdiv(rr, a.g_div);
+            const __nv_bfloat16 *src = ok ? q + (size_t)(t0 + rt) * rs + (size_t)(kvh * G + rr - rt * G) * HD + c * 8 : q;
+            pf_cp16(q_at(w) + pf_sw(PF_ROWS, r, c * 8), src, ok);
+        }
+        mbar_arrive_cp_async(qbar);
+        const int bbase = full ? a.block_indptr[s] : 0, sslot = full ? 0 : a.stream_slot[s];
+        int st = 0, ph = 0;
+        for (int p = blk.next_part(-1); p >= 0; p = blk.next_part(p)) {
+            mbar_wait(empty0 + 8 * st, ph ^ 1);
+            const int j = p * P + pt;
+            if (blk.has(j / FA_KT)) { // (the flash kernel's load_tile; invisible rows zero)
+                const __nv_bfloat16 *kp = NULL, *vp = NULL;
+                if (full) {
+                    if (j <= pos_last) {
+                        const int bi = fdiv(j, a.bs_div);
+                        const size_t row = full_pool_row(a, a.block_ids[bbase + bi], j - bi * a.block_size, kvh);
+                        kp = a.k_full + row * HD;
+                        vp = a.v_full + row * HD;
+                    }
+                } else if (j >= pos0) {
+                    if (j <= pos_last) {
+                        const size_t off = (size_t)(row0 + j - pos0) * rs + (size_t)kvh * HD;
+                        kp = kb + off;
+                        vp = vb + off;
+                    }
+                } else if (j < a.sink || j >= pos0 - a.recent) {
+                    const int rr = j < a.sink ? j : a.sink + (j - a.sink) - fdiv(j - a.sink, a.rec_div) * a.recent;
+                    const size_t off = stream_pool_row(a, sslot, rr, kvh - a.n_full) * HD;
+                    kp = a.k_stream + off;
+                    vp = a.v_stream + off;
+                }
+#pragma unroll
+                for (int c = 0; c < HD; c += 8) {
+                    pf_cp16(k_at(st) + pf_sw(P, pt, c), kp ? kp + c : kb, kp != NULL);
+                    pf_cp16(v_at(st) + pf_sw(P, pt, c), vp ? vp + c : vb, vp != NULL);
+                }
+            }
+            mbar_arrive_cp_async(full0 + 8 * st);
+            if (++st == ST) st = 0, ph ^= 1;
+        }
+        asm volatile("cp.async.wait_all;\n" ::: "memory");
+        return;
+    }
+
+    // consumers: warpgroup w, its warp wq computes unit 4 w + wq
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n");
+    const int w = threadIdx.x / 128 - 1, wq = threadIdx.x / 32 % 4, lane = threadIdx.x % 32, g = lane / 4, qd = lane % 4;
+    const int uw = 4 * w + wq, t0 = tb + uw * TPU, nt = max(0, min(TPU, row_end - t0)), nrows = nt * G;
+    const int wt0 = 4 * w * TPU, wnt = max(0, min(4 * TPU, row_end - tb - wt0)); // the warpgroup's tokens
+    pf_range mine;
+    if (wnt > 0) mine.make(a, full, pb_first + wt0, pb_first + wt0 + wnt - 1);
+    else mine.none();
+    // the flash kernel's mask: row h (at ipos[h]) sees key j iff j <= vhi[h] and (j >= vlo[h] or j < vse)
+    int vhi[2], vlo[2];
+    const int vse = full ? 0 : a.sink;
+    for (int h = 0; h < 2; h++) {
+        const int r = g + 8 * h, i = r < nrows ? pb_first + uw * TPU + fdiv(r, a.g_div) : -1;
+        vhi[h] = i;
+        vlo[h] = full ? (a.sliding_window > 0 ? i - a.sliding_window + 1 : 0) : i - a.recent + 1;
+    }
+    const float sl2 = a.scale * 1.4426950408889634f; // scores in log2 units: exp2f
+    float m[2], l[2], M[2] = {-INFINITY, -INFINITY}, L[2] = {0.0f, 0.0f};
+    float sc[P / 2], o[HD / 2]; // S of the partition (n8 block n: keys 8n ..), O of it (dims 8d ..)
+    // the running total of this thread's outputs o[i]: sO[i * 128 PF_WG] (lane-private, no conflicts)
+    float *sO = reinterpret_cast<float *>(gbase + o_off) + (threadIdx.x - 128);
+#pragma unroll
+    for (int i = 0; i < HD / 2; i++) sO[i * 128 * PF_WG] = 0.0f;
+    mbar_wait(qbar, 0);
+    int st = 0, ph = 0;
+    for (int p = blk.next_part(-1); p >= 0; p = blk.next_part(p)) {
+        mbar_wait(full0 + 8 * st, ph);
+        if (mine.has_part(p)) { // (warpgroup-uniform)
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < HD / 16; kk++)
+                wgmma_ss<P>(sc, sw128_desc(q_at(w) + (kk / 4) * PF_ROWS * 128 + (kk % 4) * 32),
+                            sw128_desc(k_at(st) + (kk / 4) * P * 128 + (kk % 4) * 32), kk > 0);
+            wgmma_commit();
+            wgmma_wait<0>();
+            wgmma_hold<P / 2>(sc);
+            for (int h = 0; h < 2; h++) m[h] = -INFINITY, l[h] = 0.0f;
+#pragma unroll
+            for (int i = 0; i < HD / 2; i++) o[i] = 0.0f;
+#pragma unroll
+            for (int i = 0; i < FA_PT; i++) {
+                const int tile = p * FA_PT + i;
+                if (!mine.has(tile)) continue; // (warpgroup-uniform)
+                float *x = sc + 16 * i;        // x[4 n + e]: the flash kernel's sc[n][e] of this tile
+                // the mask, and the scores in log2 units (an invisible key: -inf)
+#pragma unroll
+                for (int h = 0; h < 2; h++)
+#pragma unroll
+                    for (int n = 0; n < FA_KT / 8; n++)
+#pragma unroll
+                        for (int e = 0; e < 2; e++) {
+                            const int j = tile * FA_KT + n * 8 + 2 * qd + e;
+                            const bool vis = (j <= vhi[h]) & ((j >= vlo[h]) | (j < vse));
+                            x[4 * n + 2 * h + e] = vis ? x[4 * n + 2 * h + e] * sl2 : -INFINITY;
+                        }
+                // the online softmax (each row's scores in one quad of lanes); o rescaled
+                float corr[2];
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    float mx = -INFINITY;
+#pragma unroll
+                    for (int n = 0; n < FA_KT / 8; n++)
+#pragma unroll
+                        for (int e = 0; e < 2; e++) mx = fmaxf(mx, x[4 * n + 2 * h + e]);
+                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                    const float mn = fmaxf(m[h], mx);
+                    corr[h] = mn == -INFINITY ? 1.0f : exp2f(m[h] - mn);
+                    float sum = 0.0f;
+#pragma unroll
+                    for (int n = 0; n < FA_KT / 8; n++)
+#pragma unroll
+                        for (int e = 0; e < 2; e++) {
+                            const float pv = mn == -INFINITY ? 0.0f : exp2f(x[4 * n + 2 * h + e] - mn);
+                            x[4 * n + 2 * h + e] = pv;
+                            sum += pv;
+                        }
+                    l[h] = l[h] * corr[h] + sum;
+                    m[h] = mn;
+                }
+#pragma unroll
+                for (int d = 0; d < HD / 8; d++) o[4 * d] *= corr[0], o[4 * d + 1] *= corr[0], o[4 * d + 2] *= corr[1], o[4 * d + 3] *= corr[1];
+                // O += P V: per k16 step c, the head then the remainder of P (the flash kernel's tile_pv)
+                uint32_t ph_[2][4], pl_[2][4];
+#pragma unroll
+                for (int c = 0; c < FA_KT / 16; c++) {
+                    split_p(x[4 * (2 * c)], x[4 * (2 * c) + 1], ph_[c][0], pl_[c][0]);
+                    split_p(x[4 * (2 * c + 1)], x[4 * (2 * c + 1) + 1], ph_[c][2], pl_[c][2]);
+                    split_p(x[4 * (2 * c) + 2], x[4 * (2 * c) + 3], ph_[c][1], pl_[c][1]);
+                    split_p(x[4 * (2 * c + 1) + 2], x[4 * (2 * c + 1) + 3], ph_[c][3], pl_[c][3]);
+                }
+                wgmma_fence();
+#pragma unroll
+                for (int c = 0; c < FA_KT / 16; c++) {
+                    const uint64_t vd = sw128_mn_desc(v_at(st) + (tile % FA_PT * FA_KT + 16 * c) * 128, P * 128);
+                    wgmma_rs_mn<HD>(o, ph_[c], vd, 1);
+                    wgmma_rs_mn<HD>(o, pl_[c], vd, 1);
+                }
+                wgmma_commit();
+                wgmma_wait<0>();
+                wgmma_hold<HD / 2>(o);
+            }
+        }
+        __syncwarp();
+        if (lane == 0) mbar_arrive(empty0 + 8 * st); // this warp is done with the stage
+        if (mine.has_part(p)) { // the partition closed: its state into the total (the flash kernel's close_partition)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                float lf = l[h] + __shfl_xor_sync(0xffffffffu, l[h], 1);
+                lf += __shfl_xor_sync(0xffffffffu, lf, 2);
+                float ca, cb;
+                if (fa_merge_begin(M[h], L[h], m[h], lf, ca, cb))
+#pragma unroll
+                    for (int d = 0; d < HD / 8; d++)
+#pragma unroll
+                        for (int e = 2 * h; e < 2 * h + 2; e++)
+                            sO[(4 * d + e) * 128 * PF_WG] = fa_merge_o(sO[(4 * d + e) * 128 * PF_WG], o[4 * d + e], ca, cb);
+            }
+        }
+        if (++st == ST) st = 0, ph ^= 1;
+    }
+    // out = O / L
+    for (int h = 0; h < 2; h++) {
+        const int r = g + 8 * h;
+        if (r >= nrows) continue;
+        const float inv = 1.0f / L[h];
+        const int rt = fdiv(r, a.g_div);
+        __nv_bfloat16 *orow = out + ((size_t)(t0 + rt) * a.n_heads + (size_t)(kvh * G + r - rt * G)) * HD;
+#pragma unroll
+        for (int d = 0; d < HD / 8; d++)
+            *reinterpret_cast<__nv_bfloat162 *>(orow + d * 8 + 2 * qd) =
+                __floats2bfloat162_rn(sO[(4 * d + 2 * h) * 128 * PF_WG] * inv, sO[(4 * d + 2 * h + 1) * 128 * PF_WG] * inv);
+    }
+}
+
+int fa_prefill_wg_init(void) {
+    CUDA_CHECK(cudaFuncSetAttribute(fa_prefill_wg_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)pf_cfg<64>::SMEM));
+    CUDA_CHECK(cudaFuncSetAttribute(fa_prefill_wg_kernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)pf_cfg<128>::SMEM));
+    return 0;
+}
+
+bool fa_prefill_wg_takes(const struct cuda_attn_args &a) {
+    const int G = a.n_kv_heads > 0 ? a.n_heads / a.n_kv_heads : 0;
+    return (a.head_dim == 64 || a.head_dim == 128) && G >= 1 && G <= 16;
+}
+
+int fa_prefill_wg(__nv_bfloat16 *out, const __nv_bfloat16 *q, const __nv_bfloat16 *kb, const __nv_bfloat16 *vb, int rs,
+                  const struct cuda_attn_args &a, int n_tokens, cudaStream_t st) {
+    const dim3 grid(n_tokens, a.n_kv_heads), T(PF_THREADS);
+    static_assert(pf_cfg<128>::SMEM <= 232448 && pf_cfg<64>::SMEM <= 232448, "shared memory");
+    if (a.head_dim == 64) CUDA_CHECK(cuda_launch(fa_prefill_wg_kernel<64>, grid, T, pf_cfg<64>::SMEM, st, out, q, kb, vb, rs, a));
+    else CUDA_CHECK(cuda_launch(fa_prefill_wg_kernel<128>, grid, T, pf_cfg<128>::SMEM, st, out, q, kb, vb, rs, a));
+    return 0;
+}
