@@ -2,7 +2,7 @@
 # device_run.sh: one GPU-machine run of the checks, benchmarks, A/B of the switches, kernel
 # traces and ShareGPT serving; the stages to run are the arguments (default: all of them).
 #
-#   [AB="name:VAR=v,..."] [TRACE_AB="name:VAR=v,..."] bash scripts/device_run.sh [attnbench] [prefillbench] [optest] [gemm] [gemmab] [ncu] [checks] [bench] [gemmprof] [gemmbench] [stamps] [ab] [variants] [longdec] [trace] [optime] [serving] [sharegpt] [multiturn] [longprefill] [tp]
+#   [AB="name:VAR=v,..."] [TRACE_AB="name:VAR=v,..."] bash scripts/device_run.sh [attnbench] [prefillbench] [optest] [ncuattn] [gemm] [gemmab] [ncu] [checks] [bench] [gemmprof] [gemmbench] [stamps] [ab] [variants] [longdec] [trace] [optime] [serving] [sharegpt] [multiturn] [longprefill] [tp]
 #
 # Expects .device/ as scripts/device_pack.sh leaves it (run there first): bin.txz (the stripped
 # binaries of make CUDA=1 BUILD=build-gpu, libktrace.so and libcupti.so.13 in bin/),
@@ -80,6 +80,20 @@ if has ncu; then
       --launch-skip 2 --launch-count 1 --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
       --section WarpStateStats --section SchedulerStats $B/duoserve-test-cuda > $L/ncu_$n.txt 2>&1
     echo "== ncu $spec"; grep -E "Duration|Throughput|Pipe|Busy|Stall|Issued|Eligible|Hit Rate|Bandwidth|L2|Shared" $L/ncu_$n.txt | head -40
+  done
+fi
+# Nsight Compute on the attention kernels (issues 21, 22): NCU_ATTN="bench:kernel-regex ..." runs
+# DUOSERVE_TEST_ONLY=bench (prefillbench at PREFILLBENCH_N, default 32768; attnbench at ATTNBENCH_CTX,
+# default 32000) and profiles
+# one call of each kernel the regex names (default: the wgmma prefill kernel and the flash kernel
+# in prefillbench, the flash kernel's decode in attnbench)
+if has ncuattn; then
+  for spec in ${NCU_ATTN:-prefillbench:fa_prefill_wg prefillbench:flash_kernel attnbench:flash_kernel}; do
+    bn=${spec%%:*}; n=${bn}_$(echo "${spec#*:}" | tr -c 'A-Za-z0-9\n' '_'); sw=; [[ "${spec#*:}" == flash* && $bn == prefillbench ]] && sw=DUOSERVE_ATTN_WG=0
+    env $sw PREFILLBENCH_N=${PREFILLBENCH_N:-32768} ATTNBENCH_CTX=${ATTNBENCH_CTX:-32000} DUOSERVE_TEST_ONLY=$bn timeout 240 ncu --clock-control none --kernel-name "regex:${spec#*:}" \
+      --launch-skip 2 --launch-count 1 --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+      --section WarpStateStats --section SchedulerStats --section Occupancy --section LaunchStats $B/duoserve-test-cuda > $L/ncu_$n.txt 2>&1
+    echo "== ncu $spec"; grep -E "Duration|Throughput|Pipe|Busy|Stall|Issued|Eligible|Bandwidth|Registers|Shared Memory Config|Achieved Occupancy|Block Limit" $L/ncu_$n.txt | head -40
   done
 fi
 if has checks; then

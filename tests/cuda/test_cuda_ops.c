@@ -765,6 +765,21 @@ static void test_long_decode(void) {
     gpu_alt = NULL;
 }
 
+/* Prefill chunks at long contexts (issue 21: the wgmma prefill kernel by default), against the CPU:
+ * chunks behind 16k to 128k of context, starting mid-block (contexts not a multiple of the block
+ * size; a second sequence 7 tokens shorter), GQA 4 and 8, head dims 64 and 128, streaming heads
+ * with sinks and recent windows of several sizes (a recent window longer than the chunk, a sink
+ * longer than a partition). Keys scaled by 3, as the long decode cases. */
+static void test_long_prefill(void) {
+    struct attn_opts sharp = {0, 3.0f, 1.0f, NULL, 0};
+    attention_case(32, 8, 128, 0, 32765, 64, 1, 0, 1, &sharp);     /* GQA 4 at 32k */
+    attention_case(32, 4, 128, 2, 16389, 96, 2, 64, 256, &sharp);  /* GQA 8, streaming, two sequences */
+    attention_case(16, 4, 64, 1, 24581, 40, 2, 16, 64, &sharp);    /* head dim 64 */
+    attention_case(32, 8, 128, 3, 20003, 130, 1, 4, 1024, &sharp); /* a recent window past the chunk */
+    attention_case(16, 2, 128, 1, 9001, 50, 1, 200, 128, &sharp);  /* a sink longer than a partition */
+    attention_case(16, 4, 128, 1, 131069, 16, 1, 64, 256, &sharp); /* 128k */
+}
+
 /* Attention batch invariance, bit for bit, on the GPU: the rows of one sequence's T-token
  * prefill must come out the same computed (A) in one step, (B) in three chunks (c1, T-1-c1, 1:
  * the last one a decode-shaped step), and (C) in one step behind another sequence's 5 tokens.
@@ -1079,6 +1094,7 @@ static void test_attention_all(void) {
     /* the CUDA-core kernel: head dim 256, GQA 32 */
     attention_case(32, 1, 256, 0, 300, 3, 2, 0, 1, NULL);
     test_long_decode();
+    test_long_prefill();
 }
 
 int main(void) {
@@ -1098,9 +1114,12 @@ int main(void) {
     /* DUOSERVE_TEST_ONLY=matmul: the GEMM cases alone (checking another tile choice quickly);
      * attention: every attention case; longattn: the long decode cases alone, under both splits */
     const char *only = getenv("DUOSERVE_TEST_ONLY");
-    if (only && !strcmp(only, "attnbench")) {
-        int ctxs[] = {128, 1000, 4000, 32000};
-        for (int i = 0; i < 4; i++) attention_bench(ctxs[i]);
+    if (only && !strcmp(only, "attnbench")) { /* ATTNBENCH_CTX="32000": other contexts */
+        const char *cs = getenv("ATTNBENCH_CTX");
+        for (const char *s = cs ? cs : "128,1000,4000,32000"; *s;) {
+            attention_bench(atoi(s));
+            s = strchr(s, ',') ? strchr(s, ',') + 1 : "";
+        }
         backend_destroy(cpu);
         backend_destroy(gpu);
         return 0;
