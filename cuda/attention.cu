@@ -48,7 +48,16 @@ struct key_range {
     __device__ int key(int v) const { return v < a1 - a0 ? a0 + v : b0 + (v - (a1 - a0)); }
 };
 
-template <int PER>
+// A K or V element at p, of a pool (F8: p's element offset in pool, as the fp8 pool's bytes) or of
+// the step's rows (srow; F8: rounded as the pool would hold it), as f32.
+template <bool F8>
+__device__ __forceinline__ float kv_elem(const __nv_bfloat16 *p, const __nv_bfloat16 *pool, bool srow, float scale) {
+    if constexpr (F8)
+        return srow ? __bfloat162float(kv8_round(*p, scale)) : kv8_dec(reinterpret_cast<const uint8_t *>(pool)[p - pool], scale);
+    return __bfloat162float(*p);
+}
+
+template <int PER, bool F8 = false> // F8: the pools are fp8 (cuda_attn_args.kv_fp8)
 __global__ void attn_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *q, const __nv_bfloat16 *kb,
                             const __nv_bfloat16 *vb, int rs, struct cuda_attn_args a) {
     // lane owns dims lane, lane + 32, ... (PER of them, the last ones masked when hd < 32 * PER)
@@ -77,15 +86,19 @@ __global__ void attn_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *q, const __
     }
     float m = -INFINITY, l = 0.0f;
     int n = kr.count();
+    const __nv_bfloat16 *kpool = full ? a.k_full : a.k_stream, *vpool = full ? a.v_full : a.v_stream;
+    const float ksc = F8 ? a.k_scale[kvh] : 1.0f, vsc = F8 ? a.v_scale[kvh] : 1.0f;
     // ATTN_UNROLL keys per warp iteration: their loads and shuffle reductions are independent,
     // so their latencies overlap (one key at a time left the SMs waiting on memory and shuffles)
     for (int base = warp * ATTN_UNROLL; base < n; base += ATTN_WARPS * ATTN_UNROLL) {
         float d[ATTN_UNROLL];
         const __nv_bfloat16 *vp[ATTN_UNROLL];
+        bool srow[ATTN_UNROLL]; // (F8) the key's K/V from the step's q|k|v rows, rounded as the pool would hold them
         for (int u = 0; u < ATTN_UNROLL; u++) {
             int vi = base + u;
             d[u] = 0.0f;
             vp[u] = NULL;
+            srow[u] = false;
             if (vi >= n) continue;
             int j = kr.key(vi);
             const __nv_bfloat16 *kp;
@@ -96,13 +109,14 @@ __global__ void attn_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *q, const __
                 size_t off = (size_t)(row0 + j - pos0) * rs + (size_t)kvh * HD;
                 kp = kb + off;
                 vp[u] = vb + off;
+                srow[u] = true;
             } else {
                 size_t off = stream_off(a, a.stream_slot[s], j, kvh - a.n_full);
                 kp = a.k_stream + off;
                 vp[u] = a.v_stream + off;
             }
             for (int i = 0; i < PER; i++)
-                if (i * 32 + lane < HD) d[u] += qv[i] * __bfloat162float(kp[i * 32 + lane]);
+                if (i * 32 + lane < HD) d[u] += qv[i] * kv_elem<F8>(kp + i * 32 + lane, kpool, srow[u], ksc);
         }
         for (int o = 16; o > 0; o >>= 1)
             for (int u = 0; u < ATTN_UNROLL; u++) d[u] += __shfl_xor_sync(0xffffffffu, d[u], o);
@@ -117,7 +131,7 @@ __global__ void attn_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *q, const __
             float p = __expf(d[u] - m_new);
             l += p;
             for (int i = 0; i < PER; i++)
-                if (i * 32 + lane < HD) acc[i] += p * __bfloat162float(vp[u][i * 32 + lane]);
+                if (i * 32 + lane < HD) acc[i] += p * kv_elem<F8>(vp[u] + i * 32 + lane, vpool, srow[u], vsc);
         }
         m = m_new;
     }
@@ -419,7 +433,8 @@ __device__ fa_unit fa_unit_of(const struct cuda_attn_args &a, int u) {
 // (a.unit_T, decode steps): a 1-D grid of units (fa_unit_of); a unit that splits its (token, KV
 // head) computes a run of partitions and writes their states, and the last of its units to finish
 // merges them, or lists them for fa_merge_long_kernel (more than CUDA_ATTN_MERGE_LONG).
-template <int HDP, bool DEC, bool WORK = false> // WORK (DEC only): a work-sized split's grid
+// WORK (DEC only): a work-sized split's grid; F8: the pools are fp8 (cuda_attn_args.kv_fp8)
+template <int HDP, bool DEC, bool WORK = false, bool F8 = false>
 __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *q,
                                                               const __nv_bfloat16 *kb, const __nv_bfloat16 *vb, int rs,
                                                               struct cuda_attn_args a) {
@@ -550,6 +565,10 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
     // the block table's latency overlaps a tile's arithmetic instead of stalling every load.
     static_assert(FA_KT * 4 == 32 * FA_WARPS, "one key row part a thread");
     const int kr = tid / 4, part = tid % 4;
+    // an fp8 pool (a.kv_fp8): each K/V buffer row's bytes land at F8_OFF in the row (its upper
+    // half) and become bf16 in place (fa8_rows) before the row is read
+    constexpr int F8_OFF = HDP + 16;
+    const float ksc = F8 ? a.k_scale[kvh] : 1.0f, vsc = F8 ? a.v_scale[kvh] : 1.0f;
     const int bbase = DEC ? bb_dec : full ? a.block_indptr[s] : 0, sslot = DEC ? ss_dec : full ? 0 : a.stream_slot[s];
     auto blk_of = [&](int tile) { // the pool block of key row kr of a tile (full heads)
         int j = tile == INT_MAX ? INT_MAX : tile * FA_KT + kr;
@@ -603,8 +622,14 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
         }
         if (own && full) { // this step's row into its pool block
             const size_t row = full_pool_row(a, oblk, pos_tb - fdiv(pos_tb, a.bs_div) * a.block_size, kvh) * HD;
-            if (tid < RH) a.k_full[row + ri] = own_k[0], a.k_full[row + ri + RH] = own_k[1];
-            if (tid < HD) a.v_full[row + tid] = own_v;
+            if constexpr (F8) {
+                uint8_t *k8 = reinterpret_cast<uint8_t *>(a.k_full), *v8 = reinterpret_cast<uint8_t *>(a.v_full);
+                if (tid < RH) k8[row + ri] = kv8_enc(__bfloat162float(own_k[0]), ksc), k8[row + ri + RH] = kv8_enc(__bfloat162float(own_k[1]), ksc);
+                if (tid < HD) v8[row + tid] = kv8_enc(__bfloat162float(own_v), vsc);
+            } else {
+                if (tid < RH) a.k_full[row + ri] = own_k[0], a.k_full[row + ri + RH] = own_k[1];
+                if (tid < HD) a.v_full[row + tid] = own_v;
+            }
         }
         if (!split) write_q(); // (each thread rewrites only what it read)
         rope_done = true;
@@ -613,8 +638,14 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
     auto put_own = [&](int p, int kv) {
         if (!own || !rope_done || p != pos_tb / CUDA_ATTN_PART) return;
         const int row = ((pos_tb / FA_KT) % FA_PT * FA_KT + pos_tb % FA_KT) * LD;
-        if ((kv & 1) && tid < RH) sk[row + ri] = own_k[0], sk[row + ri + RH] = own_k[1];
-        if ((kv & 2) && tid < HD) sv[row + tid] = own_v;
+        if constexpr (F8) { // (as the pool holds it: bytes, made bf16 with the rest of the buffer)
+            uint8_t *ek = reinterpret_cast<uint8_t *>(sk + row) + F8_OFF, *ev = reinterpret_cast<uint8_t *>(sv + row) + F8_OFF;
+            if ((kv & 1) && tid < RH) ek[ri] = kv8_enc(__bfloat162float(own_k[0]), ksc), ek[ri + RH] = kv8_enc(__bfloat162float(own_k[1]), ksc);
+            if ((kv & 2) && tid < HD) ev[tid] = kv8_enc(__bfloat162float(own_v), vsc);
+        } else {
+            if ((kv & 1) && tid < RH) sk[row + ri] = own_k[0], sk[row + ri + RH] = own_k[1];
+            if ((kv & 2) && tid < HD) sv[row + tid] = own_v;
+        }
     };
 
     // (COOP loads a partition's K and V as two groups: kv 1 = K only, 2 = V only, 3 = both)
@@ -622,6 +653,7 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
         int j = tile * FA_KT + kr;
         if (own && j == pos_tb) return; // put_own's
         const __nv_bfloat16 *kp = NULL, *vp = NULL;
+        bool step_row = false; // (F8) from the step's q|k|v rows, not a pool
         if (full) {
             if (j <= pos_last) {
                 size_t row = full_pool_row(a, blk_next, j - fdiv(j, a.bs_div) * a.block_size, kvh);
@@ -633,6 +665,7 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
                 size_t off = (size_t)(row0 + j - pos0) * rs + (size_t)kvh * HD;
                 kp = kb + off;
                 vp = vb + off;
+                step_row = true;
             }
         } else if (j < a.sink || j >= pos0 - a.recent) {
             const int rr = j < a.sink ? j : a.sink + (j - a.sink) - fdiv(j - a.sink, a.rec_div) * a.recent; // stream_off's
@@ -641,14 +674,49 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
             vp = a.v_stream + off;
         }
         __nv_bfloat16 *dk = sk + (buf * FA_KT + kr) * LD, *dv = sv + (buf * FA_KT + kr) * LD;
-        for (int c = part * 8; c < HDP; c += 32) {
-            if (c < HD) {
-                if (kv & 1) fa_cp16(dk + c, kp ? kp + c : kb, kp != NULL);
-                if (kv & 2) fa_cp16(dv + c, vp ? vp + c : vb, vp != NULL);
-            } else { // padded dims are zero
-                if (kv & 1) *reinterpret_cast<uint4 *>(dk + c) = make_uint4(0, 0, 0, 0);
-                if (kv & 2) *reinterpret_cast<uint4 *>(dv + c) = make_uint4(0, 0, 0, 0);
+        if constexpr (F8) { // the row's bytes (the step's own rows rounded here, as the pool would hold them)
+            uint8_t *ek = reinterpret_cast<uint8_t *>(dk) + F8_OFF, *ev = reinterpret_cast<uint8_t *>(dv) + F8_OFF;
+            const __nv_bfloat16 *pk = full ? a.k_full : a.k_stream, *pv = full ? a.v_full : a.v_stream;
+            // (a pool row's element offset, as bytes of the fp8 pool)
+            const uint8_t *bk = kp && !step_row ? reinterpret_cast<const uint8_t *>(pk) + (kp - pk) : NULL;
+            const uint8_t *bv = vp && !step_row ? reinterpret_cast<const uint8_t *>(pv) + (vp - pv) : NULL;
+            for (int c = part * 8; c < HD; c += 32) {
+                if (step_row) {
+                    if (kv & 1) *reinterpret_cast<uint2 *>(ek + c) = kv8_pack8(*reinterpret_cast<const uint4 *>(kp + c), ksc);
+                    if (kv & 2) *reinterpret_cast<uint2 *>(ev + c) = kv8_pack8(*reinterpret_cast<const uint4 *>(vp + c), vsc);
+                } else {
+                    if (kv & 1) fa_cp8(ek + c, bk ? bk + c : (const void *)kb, bk != NULL);
+                    if (kv & 2) fa_cp8(ev + c, bv ? bv + c : (const void *)vb, bv != NULL);
+                }
             }
+        } else {
+            for (int c = part * 8; c < HDP; c += 32) {
+                if (c < HD) {
+                    if (kv & 1) fa_cp16(dk + c, kp ? kp + c : kb, kp != NULL);
+                    if (kv & 2) fa_cp16(dv + c, vp ? vp + c : vb, vp != NULL);
+                } else { // padded dims are zero
+                    if (kv & 1) *reinterpret_cast<uint4 *>(dk + c) = make_uint4(0, 0, 0, 0);
+                    if (kv & 2) *reinterpret_cast<uint4 *>(dv + c) = make_uint4(0, 0, 0, 0);
+                }
+            }
+        }
+    };
+
+    // fp8: rows [r0, r0 + n) of the K buffers (kv & 1) and of the V buffers (kv & 2) from their
+    // landed bytes to bf16, in place (a thread a row: the whole row read before it is written),
+    // padded dims zero; between two barriers
+    auto fa8_rows = [&](int r0, int n, int kv) {
+        const int nk = kv & 1 ? n : 0, nn = nk + (kv & 2 ? n : 0);
+        for (int i = tid; i < nn; i += 32 * FA_WARPS) {
+            const bool isv = i >= nk;
+            __nv_bfloat16 *row = (isv ? sv : sk) + (size_t)(r0 + (isv ? i - nk : i)) * LD;
+            const uint2 *src = reinterpret_cast<const uint2 *>(reinterpret_cast<const uint8_t *>(row) + F8_OFF);
+            uint2 w[HDP / 8];
+#pragma unroll
+            for (int c = 0; c < HDP / 8; c++) w[c] = src[c];
+#pragma unroll
+            for (int c = 0; c < HDP / 8; c++)
+                reinterpret_cast<uint4 *>(row)[c] = 8 * c < HD ? kv8_unpack8(w[c], isv ? vsc : ksc) : make_uint4(0, 0, 0, 0);
         }
     };
 
@@ -897,6 +965,10 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
         for (int it = 0; p >= 0; it++) {
             asm volatile("cp.async.wait_group 1;\n" ::); // K of p (and Q) landed
             __syncthreads();
+            if constexpr (F8) {
+                fa8_rows(0, FA_PT * FA_KT, 1);
+                __syncthreads();
+            }
             if (it == 0) load_qa();
             FA_STAMP(3 + 6 * min(it, 5));
             const int tw = p * FA_PT + warp;
@@ -912,6 +984,10 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
             FA_STAMP(4 + 6 * min(it, 5));
             asm volatile("cp.async.wait_group 0;\n" ::); // V of p landed
             __syncthreads(); // every score in the exchange; the K buffers free
+            if constexpr (F8) {
+                fa8_rows(0, FA_PT * FA_KT, 2);
+                __syncthreads();
+            }
             FA_STAMP(5 + 6 * min(it, 5));
             load_part(pn, 1);
             // one tile an iteration, not unrolled: this code runs once a layer on an SM whose
@@ -978,6 +1054,10 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
                 asm volatile("cp.async.commit_group;\n" ::);
                 asm volatile("cp.async.wait_group %0;\n" ::"n"(S - 1)); // this tile's group (and Q) landed
                 __syncthreads();
+                if constexpr (F8) {
+                    fa8_rows(buf * FA_KT, FA_KT, 3);
+                    __syncthreads();
+                }
                 if (!q_loaded) load_qa();
                 q_loaded = true;
                 FA_STAMP(4 + 4 * min(it_, 8));
@@ -1178,6 +1258,12 @@ template <int HDP> static int fa_allow_smem() {
                                     (int)fa_cfg<HDP, true>::BYTES));
     CUDA_CHECK(cudaFuncSetAttribute(flash_kernel<HDP, true, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     (int)fa_cfg<HDP, true>::BYTES));
+    CUDA_CHECK(cudaFuncSetAttribute(flash_kernel<HDP, false, false, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)fa_cfg<HDP, false>::BYTES));
+    CUDA_CHECK(cudaFuncSetAttribute(flash_kernel<HDP, true, false, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)fa_cfg<HDP, true>::BYTES));
+    CUDA_CHECK(cudaFuncSetAttribute(flash_kernel<HDP, true, true, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)fa_cfg<HDP, true>::BYTES));
     return 0;
 }
 
@@ -1194,11 +1280,15 @@ static int fa_launch(const struct cuda_attn_env *env, bool dec, dim3 grid, cudaS
     // work-sized split's units, at most the blocks the device holds at once)
     const bool wave = a.unit_T ? grid.x <= (unsigned)env->resident[fa_hdp_index(HDP)] : grid.x * grid.y <= (unsigned)env->sms;
     const bool pdl = dec && fa_cfg<HDP, true>::COOP && a.rope_inv_freq && wave;
-    if (dec && a.unit_T)
-        CUDA_CHECK(cuda_launch_pdl(pdl, flash_kernel<HDP, true, true>, grid, T, fa_cfg<HDP, true>::BYTES, st, o, q, kb, vb, rs, a));
-    else if (dec) CUDA_CHECK(cuda_launch_cluster(pdl, dim3(1, 1, a.cluster ? grid.z : 1), flash_kernel<HDP, true>, grid, T,
-                                            fa_cfg<HDP, true>::BYTES, st, o, q, kb, vb, rs, a));
-    else CUDA_CHECK(cuda_launch(flash_kernel<HDP, false>, grid, T, fa_cfg<HDP, false>::BYTES, st, o, q, kb, vb, rs, a));
+    const bool f8 = a.kv_fp8 != 0;
+    const dim3 cl(1, 1, a.cluster ? grid.z : 1);
+    const size_t dec_b = fa_cfg<HDP, true>::BYTES, pre_b = fa_cfg<HDP, false>::BYTES;
+    if (dec && a.unit_T && f8) CUDA_CHECK(cuda_launch_pdl(pdl, flash_kernel<HDP, true, true, true>, grid, T, dec_b, st, o, q, kb, vb, rs, a));
+    else if (dec && a.unit_T) CUDA_CHECK(cuda_launch_pdl(pdl, flash_kernel<HDP, true, true>, grid, T, dec_b, st, o, q, kb, vb, rs, a));
+    else if (dec && f8) CUDA_CHECK(cuda_launch_cluster(pdl, cl, flash_kernel<HDP, true, false, true>, grid, T, dec_b, st, o, q, kb, vb, rs, a));
+    else if (dec) CUDA_CHECK(cuda_launch_cluster(pdl, cl, flash_kernel<HDP, true>, grid, T, dec_b, st, o, q, kb, vb, rs, a));
+    else if (f8) CUDA_CHECK(cuda_launch(flash_kernel<HDP, false, false, true>, grid, T, pre_b, st, o, q, kb, vb, rs, a));
+    else CUDA_CHECK(cuda_launch(flash_kernel<HDP, false>, grid, T, pre_b, st, o, q, kb, vb, rs, a));
     return 0;
 }
 
@@ -1257,8 +1347,8 @@ __global__ void append_full_kernel(const __nv_bfloat16 *kb, const __nv_bfloat16 
         int h = x / a.head_dim, d = x % a.head_dim;
         size_t src = (size_t)t * rs + (size_t)h * a.head_dim + d;
         size_t dst = full_row(a.k_full, a, s, pos, h) - a.k_full + d;
-        a.k_full[dst] = kb[src];
-        a.v_full[dst] = vb[src];
+        kv_put(a, a.k_full, dst, kb[src], a.k_scale, h);
+        kv_put(a, a.v_full, dst, vb[src], a.v_scale, h);
     }
 }
 
@@ -1282,10 +1372,10 @@ __global__ void rope_append_kernel(__nv_bfloat16 *qkv, int rs, const float *inv_
     if (kh >= 0 && kh < a.n_full) {
         size_t dst = full_row(a.k_full, a, a.tok_seq[t], pos, kh) - a.k_full;
         const __nv_bfloat16 *vs = v + (size_t)a.n_kv_heads * hd;
-        a.k_full[dst + i] = bra;
-        a.k_full[dst + i + half] = brb;
-        a.v_full[dst + i] = vs[i];
-        a.v_full[dst + i + half] = vs[i + half];
+        kv_put(a, a.k_full, dst + i, bra, a.k_scale, kh);
+        kv_put(a, a.k_full, dst + i + half, brb, a.k_scale, kh);
+        kv_put(a, a.v_full, dst + i, vs[i], a.v_scale, kh);
+        kv_put(a, a.v_full, dst + i + half, vs[i + half], a.v_scale, kh);
     }
 }
 
@@ -1301,8 +1391,8 @@ __global__ void append_stream_kernel(const __nv_bfloat16 *kb, const __nv_bfloat1
         int h = x / a.head_dim, d = x % a.head_dim;
         size_t src = (size_t)t * rs + (size_t)(a.n_full + h) * a.head_dim + d;
         size_t dst = stream_off(a, a.stream_slot[s], pos, h) + d;
-        a.k_stream[dst] = kb[src];
-        a.v_stream[dst] = vb[src];
+        kv_put(a, a.k_stream, dst, kb[src], a.k_scale, a.n_full + h);
+        kv_put(a, a.v_stream, dst, vb[src], a.v_scale, a.n_full + h);
     }
 }
 
@@ -1382,12 +1472,13 @@ extern "C" int cuda_attention(const struct cuda_attn_env *env, void *out, void *
                                        st, o, (__nv_bfloat16 *)qkv, rs, fa));
         }
     } else {
-        dim3 grid(n_tokens, a->n_heads);
-        if (a->head_dim <= 32) CUDA_CHECK(cuda_launch(attn_kernel<1>, grid, dim3(32 * ATTN_WARPS), 0, st, o, q, kb, vb, rs, *a));
-        else if (a->head_dim <= 64) CUDA_CHECK(cuda_launch(attn_kernel<2>, grid, dim3(32 * ATTN_WARPS), 0, st, o, q, kb, vb, rs, *a));
-        else if (a->head_dim <= 128) CUDA_CHECK(cuda_launch(attn_kernel<4>, grid, dim3(32 * ATTN_WARPS), 0, st, o, q, kb, vb, rs, *a));
-        else if (a->head_dim <= CUDA_ATTN_MAX_HEAD_DIM) CUDA_CHECK(cuda_launch(attn_kernel<8>, grid, dim3(32 * ATTN_WARPS), 0, st, o, q, kb, vb, rs, *a));
-        else return -3; // the engine refuses such models at load
+        dim3 grid(n_tokens, a->n_heads), T(32 * ATTN_WARPS);
+        const bool f8 = a->kv_fp8 != 0;
+        if (a->head_dim > CUDA_ATTN_MAX_HEAD_DIM) return -3; // the engine refuses such models at load
+        if (a->head_dim <= 32) CUDA_CHECK(cuda_launch(f8 ? attn_kernel<1, true> : attn_kernel<1>, grid, T, 0, st, o, q, kb, vb, rs, *a));
+        else if (a->head_dim <= 64) CUDA_CHECK(cuda_launch(f8 ? attn_kernel<2, true> : attn_kernel<2>, grid, T, 0, st, o, q, kb, vb, rs, *a));
+        else if (a->head_dim <= 128) CUDA_CHECK(cuda_launch(f8 ? attn_kernel<4, true> : attn_kernel<4>, grid, T, 0, st, o, q, kb, vb, rs, *a));
+        else CUDA_CHECK(cuda_launch(f8 ? attn_kernel<8, true> : attn_kernel<8>, grid, T, 0, st, o, q, kb, vb, rs, *a));
     }
     if (a->n_stream) CUDA_CHECK(cuda_launch(append_stream_kernel, dim3(n_tokens), dim3(128), 0, st, kb, vb, rs, *a));
     CUDA_CHECK(cudaGetLastError());

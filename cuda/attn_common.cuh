@@ -3,6 +3,7 @@
 // the probabilities and of the partition merge, so that every kernel sums alike.
 #pragma once
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 #include <math.h>
 #include <stdint.h>
 
@@ -54,4 +55,50 @@ __device__ __forceinline__ bool fa_merge_begin(float &M, float &L, float m, floa
 }
 __device__ __forceinline__ float fa_merge_o(float O, float o, float ca, float cb) {
     return __fadd_rn(__fmul_rn(O, ca), __fmul_rn(o, cb));
+}
+
+// The fp8 KV cache's element (cuda_attn_args.kv_fp8): e4m3 of x / scale, nearest even, saturating
+// at +-448, NaN kept (engine/fp8.h's encoding, which the CPU backend uses), and back as
+// e4m3 * scale rounded to bf16 (exact for power-of-two scales: an e4m3 value has 4 significant bits).
+__device__ __forceinline__ uint8_t kv8_enc(float x, float scale) {
+    return (uint8_t)__nv_cvt_float_to_fp8(x / scale, __NV_SATFINITE, __NV_E4M3);
+}
+__device__ __forceinline__ float kv8_dec(uint8_t b, float scale) {
+    return __half2float(__half(__nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)b, __NV_E4M3))) * scale;
+}
+// a bf16 value as the fp8 pool would give it back
+__device__ __forceinline__ __nv_bfloat16 kv8_round(__nv_bfloat16 x, float scale) {
+    return __float2bfloat16(kv8_dec(kv8_enc(__bfloat162float(x), scale), scale));
+}
+// 8 pool bytes (consecutive dims) as 8 bf16
+__device__ __forceinline__ uint4 kv8_unpack8(uint2 w, float scale) {
+    const uint8_t *b = reinterpret_cast<const uint8_t *>(&w);
+    uint4 r;
+    uint32_t *o = reinterpret_cast<uint32_t *>(&r);
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        __nv_bfloat162 h = __floats2bfloat162_rn(kv8_dec(b[2 * i], scale), kv8_dec(b[2 * i + 1], scale));
+        o[i] = *reinterpret_cast<uint32_t *>(&h);
+    }
+    return r;
+}
+// 8 bf16 (a row's consecutive dims, the step's own K/V) as 8 pool bytes
+__device__ __forceinline__ uint2 kv8_pack8(uint4 x, float scale) {
+    const __nv_bfloat16 *h = reinterpret_cast<const __nv_bfloat16 *>(&x);
+    uint2 r;
+    uint8_t *b = reinterpret_cast<uint8_t *>(&r);
+#pragma unroll
+    for (int i = 0; i < 8; i++) b[i] = kv8_enc(__bfloat162float(h[i]), scale);
+    return r;
+}
+// an 8-byte copy into shared memory (zeros when !pred): the fp8 pools' rows
+__device__ __forceinline__ void fa_cp8(void *smem, const void *gmem, bool pred) {
+    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(s), "l"(gmem), "r"(pred ? 8 : 0));
+}
+// stores x (a bf16 K or V element of KV head h) at element e of a pool
+__device__ __forceinline__ void kv_put(const struct cuda_attn_args &a, __nv_bfloat16 *pool, size_t e, __nv_bfloat16 x,
+                                       const float *scales, int h) {
+    if (a.kv_fp8) reinterpret_cast<uint8_t *>(pool)[e] = kv8_enc(__bfloat162float(x), scales[h]);
+    else pool[e] = x;
 }

@@ -82,7 +82,7 @@ struct pf_range {
     }
 };
 
-template <int HD>
+template <int HD, bool F8 = false> // F8: the pools are fp8 (cuda_attn_args.kv_fp8)
 __global__ void __launch_bounds__(PF_THREADS, 1)
     fa_prefill_wg_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *q, const __nv_bfloat16 *kb, const __nv_bfloat16 *vb,
                          int rs, struct cuda_attn_args a) {
@@ -131,18 +131,20 @@ __global__ void __launch_bounds__(PF_THREADS, 1)
         }
         mbar_arrive_cp_async(qbar);
         const int bbase = full ? a.block_indptr[s] : 0, sslot = full ? 0 : a.stream_slot[s];
+        const float ksc = F8 ? a.k_scale[kvh] : 1.0f, vsc = F8 ? a.v_scale[kvh] : 1.0f;
         int st = 0, ph = 0;
         for (int p = blk.next_part(-1); p >= 0; p = blk.next_part(p)) {
             mbar_wait(empty0 + 8 * st, ph ^ 1);
             const int j = p * P + pt;
             if (blk.has(j / FA_KT)) { // (the flash kernel's load_tile; invisible rows zero)
-                const __nv_bfloat16 *kp = NULL, *vp = NULL;
+                const __nv_bfloat16 *kp = NULL, *vp = NULL; // bf16 rows (the step's own rows with fp8)
+                const __nv_bfloat16 *pk = NULL, *pv = NULL; // or a pool's, from element pe
+                size_t pe = 0;
                 if (full) {
                     if (j <= pos_last) {
                         const int bi = fdiv(j, a.bs_div);
-                        const size_t row = full_pool_row(a, a.block_ids[bbase + bi], j - bi * a.block_size, kvh);
-                        kp = a.k_full + row * HD;
-                        vp = a.v_full + row * HD;
+                        pe = full_pool_row(a, a.block_ids[bbase + bi], j - bi * a.block_size, kvh) * HD;
+                        pk = a.k_full, pv = a.v_full;
                     }
                 } else if (j >= pos0) {
                     if (j <= pos_last) {
@@ -152,17 +154,46 @@ __global__ void __launch_bounds__(PF_THREADS, 1)
                     }
                 } else if (j < a.sink || j >= pos0 - a.recent) {
                     const int rr = j < a.sink ? j : a.sink + (j - a.sink) - fdiv(j - a.sink, a.rec_div) * a.recent;
-                    const size_t off = stream_pool_row(a, sslot, rr, kvh - a.n_full) * HD;
-                    kp = a.k_stream + off;
-                    vp = a.v_stream + off;
+                    pe = stream_pool_row(a, sslot, rr, kvh - a.n_full) * HD;
+                    pk = a.k_stream, pv = a.v_stream;
                 }
+                if constexpr (F8) { // (synchronous: this warpgroup only copies) K, then V, as bf16 of the bytes
+                    // (4 chunks of 8 dims in flight: the producer runs on 56 registers)
 #pragma unroll
-                for (int c = 0; c < HD; c += 8) {
-                    pf_cp16(k_at(st) + pf_sw(P, pt, c), kp ? kp + c : kb, kp != NULL);
-                    pf_cp16(v_at(st) + pf_sw(P, pt, c), vp ? vp + c : vb, vp != NULL);
+                    for (int x = 0; x < 2; x++) {
+                        const uint8_t *b8 = (x ? pv : pk) ? reinterpret_cast<const uint8_t *>(x ? pv : pk) + pe : NULL;
+                        const __nv_bfloat16 *b16 = x ? vp : kp;
+                        const float sc = x ? vsc : ksc;
+                        unsigned char *dst = gbase + ((x ? v_at(st) : k_at(st)) - base);
+#pragma unroll
+                        for (int c0 = 0; c0 < HD / 8; c0 += 4) {
+                            uint2 w[4];
+#pragma unroll
+                            for (int c = 0; c < 4; c++)
+                                w[c] = b8    ? *reinterpret_cast<const uint2 *>(b8 + 8 * (c0 + c))
+                                       : b16 ? kv8_pack8(*reinterpret_cast<const uint4 *>(b16 + 8 * (c0 + c)), sc)
+                                             : make_uint2(0, 0);
+#pragma unroll
+                            for (int c = 0; c < 4; c++)
+                                *reinterpret_cast<uint4 *>(dst + pf_sw(P, pt, 8 * (c0 + c))) =
+                                    b8 || b16 ? kv8_unpack8(w[c], sc) : make_uint4(0, 0, 0, 0);
+                        }
+                    }
+                } else {
+                    if (pk) kp = pk + pe, vp = pv + pe;
+#pragma unroll
+                    for (int c = 0; c < HD; c += 8) {
+                        pf_cp16(k_at(st) + pf_sw(P, pt, c), kp ? kp + c : kb, kp != NULL);
+                        pf_cp16(v_at(st) + pf_sw(P, pt, c), vp ? vp + c : vb, vp != NULL);
+                    }
                 }
             }
-            mbar_arrive_cp_async(full0 + 8 * st);
+            if constexpr (F8) { // the stores made visible to wgmma (the async proxy), then this row's arrival
+                asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+                mbar_arrive(full0 + 8 * st);
+            } else {
+                mbar_arrive_cp_async(full0 + 8 * st);
+            }
             if (++st == ST) st = 0, ph ^= 1;
         }
         asm volatile("cp.async.wait_all;\n" ::: "memory");
@@ -307,6 +338,8 @@ __global__ void __launch_bounds__(PF_THREADS, 1)
 int fa_prefill_wg_init(void) {
     CUDA_CHECK(cudaFuncSetAttribute(fa_prefill_wg_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)pf_cfg<64>::SMEM));
     CUDA_CHECK(cudaFuncSetAttribute(fa_prefill_wg_kernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)pf_cfg<128>::SMEM));
+    CUDA_CHECK(cudaFuncSetAttribute(fa_prefill_wg_kernel<64, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)pf_cfg<64>::SMEM));
+    CUDA_CHECK(cudaFuncSetAttribute(fa_prefill_wg_kernel<128, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)pf_cfg<128>::SMEM));
     return 0;
 }
 
@@ -319,7 +352,10 @@ int fa_prefill_wg(__nv_bfloat16 *out, const __nv_bfloat16 *q, const __nv_bfloat1
                   const struct cuda_attn_args &a, int n_tokens, cudaStream_t st) {
     const dim3 grid(n_tokens, a.n_kv_heads), T(PF_THREADS);
     static_assert(pf_cfg<128>::SMEM <= 232448 && pf_cfg<64>::SMEM <= 232448, "shared memory");
-    if (a.head_dim == 64) CUDA_CHECK(cuda_launch(fa_prefill_wg_kernel<64>, grid, T, pf_cfg<64>::SMEM, st, out, q, kb, vb, rs, a));
-    else CUDA_CHECK(cuda_launch(fa_prefill_wg_kernel<128>, grid, T, pf_cfg<128>::SMEM, st, out, q, kb, vb, rs, a));
+    const bool f8 = a.kv_fp8 != 0;
+    if (a.head_dim == 64)
+        CUDA_CHECK(cuda_launch(f8 ? fa_prefill_wg_kernel<64, true> : fa_prefill_wg_kernel<64>, grid, T, pf_cfg<64>::SMEM, st, out, q, kb, vb, rs, a));
+    else
+        CUDA_CHECK(cuda_launch(f8 ? fa_prefill_wg_kernel<128, true> : fa_prefill_wg_kernel<128>, grid, T, pf_cfg<128>::SMEM, st, out, q, kb, vb, rs, a));
     return 0;
 }

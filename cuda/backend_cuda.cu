@@ -164,6 +164,17 @@ static int cu_download_act(struct backend *b, float *dst, const void *src, size_
     return cudaStreamSynchronize(CTX(b)->stream) == cudaSuccess ? BACKEND_OK : BACKEND_ERR_DEVICE;
 }
 
+static int cu_upload_bytes(struct backend *b, void *dst, const void *src, size_t bytes) {
+    use_device(CTX(b));
+    return cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice) == cudaSuccess ? BACKEND_OK : BACKEND_ERR_DEVICE;
+}
+
+static int cu_download_bytes(struct backend *b, void *dst, const void *src, size_t bytes) {
+    use_device(CTX(b));
+    if (cudaStreamSynchronize(CTX(b)->stream) != cudaSuccess) return BACKEND_ERR_DEVICE;
+    return cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost) == cudaSuccess ? BACKEND_OK : BACKEND_ERR_DEVICE;
+}
+
 static void cu_mem_info(struct backend *b, size_t *free_bytes, size_t *total_bytes) {
     use_device(CTX(b));
     if (cudaMemGetInfo(free_bytes, total_bytes) != cudaSuccess) *free_bytes = *total_bytes = 0;
@@ -345,7 +356,8 @@ static void attention(struct backend *b, void *out, void *qkv, int row_stride, c
                                (__nv_bfloat16 *)L->k_stream, (__nv_bfloat16 *)L->v_stream,
                                c->pos, c->tok_seq, c->seq_start, c->indptr, c->blocks, c->slots,
                                c->part_off, c->attn_ws, c->attn_ws_floats, c->attn_counters, ATTN_COUNTERS, NULL,
-                               {0, 0}, {0, 0}, {0, 0}, {0, 0}, 0, 0, 0}; // (the rest: cuda_attention's)
+                               {0, 0}, {0, 0}, {0, 0}, {0, 0}, 0, 0, 0, // (the rest: cuda_attention's)
+                               L->kv_dtype == KV_DTYPE_FP8_E4M3, L->k_scale, L->v_scale};
     CKI(b, cuda_attention(&c->attn_env, out, qkv, row_stride, &a, c->n_tokens, c->decode_step, c->split_decode,
                           inv_freq, c->stream));
     tm_mark(c, "%sattention%s", inv_freq ? "rope+" : "", c->split_decode ? " (split)" : "");
@@ -578,6 +590,10 @@ static struct backend_ops make_ops(void) {
     o.upload_f32 = cu_upload_f32;
     o.upload_act = cu_upload_act;
     o.download_act = cu_download_act;
+    o.upload_bytes = cu_upload_bytes;
+    o.download_bytes = cu_download_bytes;
+    // (KV_DTYPE_FP8_E4M3: the attention and append kernels take it, cuda_attn_args.kv_fp8, but it
+    // is offered only once the op test's fp8 cases have passed on a GPU: docs/PERF_NOTES.md)
     o.mem_info = cu_mem_info;
     o.begin_step = cu_begin_step;
     o.embed = cu_embed;

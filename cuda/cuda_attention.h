@@ -46,6 +46,12 @@ struct cuda_attn_args {
     // a work-sized split (decode steps of split level 4 and 5): the step's tokens (0: the grid is
     // (token, KV head, split) instead), and the units each retrieval KV head gets beyond one a token
     int unit_T, unit_X;
+    // an fp8 KV cache (KV_DTYPE_FP8_E4M3): the four pools hold bytes, e4m3(x / scale) of each
+    // element x of KV head h, scale k_scale[h] or v_scale[h] ([n_kv_heads] f32, device); the append
+    // kernels write them, the attention kernels read them back as bf16(e4m3 * scale), and round
+    // the step's own K/V rows (read from q|k|v) the same way. 0: the pools hold bf16
+    int kv_fp8;
+    const float *k_scale, *v_scale;
 };
 
 /* Keys are summed in partitions of this many absolute positions, each from an empty softmax

@@ -117,6 +117,9 @@ struct backend_ops {
     /* activations <-> f32 host data, converting to/from the activation dtype (tests, debugging) */
     int (*upload_act)(struct backend *b, void *dst, const float *src, size_t n);
     int (*download_act)(struct backend *b, float *dst, const void *src, size_t n);
+    /* bytes as they are, host <-> backend memory (fp8 KV pools in the op tests) */
+    int (*upload_bytes)(struct backend *b, void *dst, const void *src, size_t bytes);
+    int (*download_bytes)(struct backend *b, void *dst, const void *src, size_t bytes);
     /* device memory: free and total bytes (CPU: 0, 0 = not planned from the device) */
     void (*mem_info)(struct backend *b, size_t *free_bytes, size_t *total_bytes);
 

@@ -62,6 +62,11 @@ static int cpu_download_act(struct backend *b, float *dst, const void *src, size
     return BACKEND_OK;
 }
 
+static int cpu_copy_bytes(struct backend *b, void *dst, const void *src, size_t bytes) {
+    memcpy(dst, src, bytes);
+    return BACKEND_OK;
+}
+
 static void cpu_mem_info(struct backend *b, size_t *free_bytes, size_t *total_bytes) {
     *free_bytes = *total_bytes = 0;
 }
@@ -471,6 +476,8 @@ static const struct backend_ops cpu_ops = {
     .upload_f32 = cpu_upload_f32,
     .upload_act = cpu_upload_act,
     .download_act = cpu_download_act,
+    .upload_bytes = cpu_copy_bytes,
+    .download_bytes = cpu_copy_bytes,
     .mem_info = cpu_mem_info,
     .begin_step = cpu_begin_step,
     .embed = cpu_embed,

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "engine/backend.h"
+#include "engine/fp8.h"
 #include "engine/model.h"
 #include "engine/util.h"
 
@@ -544,7 +545,49 @@ struct attn_opts {
     int rope;          /* 1: the GPU runs rope_attention (fused RoPE + append), the CPU rope() then
                         * attention(); and a second GPU run of rope() then attention() must give the
                         * same bits */
+    int fp8;           /* 1: fp8 KV pools (KV_DTYPE_FP8_E4M3), the same bytes in both backends, K and V
+                        * scales 0.5, 1 and 2 by KV head (fp8_scale) */
 };
+
+/* fp8 pools: the scale of KV head h's K (v = 0) or V (v = 1) */
+static float fp8_scale(int h, int v) {
+    static const float sc[3] = {0.5f, 1.0f, 2.0f};
+    return sc[v ? 2 - h % 3 : h % 3];
+}
+/* A pool of n elements (rows of hd, n_heads heads a row group, the first KV head h0) from f32
+ * data as e4m3(x / scale) bytes, in both backends (pc may be NULL: the GPU's alone). */
+static void pool2_fp8(void **pc, void **pg, const float *h, size_t n, int hd, int n_heads, int h0, int v) {
+    enum backend_status st;
+    uint8_t *b = malloc(n);
+    for (size_t i = 0; i < n; i++) b[i] = fp8_e4m3_from_f32(h[i] / fp8_scale(h0 + (int)(i / hd % (n_heads ? n_heads : 1)), v));
+    if (pc) {
+        *pc = cpu->ops->alloc(cpu, n, &st);
+        cpu->ops->upload_bytes(cpu, *pc, b, n);
+    }
+    *pg = gpu->ops->alloc(gpu, n, &st);
+    gpu->ops->upload_bytes(gpu, *pg, b, n);
+    free(b);
+}
+/* Two fp8 pools of n bytes (a: the CPU's when ga is false, else the GPU's; b: the GPU's): the
+ * bytes whose codes differ by more than max_codes (a sign change counts as far) */
+static size_t fp8_differ(const void *a, bool ga, const void *b, size_t n, int max_codes) {
+    uint8_t *x = malloc(n), *y = malloc(n);
+    (ga ? gpu : cpu)->ops->download_bytes(ga ? gpu : cpu, x, a, n);
+    gpu->ops->download_bytes(gpu, y, b, n);
+    size_t bad = 0;
+    for (size_t i = 0; i < n; i++)
+        bad += (x[i] ^ y[i]) & 0x80 ? x[i] != y[i] : abs((int)x[i] - (int)y[i]) > max_codes;
+    free(x), free(y);
+    return bad;
+}
+static void fp8_compare(const char *what, const void *pc, const void *pg, size_t n, int max_codes) {
+    int sync = gpu->ops->sync(gpu);
+    size_t bad = fp8_differ(pc, false, pg, n, max_codes);
+    int ok = bad == 0 && sync == 0;
+    printf("%-4s %-58s %zu of %zu bytes differ by more than %d code(s)%s\n", ok ? "ok" : "FAIL", what, bad, n,
+           max_codes, sync ? "  [device error]" : "");
+    ok ? n_pass++ : n_fail++;
+}
 
 /* A second CUDA backend (set while the long decode cases run), made with BACKEND_CUDA_PLAIN_SPLIT
  * (so that the first splits long decode steps by the work, this one the plain way, as when the
@@ -602,7 +645,7 @@ static void attention_alt(const struct fwd_batch *bt, const struct attn_layer *L
 
 static void attention_case(int H, int KV, int hd, int n_stream, int ctx, int T, int n_seqs, int sink, int recent,
                            const struct attn_opts *opt) {
-    struct attn_opts o = opt ? *opt : (struct attn_opts){0, 1.0f, 1.0f, NULL, 0};
+    struct attn_opts o = opt ? *opt : (struct attn_opts){0, 1.0f, 1.0f, NULL, 0, 0};
     int bs = 16, n_full = KV - n_stream;
     /* sequence s: T tokens from position starts[s] (or ctx - 7 s), in blocks ip[s] .. ip[s + 1] */
     int32_t *ip = malloc(4 * (n_seqs + 1));
@@ -621,10 +664,25 @@ static void attention_case(int H, int KV, int hd, int n_stream, int ctx, int T, 
             q[(size_t)t * rs + i] = util_bf16_to_f32(util_f32_to_bf16(q[(size_t)t * rs + i] * sc));
         }
     void *kfc, *kfg, *vfc, *vfg, *ksc, *ksg, *vsc, *vsg, *qc, *qg, *oc, *og;
-    up2(&kfc, &kfg, kf, full_n + 1);
-    up2(&vfc, &vfg, vf, full_n + 1);
-    up2(&ksc, &ksg, ks, slot_n + 1);
-    up2(&vsc, &vsg, vs, slot_n + 1);
+    void *scc[2] = {NULL, NULL}, *scg[2] = {NULL, NULL}; /* fp8: the K and V scales a KV head */
+    if (o.fp8) {
+        pool2_fp8(&kfc, &kfg, kf, full_n + 1, hd, n_full, 0, 0);
+        pool2_fp8(&vfc, &vfg, vf, full_n + 1, hd, n_full, 0, 1);
+        pool2_fp8(&ksc, &ksg, ks, slot_n + 1, hd, n_stream, n_full, 0);
+        pool2_fp8(&vsc, &vsg, vs, slot_n + 1, hd, n_stream, n_full, 1);
+        for (int v = 0; v < 2; v++) {
+            float sc[256];
+            enum backend_status st;
+            for (int h = 0; h < KV; h++) sc[h] = fp8_scale(h, v);
+            scc[v] = cpu->ops->alloc(cpu, sizeof sc, &st), scg[v] = gpu->ops->alloc(gpu, sizeof sc, &st);
+            cpu->ops->upload_f32(cpu, scc[v], sc, KV), gpu->ops->upload_f32(gpu, scg[v], sc, KV);
+        }
+    } else {
+        up2(&kfc, &kfg, kf, full_n + 1);
+        up2(&vfc, &vfg, vf, full_n + 1);
+        up2(&ksc, &ksg, ks, slot_n + 1);
+        up2(&vsc, &vsg, vs, slot_n + 1);
+    }
     up2(&qc, &qg, q, (size_t)TT * rs);
     up2(&oc, &og, z, (size_t)TT * H * hd);
     /* shuffled block ids */
@@ -652,6 +710,11 @@ static void attention_case(int H, int KV, int hd, int n_stream, int ctx, int T, 
     struct attn_layer Lc = L, Lg = L;
     Lc.k_full = kfc, Lc.v_full = vfc, Lc.k_stream = ksc, Lc.v_stream = vsc;
     Lg.k_full = kfg, Lg.v_full = vfg, Lg.k_stream = ksg, Lg.v_stream = vsg;
+    if (o.fp8) {
+        L.kv_dtype = Lc.kv_dtype = Lg.kv_dtype = KV_DTYPE_FP8_E4M3;
+        Lc.k_scale = scc[0], Lc.v_scale = scc[1], Lg.k_scale = scg[0], Lg.v_scale = scg[1];
+        L.k_scale = Lg.k_scale, L.v_scale = Lg.v_scale; /* (the second GPU run's) */
+    }
     char what[128];
     void *ic = NULL, *ig = NULL, *q2 = NULL, *o2 = NULL, *kf2 = NULL, *vf2 = NULL, *ks2 = NULL, *vs2 = NULL;
     if (o.rope) { /* llama3 RoPE tables; the unfused GPU run gets its own copies of q and the pools */
@@ -668,10 +731,17 @@ static void attention_case(int H, int KV, int hd, int n_stream, int ctx, int T, 
         void *dummy;
         up2(&dummy, &q2, q, (size_t)TT * rs), cpu->ops->free(cpu, dummy);
         up2(&dummy, &o2, z, (size_t)TT * H * hd), cpu->ops->free(cpu, dummy);
-        up2(&dummy, &kf2, kf, full_n + 1), cpu->ops->free(cpu, dummy);
-        up2(&dummy, &vf2, vf, full_n + 1), cpu->ops->free(cpu, dummy);
-        up2(&dummy, &ks2, ks, slot_n + 1), cpu->ops->free(cpu, dummy);
-        up2(&dummy, &vs2, vs, slot_n + 1), cpu->ops->free(cpu, dummy);
+        if (o.fp8) {
+            pool2_fp8(NULL, &kf2, kf, full_n + 1, hd, n_full, 0, 0);
+            pool2_fp8(NULL, &vf2, vf, full_n + 1, hd, n_full, 0, 1);
+            pool2_fp8(NULL, &ks2, ks, slot_n + 1, hd, n_stream, n_full, 0);
+            pool2_fp8(NULL, &vs2, vs, slot_n + 1, hd, n_stream, n_full, 1);
+        } else {
+            up2(&dummy, &kf2, kf, full_n + 1), cpu->ops->free(cpu, dummy);
+            up2(&dummy, &vf2, vf, full_n + 1), cpu->ops->free(cpu, dummy);
+            up2(&dummy, &ks2, ks, slot_n + 1), cpu->ops->free(cpu, dummy);
+            up2(&dummy, &vs2, vs, slot_n + 1), cpu->ops->free(cpu, dummy);
+        }
         cpu->ops->rope(cpu, qc, H + KV, hd, rs, ic);
         cpu->ops->attention(cpu, oc, qc, rs, &Lc);
         gpu->ops->rope_attention(gpu, og, qg, rs, &Lg, ig);
@@ -683,21 +753,26 @@ static void attention_case(int H, int KV, int hd, int n_stream, int ctx, int T, 
         cpu->ops->attention(cpu, oc, qc, rs, &Lc);
         gpu->ops->attention(gpu, og, qg, rs, &Lg);
     }
-    snprintf(what, sizeof what, "%sattention H%d/KV%d hd%d %d streaming, ctx %d, %d x %d tok%s%s", o.rope ? "rope+" : "",
-             H, KV, hd, n_stream, ctx, n_seqs, T, n_stream ? " (sink/recent)" : "",
-             o.starts ? " (mixed contexts)" : opt && !o.rope ? " (mask edges)" : "");
+    snprintf(what, sizeof what, "%sattention%s H%d/KV%d hd%d %d streaming, ctx %d, %d x %d tok%s%s", o.rope ? "rope+" : "",
+             o.fp8 ? " fp8" : "", H, KV, hd, n_stream, ctx, n_seqs, T, n_stream ? " (sink/recent)" : "",
+             o.starts ? " (mixed contexts)" : opt && !o.rope && !o.fp8 ? " (mask edges)" : "");
     compare(what, oc, og, (size_t)TT * H * hd, 2e-2f, 2e-2f);
-    if (gpu_alt) attention_alt(&bt, &L, q, kf, vf, ks, vs, rs, TT, full_n, slot_n, o.rope, og, qg, kfg);
+    if (gpu_alt && !o.fp8) attention_alt(&bt, &L, q, kf, vf, ks, vs, rs, TT, full_n, slot_n, o.rope, og, qg, kfg);
     if (o.rope) {
         snprintf(what, sizeof what, "  ... q|k rows after the fused RoPE");
         compare(what, qc, qg, (size_t)TT * rs, 2e-2f, 1e-2f);
         snprintf(what, sizeof what, "  ... full V pool after the fused append");
-        compare(what, vfc, vfg, full_n, 0, 0);
+        if (o.fp8) fp8_compare(what, vfc, vfg, full_n, 0);
+        else compare(what, vfc, vfg, full_n, 0, 0);
         /* fused and unfused on the GPU: the same bits */
         size_t n_cmp[4] = {(size_t)TT * H * hd, (size_t)TT * rs, full_n, full_n};
         void *fa[4] = {og, qg, kfg, vfg}, *fb[4] = {o2, q2, kf2, vf2};
         size_t differ = 0;
         for (int k = 0; k < 4; k++) {
+            if (o.fp8 && k >= 2) { /* the pools: bytes */
+                differ += fp8_differ(fa[k], true, fb[k], n_cmp[k], 0);
+                continue;
+            }
             float *x = malloc(n_cmp[k] * 4), *y = malloc(n_cmp[k] * 4);
             gpu->ops->download_act(gpu, x, fa[k], n_cmp[k]);
             gpu->ops->download_act(gpu, y, fb[k], n_cmp[k]);
@@ -712,13 +787,17 @@ static void attention_case(int H, int KV, int hd, int n_stream, int ctx, int T, 
         gpu->ops->free(gpu, ig), gpu->ops->free(gpu, q2), gpu->ops->free(gpu, o2), gpu->ops->free(gpu, kf2);
         gpu->ops->free(gpu, vf2), gpu->ops->free(gpu, ks2), gpu->ops->free(gpu, vs2);
     }
-    /* the pools the step wrote must agree too */
+    /* the pools the step wrote must agree too (fp8: the bytes; rotated K, bf16 on the GPU before
+     * its rounding to e4m3, within a code) */
     snprintf(what, sizeof what, "  ... full pool after the step's K append");
-    compare(what, kfc, kfg, full_n, o.rope ? 2e-2f : 0, o.rope ? 1e-2f : 0); /* rotated K: bf16 on the GPU */
+    if (o.fp8) fp8_compare(what, kfc, kfg, full_n, o.rope ? 1 : 0);
+    else compare(what, kfc, kfg, full_n, o.rope ? 2e-2f : 0, o.rope ? 1e-2f : 0); /* rotated K: bf16 on the GPU */
     if (n_stream) {
         snprintf(what, sizeof what, "  ... streaming slots after the step's K/V append");
-        compare(what, vsc, vsg, slot_n, 0, 0);
+        if (o.fp8) fp8_compare(what, ksc, ksg, slot_n, o.rope ? 1 : 0), fp8_compare(what, vsc, vsg, slot_n, 0);
+        else compare(what, vsc, vsg, slot_n, 0, 0);
     }
+    if (o.fp8) free2(scc[0], scg[0]), free2(scc[1], scg[1]);
     free2(kfc, kfg), free2(vfc, vfg), free2(ksc, ksg), free2(vsc, vsg), free2(qc, qg), free2(oc, og);
     free(kf), free(vf), free(ks), free(vs), free(q), free(z), free(ids), free(toks), free(pos), free(ss), free(ip);
     free(slots);
@@ -746,8 +825,8 @@ static struct backend *other_split_backend(void) {
 static void test_long_decode(void) {
     gpu_alt = other_split_backend();
     if (!gpu_alt) return;
-    struct attn_opts sharp = {0, 3.0f, 1.0f, NULL, 0}, win = {3000, 3.0f, 1.0f, NULL, 0};
-    struct attn_opts fused = {0, 3.0f, 1.0f, NULL, 1};
+    struct attn_opts sharp = {0, 3.0f, 1.0f, NULL, 0, 0}, win = {3000, 3.0f, 1.0f, NULL, 0, 0};
+    struct attn_opts fused = {0, 3.0f, 1.0f, NULL, 1, 0};
     attention_case(32, 8, 128, 0, 32768, 1, 1, 0, 1, &sharp);     /* GQA 4 at 32k */
     attention_case(32, 4, 128, 0, 131072, 1, 1, 0, 1, &sharp);    /* GQA 8 at 128k */
     attention_case(32, 8, 128, 4, 131072, 1, 1, 64, 256, &sharp); /* half the KV heads streaming */
@@ -759,7 +838,7 @@ static void test_long_decode(void) {
     attention_case(32, 8, 128, 0, 3000, 1, 1, 0, 1, &fused);      /* 24 partitions: merged in the decode kernel */
     attention_case(32, 8, 128, 4, 65536, 1, 2, 64, 256, &fused);  /* the long merges write the rotated Q */
     static const int mixed[4] = {1000, 32768, 131072, 1048576};
-    struct attn_opts mix = {0, 3.0f, 1.0f, mixed, 0};
+    struct attn_opts mix = {0, 3.0f, 1.0f, mixed, 0, 0};
     attention_case(16, 2, 128, 1, 1048576, 1, 4, 64, 256, &mix); /* 1k, 32k, 128k and 1M in one step */
     backend_destroy(gpu_alt);
     gpu_alt = NULL;
@@ -771,13 +850,34 @@ static void test_long_decode(void) {
  * with sinks and recent windows of several sizes (a recent window longer than the chunk, a sink
  * longer than a partition). Keys scaled by 3, as the long decode cases. */
 static void test_long_prefill(void) {
-    struct attn_opts sharp = {0, 3.0f, 1.0f, NULL, 0};
+    struct attn_opts sharp = {0, 3.0f, 1.0f, NULL, 0, 0};
     attention_case(32, 8, 128, 0, 32765, 64, 1, 0, 1, &sharp);     /* GQA 4 at 32k */
     attention_case(32, 4, 128, 2, 16389, 96, 2, 64, 256, &sharp);  /* GQA 8, streaming, two sequences */
     attention_case(16, 4, 64, 1, 24581, 40, 2, 16, 64, &sharp);    /* head dim 64 */
     attention_case(32, 8, 128, 3, 20003, 130, 1, 4, 1024, &sharp); /* a recent window past the chunk */
     attention_case(16, 2, 128, 1, 9001, 50, 1, 200, 128, &sharp);  /* a sink longer than a partition */
     attention_case(16, 4, 128, 1, 131069, 16, 1, 64, 256, &sharp); /* 128k */
+}
+
+/* fp8 KV pools (issue 24) against the CPU's fp8 reference (the same bytes in; the step's appends
+ * must write the same bytes): prefill through the wgmma kernel (head dims 64, 128) and the flash
+ * kernel (8, 16), streaming heads reading the step's own rows, decode in the cooperative kernel
+ * (split and merged), the fused RoPE decode and the RoPE append, a long work-sized split, and the
+ * CUDA-core kernel (head dim 256, GQA 32). */
+static void test_attention_fp8(void) {
+    struct attn_opts f8 = {0, 1.0f, 1.0f, NULL, 0, 1}, f8rope = {0, 1.0f, 1.0f, NULL, 1, 1};
+    struct attn_opts f8sharp = {0, 3.0f, 1.0f, NULL, 0, 1};
+    attention_case(32, 8, 128, 3, 700, 100, 2, 16, 64, &f8);
+    attention_case(14, 2, 64, 1, 300, 33, 3, 4, 40, &f8);
+    attention_case(8, 2, 16, 0, 100, 20, 2, 0, 1, &f8);
+    attention_case(8, 4, 8, 2, 50, 9, 2, 3, 16, &f8);
+    attention_case(32, 8, 128, 5, 2000, 1, 3, 64, 256, &f8);
+    attention_case(16, 4, 64, 2, 3000, 1, 2, 1100, 200, &f8);
+    attention_case(32, 8, 128, 3, 2000, 1, 3, 16, 64, &f8rope);
+    attention_case(32, 8, 128, 3, 100, 1, 2, 16, 64, &f8rope);
+    attention_case(14, 2, 64, 1, 300, 33, 3, 4, 40, &f8rope);
+    attention_case(32, 4, 128, 2, 20000, 1, 2, 64, 256, &f8sharp);
+    attention_case(32, 1, 256, 0, 300, 3, 2, 0, 1, &f8);
 }
 
 /* Attention batch invariance, bit for bit, on the GPU: the rows of one sequence's T-token
@@ -1064,19 +1164,19 @@ static void test_attention_all(void) {
     attention_invariance(16, 2, 128, 1, 5030, 30, 9, 4, 300, 0);
     /* mask edges against the CPU: keys near-equal in score, values large, so one key more or less
      * at the sink, recent or window boundary moves the output far past the tolerance */
-    struct attn_opts edges = {16, 0.01f, 8.0f, NULL, 0};
+    struct attn_opts edges = {16, 0.01f, 8.0f, NULL, 0, 0};
     attention_case(8, 2, 64, 1, 40, 1, 2, 4, 8, &edges);
     attention_case(8, 2, 64, 1, 20, 24, 2, 4, 8, &edges);
     attention_case(8, 4, 128, 2, 3, 40, 1, 6, 10, &edges);
     /* a decode step mixing short and long contexts (the split path with 1 to 5 partitions a
      * token), and a sink longer than a partition */
     static const int mixed[3] = {100, 1500, 5000};
-    struct attn_opts mix = {0, 1.0f, 1.0f, mixed, 0};
+    struct attn_opts mix = {0, 1.0f, 1.0f, mixed, 0, 0};
     attention_case(32, 8, 128, 3, 5000, 1, 3, 16, 64, &mix);
     attention_case(16, 4, 64, 2, 3000, 1, 2, 1100, 200, NULL);
     /* RoPE fused with the KV append (the engine's path on the GPU): decode and a prefill chunk,
      * with and without streaming heads */
-    struct attn_opts fused = {0, 1.0f, 1.0f, NULL, 1};
+    struct attn_opts fused = {0, 1.0f, 1.0f, NULL, 1, 0};
     attention_case(32, 8, 128, 0, 2000, 1, 3, 0, 1, &fused);
     attention_case(32, 8, 128, 3, 700, 100, 2, 16, 64, &fused);
     attention_case(14, 2, 64, 1, 300, 33, 3, 4, 40, &fused);
@@ -1084,7 +1184,7 @@ static void test_attention_all(void) {
      * heads, head dim 64, and a split step over contexts of 1 to 5 partitions */
     attention_case(32, 8, 128, 3, 100, 1, 2, 16, 64, &fused);
     attention_case(14, 2, 64, 1, 300, 1, 3, 4, 40, &fused);
-    struct attn_opts fused_mix = {0, 1.0f, 1.0f, mixed, 1};
+    struct attn_opts fused_mix = {0, 1.0f, 1.0f, mixed, 1, 0};
     attention_case(32, 8, 128, 3, 5000, 1, 3, 16, 64, &fused_mix);
     /* split decode steps merged in a thread-block cluster: 2 partitions (a cluster of 2), 4
      * partitions with GQA 8 (4), and GQA 16 (four heads a merging warp) */
@@ -1095,6 +1195,7 @@ static void test_attention_all(void) {
     attention_case(32, 1, 256, 0, 300, 3, 2, 0, 1, NULL);
     test_long_decode();
     test_long_prefill();
+    test_attention_fp8();
 }
 
 int main(void) {
