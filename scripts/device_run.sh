@@ -34,11 +34,16 @@ if has attnbench; then # one decode token's attention at several contexts; FA_CL
 fi
 # issue 21: one Llama-3-8B layer's causal prefill attention alone (DUOSERVE_TEST_ONLY=prefillbench:
 # ms a call and TFLOP/s at PREFILLBENCH_N tokens, default 2k, 8k, 32k, 128k), as built and again
-# under each of PREFILLBENCH_AB="name:VAR=v,... ..."
+# under each of PREFILLBENCH_AB="name:VAR=v,... ..." and in each compile-time variant of PREFILLBENCH_VARIANTS
+# ("name ...": device_pack.sh's duoserve-test-cuda-NAME)
 if has prefillbench; then
   for spec in "default:" ${PREFILLBENCH_AB:-}; do
     echo "== prefillbench ${spec%%:*}"
     timeout 90 env $(echo "${spec#*:}" | tr ',' ' ') DUOSERVE_TEST_ONLY=prefillbench $B/duoserve-test-cuda 2>&1 | tee $L/prefillbench_${spec%%:*}.log | grep -E "prefillbench|FAIL|error"
+  done
+  for v in ${PREFILLBENCH_VARIANTS:-}; do
+    echo "== prefillbench variant $v"
+    timeout 90 env DUOSERVE_TEST_ONLY=prefillbench $B/duoserve-test-cuda-$v 2>&1 | tee $L/prefillbench_v_$v.log | grep -E "prefillbench|FAIL|error"
   done
 fi
 # the op test alone, as built and again under OPTEST_ENV="VAR=v,..." (a new path behind a switch);
