@@ -520,24 +520,11 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
     if (clus)
         for (int i = threadIdx.x; i < G; i += blockDim.x) sst[(size_t)i * (a.head_dim + 2)] = -INFINITY;
 
-    // tiles a query range [pf, pl] needs: [lo0, hi0] then [lo1, hi1] (streaming: sink, recent)
-    auto range = [&](int pf, int pl, int &lo0, int &hi0, int &lo1, int &hi1) {
-        lo1 = 1, hi1 = 0;
-        if (full) {
-            int first = a.sliding_window > 0 ? max(0, pf - a.sliding_window + 1) : 0;
-            lo0 = first / FA_KT;
-            hi0 = pl / FA_KT;
-        } else {
-            int sink_end = min(a.sink, pl + 1);
-            lo0 = 0;
-            hi0 = sink_end > 0 ? (sink_end - 1) / FA_KT : -1;
-            lo1 = max(hi0 + 1, max(0, pf - a.recent + 1) / FA_KT);
-            hi1 = pl / FA_KT;
-        }
-    };
-    int lo0, hi0, lo1, hi1, wlo0, whi0, wlo1, whi1;
-    range(pb_first, pb_last, lo0, hi0, lo1, hi1); // the block walks these
-    range(p_first, p_last, wlo0, whi0, wlo1, whi1); // this warp computes on these
+    fa_range rb, rw;
+    rb.make(a, full, pb_first, pb_last); // the block walks these
+    rw.make(a, full, p_first, p_last); // this warp computes on these
+    const int lo0 = rb.lo0, hi0 = rb.hi0, lo1 = rb.lo1, hi1 = rb.hi1;
+    const int wlo0 = rw.lo0, whi0 = rw.hi0, wlo1 = rw.lo1, whi1 = rw.hi1;
     // the block's next tile after t (in its partitions), or INT_MAX
     auto next_tile = [&](int t) {
         for (;;) {
@@ -1339,6 +1326,7 @@ extern "C" int cuda_attention_init(struct cuda_attn_env *env) {
 }
 
 // Retrieval heads: this step's K/V rows into their blocks (before attention reads them).
+template <bool F8> // F8: the pools are fp8 (cuda_attn_args.kv_fp8)
 __global__ void append_full_kernel(const __nv_bfloat16 *kb, const __nv_bfloat16 *vb, int rs, struct cuda_attn_args a) {
     pdl_trigger();
     pdl_wait();
@@ -1347,14 +1335,15 @@ __global__ void append_full_kernel(const __nv_bfloat16 *kb, const __nv_bfloat16 
         int h = x / a.head_dim, d = x % a.head_dim;
         size_t src = (size_t)t * rs + (size_t)h * a.head_dim + d;
         size_t dst = full_row(a.k_full, a, s, pos, h) - a.k_full + d;
-        kv_put(a, a.k_full, dst, kb[src], a.k_scale, h);
-        kv_put(a, a.v_full, dst, vb[src], a.v_scale, h);
+        kv_put<F8>(a.k_full, dst, kb[src], a.k_scale, h);
+        kv_put<F8>(a.v_full, dst, vb[src], a.v_scale, h);
     }
 }
 
 // RoPE of q and k in place (as rope_kernel) and, for retrieval heads, the rotated k and the v
 // of this step into their blocks: one kernel instead of rope_kernel + append_full_kernel.
 // One thread per (token, pair (i, i + hd/2) of a q or k head).
+template <bool F8> // F8: the pools are fp8 (cuda_attn_args.kv_fp8)
 __global__ void rope_append_kernel(__nv_bfloat16 *qkv, int rs, const float *inv_freq, struct cuda_attn_args a) {
     pdl_trigger();
     pdl_wait();
@@ -1372,15 +1361,16 @@ __global__ void rope_append_kernel(__nv_bfloat16 *qkv, int rs, const float *inv_
     if (kh >= 0 && kh < a.n_full) {
         size_t dst = full_row(a.k_full, a, a.tok_seq[t], pos, kh) - a.k_full;
         const __nv_bfloat16 *vs = v + (size_t)a.n_kv_heads * hd;
-        kv_put(a, a.k_full, dst + i, bra, a.k_scale, kh);
-        kv_put(a, a.k_full, dst + i + half, brb, a.k_scale, kh);
-        kv_put(a, a.v_full, dst + i, vs[i], a.v_scale, kh);
-        kv_put(a, a.v_full, dst + i + half, vs[i + half], a.v_scale, kh);
+        kv_put<F8>(a.k_full, dst + i, bra, a.k_scale, kh);
+        kv_put<F8>(a.k_full, dst + i + half, brb, a.k_scale, kh);
+        kv_put<F8>(a.v_full, dst + i, vs[i], a.v_scale, kh);
+        kv_put<F8>(a.v_full, dst + i + half, vs[i + half], a.v_scale, kh);
     }
 }
 
 // Streaming heads: sink rows and the recent ring, after attention. Of a chunk longer than the
 // ring only its last `recent` positions are written, so no two threads share a row.
+template <bool F8> // F8: the pools are fp8 (cuda_attn_args.kv_fp8)
 __global__ void append_stream_kernel(const __nv_bfloat16 *kb, const __nv_bfloat16 *vb, int rs, struct cuda_attn_args a) {
     pdl_trigger();
     pdl_wait();
@@ -1391,8 +1381,8 @@ __global__ void append_stream_kernel(const __nv_bfloat16 *kb, const __nv_bfloat1
         int h = x / a.head_dim, d = x % a.head_dim;
         size_t src = (size_t)t * rs + (size_t)(a.n_full + h) * a.head_dim + d;
         size_t dst = stream_off(a, a.stream_slot[s], pos, h) + d;
-        kv_put(a, a.k_stream, dst, kb[src], a.k_scale, a.n_full + h);
-        kv_put(a, a.v_stream, dst, vb[src], a.v_scale, a.n_full + h);
+        kv_put<F8>(a.k_stream, dst, kb[src], a.k_scale, a.n_full + h);
+        kv_put<F8>(a.v_stream, dst, vb[src], a.v_scale, a.n_full + h);
     }
 }
 
@@ -1447,10 +1437,10 @@ extern "C" int cuda_attention(const struct cuda_attn_env *env, void *out, void *
     if (inv_freq && !fa.rope_inv_freq) { // RoPE and the retrieval heads' append in one kernel
         if (a->head_dim % 2) return -3;
         unsigned pairs = (unsigned)((a->n_heads + a->n_kv_heads) * (a->head_dim / 2));
-        CUDA_CHECK(cuda_launch(rope_append_kernel, dim3(n_tokens, cuda_blocks(pairs, 128)), dim3(128), 0, st,
+        CUDA_CHECK(cuda_launch(a->kv_fp8 ? rope_append_kernel<true> : rope_append_kernel<false>, dim3(n_tokens, cuda_blocks(pairs, 128)), dim3(128), 0, st,
                                (__nv_bfloat16 *)qkv, rs, inv_freq, *a));
     } else if (!inv_freq && a->n_full) {
-        CUDA_CHECK(cuda_launch(append_full_kernel, dim3(n_tokens), dim3(128), 0, st, kb, vb, rs, *a));
+        CUDA_CHECK(cuda_launch(a->kv_fp8 ? append_full_kernel<true> : append_full_kernel<false>, dim3(n_tokens), dim3(128), 0, st, kb, vb, rs, *a));
     }
     if (flash && !decode && env->wg_prefill && fa_prefill_wg_takes(fa)) {
         const int rc = fa_prefill_wg(o, q, kb, vb, rs, fa, n_tokens, st);
@@ -1480,7 +1470,7 @@ extern "C" int cuda_attention(const struct cuda_attn_env *env, void *out, void *
         else if (a->head_dim <= 128) CUDA_CHECK(cuda_launch(f8 ? attn_kernel<4, true> : attn_kernel<4>, grid, T, 0, st, o, q, kb, vb, rs, *a));
         else CUDA_CHECK(cuda_launch(f8 ? attn_kernel<8, true> : attn_kernel<8>, grid, T, 0, st, o, q, kb, vb, rs, *a));
     }
-    if (a->n_stream) CUDA_CHECK(cuda_launch(append_stream_kernel, dim3(n_tokens), dim3(128), 0, st, kb, vb, rs, *a));
+    if (a->n_stream) CUDA_CHECK(cuda_launch(a->kv_fp8 ? append_stream_kernel<true> : append_stream_kernel<false>, dim3(n_tokens), dim3(128), 0, st, kb, vb, rs, *a));
     CUDA_CHECK(cudaGetLastError());
     return 0;
 }

@@ -27,6 +27,40 @@ __device__ __forceinline__ size_t stream_pool_row(const struct cuda_attn_args &a
     return ((size_t)slot * (a.sink + a.recent) + (size_t)r) * a.n_stream + (size_t)h;
 }
 
+// The tiles a query range [pf, pl] sees: [lo0, hi0] then [lo1, hi1] (retrieval heads: from the
+// sliding window's start, else 0, to pl; streaming heads: the sink's, then the recent window's)
+struct fa_range {
+    int lo0, hi0, lo1, hi1;
+    __device__ void make(const struct cuda_attn_args &a, bool full, int pf, int pl) {
+        lo1 = 1, hi1 = 0;
+        if (full) {
+            int first = a.sliding_window > 0 ? max(0, pf - a.sliding_window + 1) : 0;
+            lo0 = first / FA_KT;
+            hi0 = pl / FA_KT;
+        } else {
+            int sink_end = min(a.sink, pl + 1);
+            lo0 = 0;
+            hi0 = sink_end > 0 ? (sink_end - 1) / FA_KT : -1;
+            lo1 = max(hi0 + 1, max(0, pf - a.recent + 1) / FA_KT);
+            hi1 = pl / FA_KT;
+        }
+    }
+    __device__ void none() { lo0 = lo1 = 1, hi0 = hi1 = 0; }
+    __device__ bool has(int t) const { return (t >= lo0 && t <= hi0) || (t >= lo1 && t <= hi1); }
+    __device__ bool has_part(int p) const {
+        const int t0 = p * FA_PT, t1 = t0 + FA_PT - 1;
+        return max(t0, lo0) <= min(t1, hi0) || max(t0, lo1) <= min(t1, hi1); // (an empty range has none)
+    }
+    // the next partition after p (-1: from the start) with a tile in the range, or -1
+    __device__ int next_part(int p) const {
+        int t = (p + 1) * FA_PT;
+        if (t <= hi0) t = max(t, lo0);
+        else if (t <= hi1) t = max(t, lo1);
+        else return -1;
+        return t / FA_PT;
+    }
+};
+
 __device__ __forceinline__ void fa_cp16(void *smem, const void *gmem, bool pred) {
     unsigned s = (unsigned)__cvta_generic_to_shared(smem);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(pred ? 16 : 0));
@@ -96,9 +130,9 @@ __device__ __forceinline__ void fa_cp8(void *smem, const void *gmem, bool pred) 
     unsigned s = (unsigned)__cvta_generic_to_shared(smem);
     asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(s), "l"(gmem), "r"(pred ? 8 : 0));
 }
-// stores x (a bf16 K or V element of KV head h) at element e of a pool
-__device__ __forceinline__ void kv_put(const struct cuda_attn_args &a, __nv_bfloat16 *pool, size_t e, __nv_bfloat16 x,
-                                       const float *scales, int h) {
-    if (a.kv_fp8) reinterpret_cast<uint8_t *>(pool)[e] = kv8_enc(__bfloat162float(x), scales[h]);
+// stores x (a bf16 K or V element of KV head h) at element e of a pool (F8: e4m3 with the head's scale)
+template <bool F8>
+__device__ __forceinline__ void kv_put(__nv_bfloat16 *pool, size_t e, __nv_bfloat16 x, const float *scales, int h) {
+    if constexpr (F8) reinterpret_cast<uint8_t *>(pool)[e] = kv8_enc(__bfloat162float(x), scales[h]);
     else pool[e] = x;
 }

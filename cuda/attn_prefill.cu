@@ -49,38 +49,6 @@ __device__ __forceinline__ uint32_t pf_sw(int rows, int row, int col) {
     return (uint32_t)((col / 64) * rows * 128 + row * 128 + ((((col % 64) / 8) ^ (row & 7)) * 16) + (col % 8) * 2);
 }
 
-// the tiles a query range [pf, pl] sees: [lo0, hi0] then [lo1, hi1] (the flash kernel's `range`)
-struct pf_range {
-    int lo0, hi0, lo1, hi1;
-    __device__ void make(const struct cuda_attn_args &a, bool full, int pf, int pl) {
-        lo1 = 1, hi1 = 0;
-        if (full) {
-            int first = a.sliding_window > 0 ? max(0, pf - a.sliding_window + 1) : 0;
-            lo0 = first / FA_KT;
-            hi0 = pl / FA_KT;
-        } else {
-            int sink_end = min(a.sink, pl + 1);
-            lo0 = 0;
-            hi0 = sink_end > 0 ? (sink_end - 1) / FA_KT : -1;
-            lo1 = max(hi0 + 1, max(0, pf - a.recent + 1) / FA_KT);
-            hi1 = pl / FA_KT;
-        }
-    }
-    __device__ void none() { lo0 = lo1 = 1, hi0 = hi1 = 0; }
-    __device__ bool has(int t) const { return (t >= lo0 && t <= hi0) || (t >= lo1 && t <= hi1); }
-    __device__ bool has_part(int p) const {
-        const int t0 = p * FA_PT, t1 = t0 + FA_PT - 1;
-        return max(t0, lo0) <= min(t1, hi0) || max(t0, lo1) <= min(t1, hi1); // (an empty range has none)
-    }
-    // the next partition after p (-1: from the start) with a tile in the range, or -1
-    __device__ int next_part(int p) const {
-        int t = (p + 1) * FA_PT;
-        if (t <= hi0) t = max(t, lo0);
-        else if (t <= hi1) t = max(t, lo1);
-        else return -1;
-        return t / FA_PT;
-    }
-};
 
 template <int HD, bool F8 = false> // F8: the pools are fp8 (cuda_attn_args.kv_fp8)
 __global__ void __launch_bounds__(PF_THREADS, 1)
@@ -106,7 +74,7 @@ __global__ void __launch_bounds__(PF_THREADS, 1)
     const bool full = kvh < a.n_full;
     const int pos0 = a.pos[row0], pos_last = a.pos[row_end - 1], pb_first = a.pos[tb];
     const int pb_last = pb_first + min(CT, row_end - tb) - 1;
-    pf_range blk;
+    fa_range blk;
     blk.make(a, full, pb_first, pb_last); // the block walks these (both warpgroups' tiles)
 
     if (threadIdx.x == 0) {
@@ -205,7 +173,7 @@ __global__ void __launch_bounds__(PF_THREADS, 1)
     const int w = threadIdx.x / 128 - 1, wq = threadIdx.x / 32 % 4, lane = threadIdx.x % 32, g = lane / 4, qd = lane % 4;
     const int uw = 4 * w + wq, t0 = tb + uw * TPU, nt = max(0, min(TPU, row_end - t0)), nrows = nt * G;
     const int wt0 = 4 * w * TPU, wnt = max(0, min(4 * TPU, row_end - tb - wt0)); // the warpgroup's tokens
-    pf_range mine;
+    fa_range mine;
     if (wnt > 0) mine.make(a, full, pb_first + wt0, pb_first + wt0 + wnt - 1);
     else mine.none();
     // the flash kernel's mask: row h (at ipos[h]) sees key j iff j <= vhi[h] and (j >= vlo[h] or j < vse)
