@@ -776,52 +776,11 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
         }
     };
     // the mask, and the scores in log2 units (an invisible key: -inf)
-    auto tile_mask = [&](int tile, float (&sc)[FA_KT / 8][4]) {
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            if (h && !rows8) continue;
-#pragma unroll
-            for (int n = 0; n < FA_KT / 8; n++)
-#pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    const int j = tile * FA_KT + n * 8 + 2 * qd + e;
-                    const bool vis = (j <= vhi[h]) & ((j >= vlo[h]) | (j < vse)); // no branches
-                    sc[n][2 * h + e] = vis ? sc[n][2 * h + e] * sl2 : -INFINITY;
-                }
-        }
-    };
-    // online softmax (each row's scores live in one quad of lanes): sc becomes p, o is rescaled
+    auto tile_mask = [&](int tile, float (&sc)[FA_KT / 8][4]) { fa_tile_mask(sc, tile, qd, vhi, vlo, vse, sl2, rows8); };
+    // online softmax: sc becomes p, o is rescaled
     auto tile_softmax = [&](float (&sc)[FA_KT / 8][4]) {
         float corr[2];
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            if (h && !rows8) {
-                corr[1] = 1.0f;
-#pragma unroll
-                for (int n = 0; n < FA_KT / 8; n++) sc[n][2] = sc[n][3] = 0.0f;
-                continue;
-            }
-            float mx = -INFINITY;
-#pragma unroll
-            for (int n = 0; n < FA_KT / 8; n++)
-#pragma unroll
-                for (int e = 0; e < 2; e++) mx = fmaxf(mx, sc[n][2 * h + e]);
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            float mn = fmaxf(m[h], mx);
-            corr[h] = mn == -INFINITY ? 1.0f : exp2f(m[h] - mn);
-            float sum = 0.0f;
-#pragma unroll
-            for (int n = 0; n < FA_KT / 8; n++)
-#pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    float p = mn == -INFINITY ? 0.0f : exp2f(sc[n][2 * h + e] - mn);
-                    sc[n][2 * h + e] = p;
-                    sum += p;
-                }
-            l[h] = l[h] * corr[h] + sum;
-            m[h] = mn;
-        }
+        fa_tile_softmax(sc, m, l, corr, rows8);
 #pragma unroll
         for (int d = 0; d < OT; d++) {
             o[d][0] *= corr[0], o[d][1] *= corr[0];

@@ -136,3 +136,59 @@ __device__ __forceinline__ void kv_put(__nv_bfloat16 *pool, size_t e, __nv_bfloa
     if constexpr (F8) reinterpret_cast<uint8_t *>(pool)[e] = kv8_enc(__bfloat162float(x), scales[h]);
     else pool[e] = x;
 }
+
+// A 32-key tile's scores on the mma accumulator layout (this thread's rows g and g + 8, h = 0 and 1;
+// keys 8n + 2 qd + e), as every attention kernel sums them (the same code, the same bits):
+// the mask, and the scores in log2 units: row h sees key j iff j <= vhi[h] and (j >= vlo[h] or
+// j < vse), an invisible key -inf (evaluated without branches: the && / || form compiled into
+// divergent branches that cost ~900 cycles a tile). !rows8: row g + 8 is padding (left as is).
+__device__ __forceinline__ void fa_tile_mask(float (&sc)[FA_KT / 8][4], int tile, int qd, const int (&vhi)[2],
+                                             const int (&vlo)[2], int vse, float sl2, bool rows8) {
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        if (h && !rows8) continue;
+#pragma unroll
+        for (int n = 0; n < FA_KT / 8; n++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const int j = tile * FA_KT + n * 8 + 2 * qd + e;
+                const bool vis = (j <= vhi[h]) & ((j >= vlo[h]) | (j < vse)); // no branches
+                sc[n][2 * h + e] = vis ? sc[n][2 * h + e] * sl2 : -INFINITY;
+            }
+    }
+}
+// The online softmax of a masked tile (each row's scores live in one quad of lanes): sc becomes
+// p, the rows' max m and sum l move on, corr is the factor for o. !rows8: row g + 8's p are 0 and
+// its corr 1, as its softmax would give (m and l untouched).
+__device__ __forceinline__ void fa_tile_softmax(float (&sc)[FA_KT / 8][4], float (&m)[2], float (&l)[2], float (&corr)[2],
+                                                bool rows8) {
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        if (h && !rows8) {
+            corr[1] = 1.0f;
+#pragma unroll
+            for (int n = 0; n < FA_KT / 8; n++) sc[n][2] = sc[n][3] = 0.0f;
+            continue;
+        }
+        float mx = -INFINITY;
+#pragma unroll
+        for (int n = 0; n < FA_KT / 8; n++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) mx = fmaxf(mx, sc[n][2 * h + e]);
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float mn = fmaxf(m[h], mx);
+        corr[h] = mn == -INFINITY ? 1.0f : exp2f(m[h] - mn);
+        float sum = 0.0f;
+#pragma unroll
+        for (int n = 0; n < FA_KT / 8; n++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const float p = mn == -INFINITY ? 0.0f : exp2f(sc[n][2 * h + e] - mn);
+                sc[n][2 * h + e] = p;
+                sum += p;
+            }
+        l[h] = l[h] * corr[h] + sum;
+        m[h] = mn;
+    }
+}

@@ -212,42 +212,10 @@ __global__ void __launch_bounds__(PF_THREADS, 1)
                 const int tile = p * FA_PT + i;
                 if (!mine.has(tile)) continue; // (warpgroup-uniform)
                 float *x = sc + 16 * i;        // x[4 n + e]: the flash kernel's sc[n][e] of this tile
-                // the mask, and the scores in log2 units (an invisible key: -inf)
-#pragma unroll
-                for (int h = 0; h < 2; h++)
-#pragma unroll
-                    for (int n = 0; n < FA_KT / 8; n++)
-#pragma unroll
-                        for (int e = 0; e < 2; e++) {
-                            const int j = tile * FA_KT + n * 8 + 2 * qd + e;
-                            const bool vis = (j <= vhi[h]) & ((j >= vlo[h]) | (j < vse));
-                            x[4 * n + 2 * h + e] = vis ? x[4 * n + 2 * h + e] * sl2 : -INFINITY;
-                        }
-                // the online softmax (each row's scores in one quad of lanes); o rescaled
+                auto &xt = *reinterpret_cast<float(*)[FA_KT / 8][4]>(x);
+                fa_tile_mask(xt, tile, qd, vhi, vlo, vse, sl2, true);
                 float corr[2];
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    float mx = -INFINITY;
-#pragma unroll
-                    for (int n = 0; n < FA_KT / 8; n++)
-#pragma unroll
-                        for (int e = 0; e < 2; e++) mx = fmaxf(mx, x[4 * n + 2 * h + e]);
-                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-                    const float mn = fmaxf(m[h], mx);
-                    corr[h] = mn == -INFINITY ? 1.0f : exp2f(m[h] - mn);
-                    float sum = 0.0f;
-#pragma unroll
-                    for (int n = 0; n < FA_KT / 8; n++)
-#pragma unroll
-                        for (int e = 0; e < 2; e++) {
-                            const float pv = mn == -INFINITY ? 0.0f : exp2f(x[4 * n + 2 * h + e] - mn);
-                            x[4 * n + 2 * h + e] = pv;
-                            sum += pv;
-                        }
-                    l[h] = l[h] * corr[h] + sum;
-                    m[h] = mn;
-                }
+                fa_tile_softmax(xt, m, l, corr, true); // o rescaled below
 #pragma unroll
                 for (int d = 0; d < HD / 8; d++) o[4 * d] *= corr[0], o[4 * d + 1] *= corr[0], o[4 * d + 2] *= corr[1], o[4 * d + 3] *= corr[1];
                 // O += P V: per k16 step c, the head then the remainder of P (the flash kernel's tile_pv)
