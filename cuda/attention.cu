@@ -49,11 +49,12 @@ struct key_range {
 };
 
 // A K or V element at p, of a pool (F8: p's element offset in pool, as the fp8 pool's bytes) or of
-// the step's rows (srow; F8: rounded as the pool would hold it), as f32.
+// the step's rows (srow; F8: rounded as the pool would hold it), as f32; F8 either way
+// bf16(e4m3 * scale), as the flash kernels read it.
 template <bool F8>
 __device__ __forceinline__ float kv_elem(const __nv_bfloat16 *p, const __nv_bfloat16 *pool, bool srow, float scale) {
     if constexpr (F8)
-        return srow ? __bfloat162float(kv8_round(*p, scale)) : kv8_dec(reinterpret_cast<const uint8_t *>(pool)[p - pool], scale);
+        return __bfloat162float(srow ? kv8_round(*p, scale) : kv8_get(reinterpret_cast<const uint8_t *>(pool)[p - pool], scale));
     return __bfloat162float(*p);
 }
 

@@ -100,9 +100,11 @@ __device__ __forceinline__ uint8_t kv8_enc(float x, float scale) {
 __device__ __forceinline__ float kv8_dec(uint8_t b, float scale) {
     return __half2float(__half(__nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)b, __NV_E4M3))) * scale;
 }
+// a pool byte as the kernels use it: bf16(e4m3 * scale)
+__device__ __forceinline__ __nv_bfloat16 kv8_get(uint8_t b, float scale) { return __float2bfloat16(kv8_dec(b, scale)); }
 // a bf16 value as the fp8 pool would give it back
 __device__ __forceinline__ __nv_bfloat16 kv8_round(__nv_bfloat16 x, float scale) {
-    return __float2bfloat16(kv8_dec(kv8_enc(__bfloat162float(x), scale), scale));
+    return kv8_get(kv8_enc(__bfloat162float(x), scale), scale);
 }
 // 8 pool bytes (consecutive dims) as 8 bf16
 __device__ __forceinline__ uint4 kv8_unpack8(uint2 w, float scale) {

@@ -358,6 +358,10 @@ static void attention(struct backend *b, void *out, void *qkv, int row_stride, c
                                c->part_off, c->attn_ws, c->attn_ws_floats, c->attn_counters, ATTN_COUNTERS, NULL,
                                {0, 0}, {0, 0}, {0, 0}, {0, 0}, 0, 0, 0, // (the rest: cuda_attention's)
                                L->kv_dtype == KV_DTYPE_FP8_E4M3, L->k_scale, L->v_scale};
+    if (a.kv_fp8 && (!a.k_scale || !a.v_scale)) { // (the engine gives every fp8 layer its scales)
+        if (!c->err) c->err = BACKEND_ERR_ARG;
+        return;
+    }
     CKI(b, cuda_attention(&c->attn_env, out, qkv, row_stride, &a, c->n_tokens, c->decode_step, c->split_decode,
                           inv_freq, c->stream));
     tm_mark(c, "%sattention%s", inv_freq ? "rope+" : "", c->split_decode ? " (split)" : "");
