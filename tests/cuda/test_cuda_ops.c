@@ -858,15 +858,16 @@ static void test_long_decode(void) {
  * chunks behind 16k to 128k of context, starting mid-block (contexts not a multiple of the block
  * size; a second sequence 7 tokens shorter), GQA 4 and 8, head dims 64 and 128, streaming heads
  * with sinks and recent windows of several sizes (a recent window longer than the chunk, a sink
- * longer than a partition). Keys scaled by 3, as the long decode cases. */
+ * longer than a partition). Keys scaled by 3, as the long decode cases. Short chunks: the CPU
+ * reference is one thread: ~20 s here in all). */
 static void test_long_prefill(void) {
     struct attn_opts sharp = {0, 3.0f, 1.0f, NULL, 0, 0, 0};
-    attention_case(32, 8, 128, 0, 32765, 64, 1, 0, 1, &sharp);     /* GQA 4 at 32k */
-    attention_case(32, 4, 128, 2, 16389, 96, 2, 64, 256, &sharp);  /* GQA 8, streaming, two sequences */
-    attention_case(16, 4, 64, 1, 24581, 40, 2, 16, 64, &sharp);    /* head dim 64 */
-    attention_case(32, 8, 128, 3, 20003, 130, 1, 4, 1024, &sharp); /* a recent window past the chunk */
+    attention_case(32, 8, 128, 0, 32765, 8, 1, 0, 1, &sharp);      /* GQA 4 at 32k */
+    attention_case(32, 4, 128, 2, 16389, 24, 2, 64, 256, &sharp);  /* GQA 8, streaming, two sequences */
+    attention_case(16, 4, 64, 1, 24581, 16, 2, 16, 64, &sharp);    /* head dim 64 */
+    attention_case(32, 8, 128, 3, 20003, 16, 1, 4, 1024, &sharp);  /* a recent window past the chunk */
     attention_case(16, 2, 128, 1, 9001, 50, 1, 200, 128, &sharp);  /* a sink longer than a partition */
-    attention_case(16, 4, 128, 1, 131069, 16, 1, 64, 256, &sharp); /* 128k */
+    attention_case(16, 4, 128, 1, 131069, 4, 1, 64, 256, &sharp);  /* 128k */
 }
 
 /* fp8 KV pools (issue 24) against the CPU's fp8 reference (the same bytes in; the step's appends
