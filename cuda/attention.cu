@@ -691,20 +691,28 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
     };
 
     // fp8: rows [r0, r0 + n) of the K buffers (kv & 1) and of the V buffers (kv & 2) from their
-    // landed bytes to bf16, in place (a thread a row: the whole row read before it is written),
-    // padded dims zero; between two barriers
+    // landed bytes to bf16, in place, padded dims zero; between two barriers. Four lanes a row
+    // (chunks of 8 dims q, q + 4, ..): each reads its chunks' bytes, the row's four lanes meet
+    // (__syncwarp: the bytes read before any is overwritten), then each writes its bf16 chunks.
+    // (n is a multiple of FA_KT: every warp runs the loop the same number of times)
     auto fa8_rows = [&](int r0, int n, int kv) {
+        constexpr int NC = HDP / 8, CH = (NC + 3) / 4; // chunks a row, a lane
         const int nk = kv & 1 ? n : 0, nn = nk + (kv & 2 ? n : 0);
-        for (int i = tid; i < nn; i += 32 * FA_WARPS) {
-            const bool isv = i >= nk;
-            __nv_bfloat16 *row = (isv ? sv : sk) + (size_t)(r0 + (isv ? i - nk : i)) * LD;
+        for (int i = tid; i < 4 * nn; i += 32 * FA_WARPS) {
+            const int rr = i / 4, q = i % 4;
+            const bool isv = rr >= nk;
+            __nv_bfloat16 *row = (isv ? sv : sk) + (size_t)(r0 + (isv ? rr - nk : rr)) * LD;
             const uint2 *src = reinterpret_cast<const uint2 *>(reinterpret_cast<const uint8_t *>(row) + F8_OFF);
-            uint2 w[HDP / 8];
+            uint2 w[CH];
 #pragma unroll
-            for (int c = 0; c < HDP / 8; c++) w[c] = src[c];
+            for (int k = 0; k < CH; k++)
+                if (q + 4 * k < NC) w[k] = src[q + 4 * k];
+            __syncwarp();
 #pragma unroll
-            for (int c = 0; c < HDP / 8; c++)
-                reinterpret_cast<uint4 *>(row)[c] = 8 * c < HD ? kv8_unpack8(w[c], isv ? vsc : ksc) : make_uint4(0, 0, 0, 0);
+            for (int k = 0; k < CH; k++) {
+                const int c = q + 4 * k;
+                if (c < NC) reinterpret_cast<uint4 *>(row)[c] = 8 * c < HD ? kv8_unpack8(w[k], isv ? vsc : ksc) : make_uint4(0, 0, 0, 0);
+            }
         }
     };
 
