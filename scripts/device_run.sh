@@ -190,7 +190,8 @@ fi
 # 1,048,576. Contexts are made without a prefill (--skip-prefill); LONGDEC_STEPS timed steps a run
 # (default 16). Each figure printed as it comes. LONGDEC_FULL / LONGDEC_DUO (--runs lists) override
 # the two loads' runs (an 80 GB card gets "1x128,1x131072,4x98304" and "1x131072,1x524288");
-# LONGDEC_AB="name:VAR=v,... ..." runs both loads again under each set of switches.
+# LONGDEC_AB="name:VAR=v,... ..." runs both loads again under each set of switches, LONGDEC_VARIANTS="name ..."
+# in each compile-time variant (device_pack.sh's VARIANTS).
 if has longdec; then
   wait_8b
   P8=.device/llama3_8b_pattern.tsv
@@ -205,6 +206,11 @@ if has longdec; then
     ldec ${sp}_full $ev $B/bench_gpu $M cuda --runs ${LONGDEC_FULL:-1x128,1x131072,8x98304}
     ldec ${sp}_duo $ev $B/bench_gpu $M cuda --runs ${LONGDEC_DUO:-1x131072,1x1048576} --duo-pattern $P8 --duo-sparsity 0.5
     at "longdec $sp"
+  done
+  for v in ${LONGDEC_VARIANTS:-}; do # compile-time variants (device_pack.sh's bench_gpu-NAME)
+    ldec v_${v}_full $B/bench_gpu-$v $M cuda --runs ${LONGDEC_FULL:-1x128,1x131072,8x98304}
+    ldec v_${v}_duo $B/bench_gpu-$v $M cuda --runs ${LONGDEC_DUO:-1x131072,1x1048576} --duo-pattern $P8 --duo-sparsity 0.5
+    at "longdec variant $v"
   done
 fi
 # kernel traces: every kernel of the decode graphs (scripts/ktrace.c), reported per kernel
