@@ -1,9 +1,13 @@
 /* backend_cpu: the reference implementation of every op, plain fp32 loops in the order of the
  * math (llama2.c's forward). Activations and weights are f32 host memory; the KV pools f32, bf16
- * or e4m3 (struct attn_layer), whose values the attention computes with in f32. Single-threaded. */
+ * or e4m3 (struct attn_layer), whose values the attention computes with in f32. Single-threaded,
+ * but for a large attention step's rows (cpu_attention), which threads share a row each: every
+ * row is computed whole by one thread with the same code, so the bits do not depend on it. */
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "engine/backend.h"
 #include "engine/fp8.h"
@@ -269,10 +273,86 @@ static const float *key_stream(const void *ctx_, int j, int want_v) {
                    sc, c->buf);
 }
 
+/* A step's attention rows r0 .. r1 - 1 (row t * n_heads + h: token t, query head h), with scratch
+ * of its own: scores ([max pos + 1]) and row (2 head_dim floats). */
+struct attn_rows {
+    const struct fwd_batch *bt;
+    const struct attn_layer *L;
+    const float *q, *k, *v; /* the q|k|v rows, rs apart */
+    int rs;
+    float *out;
+    long r0, r1;
+    float *scores, *row;
+};
+
+static void attend_rows(struct attn_rows *a) {
+    const struct fwd_batch *bt = a->bt;
+    const struct attn_layer *L = a->L;
+    int hd = L->head_dim, group = L->n_heads / L->n_kv_heads, s = 0;
+    for (long r = a->r0; r < a->r1; r++) {
+        int t = (int)(r / L->n_heads), h = (int)(r % L->n_heads);
+        while (t >= bt->seq_start[s + 1]) s++;
+        int row0 = bt->seq_start[s], pos0 = bt->pos[row0], pos = bt->pos[t], kvh = h / group;
+        struct key_ctx kc = {bt, L, a->k, a->v, a->rs, s, kvh, row0, pos0, a->row, (uint8_t *)(a->row + hd)};
+        const float *q = a->q + (size_t)t * a->rs + (size_t)h * hd;
+        float *o = a->out + ((size_t)t * L->n_heads + h) * hd;
+        if (kvh < L->n_full) {
+            int first = L->sliding_window > 0 && pos - L->sliding_window + 1 > 0 ? pos - L->sliding_window + 1 : 0;
+            attend(o, q, pos, first, L, a->scores, key_full, &kc, visible_full);
+        } else {
+            attend(o, q, pos, 0, L, a->scores, key_stream, &kc, visible_stream);
+        }
+    }
+}
+
+/* The scores a row of the step needs at most: its last key's position + 1. */
+static size_t scores_len(const struct fwd_batch *bt) {
+    size_t need = 1;
+    for (int t = 0; t < bt->n_tokens; t++) need = (size_t)bt->pos[t] + 1 > need ? (size_t)bt->pos[t] + 1 : need;
+    return need;
+}
+
+static void *attend_rows_main(void *arg) {
+    attend_rows(arg);
+    return NULL;
+}
+
+/* Above this many query-key products a step's rows are shared by threads (below, a thread's start
+ * costs more than it saves), at most ATTN_THREADS_MAX of them. */
+#define ATTN_THREAD_WORK (1L << 25)
+#define ATTN_THREADS_MAX 16
+
+/* job's rows in nt threads, contiguous ranges in order; each with scratch of its own. 0, or -1
+ * when a thread or its scratch could not be had (nothing computed: the caller runs them all). */
+static int attend_rows_threads(const struct attn_rows *job, int nt) {
+    struct attn_rows jobs[ATTN_THREADS_MAX];
+    pthread_t th[ATTN_THREADS_MAX];
+    size_t need = scores_len(job->bt);
+    int made = 0, rc = 0;
+    for (int i = 0; i < nt; i++) {
+        jobs[i] = *job;
+        jobs[i].r0 = job->r0 + (job->r1 - job->r0) * i / nt, jobs[i].r1 = job->r0 + (job->r1 - job->r0) * (i + 1) / nt;
+        jobs[i].scores = malloc(need * sizeof(float));
+        jobs[i].row = malloc((size_t)job->L->head_dim * 2 * sizeof(float));
+        if (!jobs[i].scores || !jobs[i].row) {
+            free(jobs[i].scores), free(jobs[i].row);
+            rc = -1;
+            break;
+        }
+        made++;
+    }
+    int started = 0;
+    for (; rc == 0 && started < made; started++)
+        if (pthread_create(&th[started], NULL, attend_rows_main, &jobs[started]) != 0) rc = -1;
+    for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
+    for (int i = 0; i < made; i++) free(jobs[i].scores), free(jobs[i].row);
+    return rc;
+}
+
 static void cpu_attention(struct backend *b, void *out_, const void *qkv, int rs, const struct attn_layer *L) {
     struct cpu_ctx *c = b->ctx;
     const struct fwd_batch *bt = &c->batch;
-    int hd = L->head_dim, group = L->n_heads / L->n_kv_heads;
+    int hd = L->head_dim;
     const float *q_ = qkv, *kin = q_ + (size_t)L->n_heads * hd, *vin = kin + (size_t)L->n_kv_heads * hd;
     if ((size_t)hd * 2 > c->row_cap) {
         float *nr = realloc(c->row, (size_t)hd * 2 * sizeof(float));
@@ -290,31 +370,23 @@ static void cpu_attention(struct backend *b, void *out_, const void *qkv, int rs
                 kv_store(L, L->v_full, at, vin + src, kv_scale(L, h, 1));
             }
 
-    /* 2. every query head over the keys its mask allows */
-    for (int s = 0; s < bt->n_seqs; s++) {
-        int row0 = bt->seq_start[s], pos0 = bt->pos[row0];
-        for (int t = row0; t < bt->seq_start[s + 1]; t++) {
-            int pos = bt->pos[t];
-            size_t need = (size_t)(pos + 1);
-            if (need > c->scores_cap) {
-                float *ns = realloc(c->scores, need * sizeof(float));
-                if (!ns) abort(); /* host OOM in the reference backend: nothing sensible to do */
-                c->scores = ns;
-                c->scores_cap = need;
-            }
-            for (int h = 0; h < L->n_heads; h++) {
-                int kvh = h / group;
-                struct key_ctx kc = {bt, L, kin, vin, rs, s, kvh, row0, pos0, c->row, (uint8_t *)(c->row + hd)};
-                const float *q = q_ + (size_t)t * rs + (size_t)h * hd;
-                float *o = (float *)out_ + ((size_t)t * L->n_heads + h) * hd;
-                if (kvh < L->n_full) {
-                    int first = L->sliding_window > 0 && pos - L->sliding_window + 1 > 0 ? pos - L->sliding_window + 1 : 0;
-                    attend(o, q, pos, first, L, c->scores, key_full, &kc, visible_full);
-                } else {
-                    attend(o, q, pos, 0, L, c->scores, key_stream, &kc, visible_stream);
-                }
-            }
+    /* 2. every query head over the keys its mask allows: rows (token, head) in order, in threads
+     * of their own when the step is large (attend_rows) */
+    struct attn_rows job = {bt, L, q_, kin, vin, rs, out_, 0, (long)bt->n_tokens * L->n_heads, NULL, NULL};
+    long work = 0; /* query-key products of the step's retrieval heads, roughly */
+    for (int t = 0; t < bt->n_tokens; t++) work += (long)(bt->pos[t] + 1) * L->n_heads * hd;
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    int nt = work < ATTN_THREAD_WORK || ncpu < 2 ? 1 : (int)(ncpu < ATTN_THREADS_MAX ? ncpu : ATTN_THREADS_MAX);
+    if (nt < 2 || attend_rows_threads(&job, nt) != 0) { /* one thread: the context's scratch */
+        size_t need = scores_len(bt);
+        if (need > c->scores_cap) {
+            float *ns = realloc(c->scores, need * sizeof(float));
+            if (!ns) abort(); /* host OOM in the reference backend: nothing sensible to do */
+            c->scores = ns;
+            c->scores_cap = need;
         }
+        job.scores = c->scores, job.row = c->row;
+        attend_rows(&job);
     }
 
     /* 3. streaming heads: store the chunk into the slots (sink rows, then the recent ring) */
