@@ -37,14 +37,10 @@ fi
 # under each of PREFILLBENCH_AB="name:VAR=v,... ..." and in each compile-time variant of PREFILLBENCH_VARIANTS
 # ("name ...": device_pack.sh's duoserve-test-cuda-NAME)
 if has prefillbench; then
-  for spec in "default:" ${PREFILLBENCH_AB:-}; do
-    echo "== prefillbench ${spec%%:*}"
-    timeout 90 env $(echo "${spec#*:}" | tr ',' ' ') DUOSERVE_TEST_ONLY=prefillbench $B/duoserve-test-cuda 2>&1 | tee $L/prefillbench_${spec%%:*}.log | grep -E "prefillbench|FAIL|error"
-  done
-  for v in ${PREFILLBENCH_VARIANTS:-}; do
-    echo "== prefillbench variant $v"
-    timeout 90 env DUOSERVE_TEST_ONLY=prefillbench $B/duoserve-test-cuda-$v 2>&1 | tee $L/prefillbench_v_$v.log | grep -E "prefillbench|FAIL|error"
-  done
+  pbench() { local name=$1 bin=$2; shift 2; echo "== prefillbench $name"
+    timeout 90 env "$@" DUOSERVE_TEST_ONLY=prefillbench $bin 2>&1 | tee $L/prefillbench_$name.log | grep -E "prefillbench|FAIL|error"; }
+  for spec in "default:" ${PREFILLBENCH_AB:-}; do pbench ${spec%%:*} $B/duoserve-test-cuda $(echo "${spec#*:}" | tr ',' ' '); done
+  for v in ${PREFILLBENCH_VARIANTS:-}; do pbench v_$v $B/duoserve-test-cuda-$v; done
 fi
 # the op test alone, as built and again under OPTEST_ENV="VAR=v,..." (a new path behind a switch);
 # each run stopped after OPTEST_TIMEOUT s (300); OPTEST_SKIP_PLAIN=1: only the OPTEST_ENV runs
@@ -78,12 +74,12 @@ if has gemmab; then
   timeout 300 env DUOSERVE_TEST_ONLY=gemmbench $B/duoserve-test-cuda 2>&1 | tee $L/gemmab.log | sed -E 's/ +/ /g'
 fi
 # Nsight Compute on one GEMM call each (NCU="qkv,2048,w3d:gemm_wg qkv,2048,cublas:sm90 ...": GEMMBENCH_ONLY and a kernel-name regex)
+NCU_SECTIONS="--section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats"
 if has ncu; then
   for spec in ${NCU:-}; do
     n=$(echo "${spec%%:*}" | tr ',|' '__')
     GEMMBENCH_ONLY="${spec%%:*}" DUOSERVE_TEST_ONLY=gemmbench timeout 200 ncu --clock-control none --kernel-name "regex:${spec#*:}" \
-      --launch-skip 2 --launch-count 1 --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
-      --section WarpStateStats --section SchedulerStats $B/duoserve-test-cuda > $L/ncu_$n.txt 2>&1
+      --launch-skip 2 --launch-count 1 $NCU_SECTIONS $B/duoserve-test-cuda > $L/ncu_$n.txt 2>&1
     echo "== ncu $spec"; grep -E "Duration|Throughput|Pipe|Busy|Stall|Issued|Eligible|Hit Rate|Bandwidth|L2|Shared" $L/ncu_$n.txt | head -40
   done
 fi
@@ -96,8 +92,7 @@ if has ncuattn; then
   for spec in ${NCU_ATTN:-prefillbench:fa_prefill_wg prefillbench:flash_kernel attnbench:flash_kernel}; do
     bn=${spec%%:*}; n=${bn}_$(echo "${spec#*:}" | tr -c 'A-Za-z0-9\n' '_'); sw=; [[ "${spec#*:}" == flash* && $bn == prefillbench ]] && sw=DUOSERVE_ATTN_WG=0
     env $sw PREFILLBENCH_N=${PREFILLBENCH_N:-32768} ATTNBENCH_CTX=${ATTNBENCH_CTX:-32000} DUOSERVE_TEST_ONLY=$bn timeout 240 ncu --clock-control none --kernel-name "regex:${spec#*:}" \
-      --launch-skip 2 --launch-count 1 --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
-      --section WarpStateStats --section SchedulerStats --section Occupancy --section LaunchStats $B/duoserve-test-cuda > $L/ncu_$n.txt 2>&1
+      --launch-skip 2 --launch-count 1 $NCU_SECTIONS --section Occupancy --section LaunchStats $B/duoserve-test-cuda > $L/ncu_$n.txt 2>&1
     echo "== ncu $spec"; grep -E "Duration|Throughput|Pipe|Busy|Stall|Issued|Eligible|Bandwidth|Registers|Shared Memory Config|Achieved Occupancy|Block Limit" $L/ncu_$n.txt | head -40
   done
 fi
@@ -201,17 +196,13 @@ if has longdec; then
   ldec() { local name=$1; shift; echo "== longdec $name"
     timeout 170 env "$@" --skip-prefill --prefill 0 --steps ${LONGDEC_STEPS:-16} 2>&1 | tee $L/longdec_$name.log \
       | grep --line-buffered -E "^load:|decode batch|KV cache|bench_gpu:|error" | sed -u -E 's/ +/ /g' | cut -c1-220; }
-  for spec in "default:" ${LONGDEC_AB:-}; do
-    sp=${spec%%:*}; ev=$(echo "${spec#*:}" | tr ',' ' ')
-    ldec ${sp}_full $ev $B/bench_gpu $M cuda --runs ${LONGDEC_FULL:-1x128,1x131072,8x98304}
-    ldec ${sp}_duo $ev $B/bench_gpu $M cuda --runs ${LONGDEC_DUO:-1x131072,1x1048576} --duo-pattern $P8 --duo-sparsity 0.5
-    at "longdec $sp"
-  done
-  for v in ${LONGDEC_VARIANTS:-}; do # compile-time variants (device_pack.sh's bench_gpu-NAME)
-    ldec v_${v}_full $B/bench_gpu-$v $M cuda --runs ${LONGDEC_FULL:-1x128,1x131072,8x98304}
-    ldec v_${v}_duo $B/bench_gpu-$v $M cuda --runs ${LONGDEC_DUO:-1x131072,1x1048576} --duo-pattern $P8 --duo-sparsity 0.5
-    at "longdec variant $v"
-  done
+  # ldec2 NAME BINARY [VAR=v ...]: both loads with that binary, under those switches
+  ldec2() { local name=$1 bin=$2; shift 2
+    ldec ${name}_full "$@" $bin $M cuda --runs ${LONGDEC_FULL:-1x128,1x131072,8x98304}
+    ldec ${name}_duo "$@" $bin $M cuda --runs ${LONGDEC_DUO:-1x131072,1x1048576} --duo-pattern $P8 --duo-sparsity 0.5
+    at "longdec $name"; }
+  for spec in "default:" ${LONGDEC_AB:-}; do ldec2 ${spec%%:*} $B/bench_gpu $(echo "${spec#*:}" | tr ',' ' '); done
+  for v in ${LONGDEC_VARIANTS:-}; do ldec2 v_$v $B/bench_gpu-$v; done # (device_pack.sh's bench_gpu-NAME)
 fi
 # kernel traces: every kernel of the decode graphs (scripts/ktrace.c), reported per kernel
 ktr() { local name=$1; shift; CUDA_INJECTION64_PATH=$B/libktrace.so KTRACE_OUT=$L/kt_$name.txt timeout 100 $B/bench_gpu $M cuda --prefill 0 "$@" > $L/kt_$name.log 2>&1

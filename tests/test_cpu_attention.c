@@ -46,9 +46,9 @@ static void pools_make(struct pools *p, uint64_t seed) {
 
 static void pools_free(struct pools *p) { free(p->kf), free(p->vf), free(p->ks), free(p->vs); }
 
-/* One step over sequences seqs[0 .. n) (T tokens each, sequence s at position CTX + 7 s): out
- * [n * T][H * HD]; qkv rows drawn from (sequence, position) so that every run sees the same ones. */
-static void step(struct backend *b, const struct pools *p, const int *seqs, int n, int T, float *out) {
+/* One step over sequences seqs[0 .. n) (T tokens each, sequence s from position CTX + 7 s + t0):
+ * out [n * T][H * HD]; qkv rows drawn from (sequence, position) so that every run sees the same ones. */
+static void step(struct backend *b, const struct pools *p, const int *seqs, int n, int T, int t0, float *out) {
     int32_t *toks = calloc((size_t)n * T, 4), *pos = malloc(sizeof(int32_t) * n * T), ss[NSEQ + 1], ip[NSEQ + 1], sl[NSEQ];
     int32_t *ids = malloc(sizeof(int32_t) * n * BLK_SEQ);
     float *qkv = malloc(sizeof(float) * n * T * ROW);
@@ -56,8 +56,8 @@ static void step(struct backend *b, const struct pools *p, const int *seqs, int 
     for (int i = 0; i < n; i++) {
         const int s = seqs[i];
         for (int t = 0; t < T; t++) {
-            pos[i * T + t] = CTX + 7 * s + t;
-            uint64_t seed = 0x9e3779b97f4a7c15ull * (uint64_t)(s * 1000 + t + 1);
+            pos[i * T + t] = CTX + 7 * s + t0 + t;
+            uint64_t seed = 0x9e3779b97f4a7c15ull * (uint64_t)(s * 1000 + t0 + t + 1);
             for (int j = 0; j < ROW; j++) qkv[(size_t)(i * T + t) * ROW + j] = rnd(&seed);
         }
         ss[i + 1] = (i + 1) * T;
@@ -78,7 +78,7 @@ static void step(struct backend *b, const struct pools *p, const int *seqs, int 
 static void step_fresh(struct backend *b, const int *seqs, int n, int T, float *out) {
     struct pools p;
     pools_make(&p, 42);
-    step(b, &p, seqs, n, T, out);
+    step(b, &p, seqs, n, T, 0, out);
     pools_free(&p);
 }
 
@@ -102,18 +102,7 @@ static void test_threaded_rows_equal_lone_steps(void **state) {
     struct pools p;
     pools_make(&p, 42);
     for (int t = 0; t < CHUNK; t++) { /* token t after the chunk's tokens before it were appended */
-        int32_t toks[1] = {0}, pos[1] = {CTX + 7 * s3 + t}, ss[2] = {0, 1}, ip[2] = {0, BLK_SEQ}, sl[1] = {s3};
-        int32_t ids[BLK_SEQ];
-        for (int k = 0; k < BLK_SEQ; k++) ids[k] = s3 * BLK_SEQ + (k * 7 + 3) % BLK_SEQ;
-        float qkv[ROW];
-        uint64_t seed = 0x9e3779b97f4a7c15ull * (uint64_t)(s3 * 1000 + t + 1);
-        for (int j = 0; j < ROW; j++) qkv[j] = rnd(&seed);
-        struct fwd_batch bt = {1, 1, toks, pos, ss, ip, ids, sl, 0, NULL, NULL, false};
-        assert_int_equal(b->ops->begin_step(b, &bt), 0);
-        struct attn_layer L = {.n_heads = H, .n_kv_heads = KV, .head_dim = HD, .n_full = NF, .n_stream = KV - NF,
-                               .block_size = BS, .sink = SINK, .recent = RECENT, .scale = 0.125f,
-                               .k_full = p.kf, .v_full = p.vf, .k_stream = p.ks, .v_stream = p.vs};
-        b->ops->attention(b, alone, qkv, ROW, &L);
+        step(b, &p, &s3, 1, 1, t, alone);
         /* the streaming head reads the chunk's own rows in the chunk, the slot afterwards: the
          * same values (f32 pools), so the rows still agree bit for bit */
         if (memcmp(alone, chunk + (size_t)t * H * HD, sizeof(float) * H * HD))
