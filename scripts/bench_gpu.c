@@ -83,7 +83,7 @@ static int parse_runs(const char *s, int (*out)[2], int max) {
 
 /* the command line */
 struct bench_opts {
-    const char *model, *dev, *gemm, *load_format, *pattern;
+    const char *model, *dev, *gemm, *load_format, *pattern, *kv_dtype;
     int dec[16], n_dec, pre[16], n_pre, runs[32][2], n_runs, dctx, tp, steps;
     float sparsity, util;
     bool skip;
@@ -109,6 +109,7 @@ static int parse_opts(int argc, char **argv, struct bench_opts *o) {
         if (!strcmp(argv[i], "--tp")) o->tp = atoi(argv[i + 1]);
         if (!strcmp(argv[i], "--load-format")) o->load_format = argv[i + 1];
         if (!strcmp(argv[i], "--duo-pattern")) o->pattern = argv[i + 1];
+        if (!strcmp(argv[i], "--kv-cache-dtype")) o->kv_dtype = argv[i + 1];
         if (!strcmp(argv[i], "--duo-sparsity")) o->sparsity = (float)atof(argv[i + 1]);
         if (!strcmp(argv[i], "--gpu-memory-utilization")) o->util = (float)atof(argv[i + 1]);
     }
@@ -240,7 +241,8 @@ static void run_prefill(struct core *c, const struct bench_opts *o, const int32_
 int main(int argc, char **argv) {
     if (argc < 2) {
         fprintf(stderr, "usage: %s MODEL_DIR [cuda|cpu] [--decode 1,8,64,256] [--decode-ctx 128] [--runs BxCTX,..] "
-                        "[--steps 64] [--skip-prefill] [--prefill 2048,32768] [--duo-pattern FILE --duo-sparsity S]\n",
+                        "[--steps 64] [--skip-prefill] [--prefill 2048,32768] [--duo-pattern FILE --duo-sparsity S] "
+                        "[--kv-cache-dtype auto|bf16|fp8]\n",
                 argv[0]);
         return 2;
     }
@@ -263,7 +265,7 @@ int main(int argc, char **argv) {
     struct engine_config cfg = {.model_dir = o.model, .device = o.dev, .gemm = o.gemm, .max_num_seqs = max_b,
                                 .max_num_batched_tokens = 8192, .max_model_len = max_len,
                                 .tensor_parallel_size = o.tp, .load_format = o.load_format, .duo_pattern = o.pattern,
-                                .duo_sparsity = o.sparsity, .gpu_memory_utilization = o.util,
+                                .duo_sparsity = o.sparsity, .gpu_memory_utilization = o.util, .kv_cache_dtype = o.kv_dtype,
                                 .no_prefix_caching = o.skip};
     struct core *c;
     char err[512];
@@ -274,6 +276,7 @@ int main(int argc, char **argv) {
     }
     printf("load: %.2f s (%s, %s, gemm %s", util_now() - t0, o.model, o.dev, o.gemm ? o.gemm : "invariant");
     if (o.pattern) printf(", duo %s at sparsity %.2f", o.pattern, (double)o.sparsity);
+    printf(", KV cache %s", core_kv_dtype(c));
     printf(")\n");
     if (getenv("BENCH_PROFILE")) profile_ops(c);
     int V = core_model(c)->cfg.vocab_size;

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Long-prompt benchmark against a running OpenAI-compatible server (duoserve serve).
 
-Python standard library only. Two measurements, each for every size N given:
+Python standard library only. Three measurements (alone and beside for every size N given):
 
   * alone (--alone N,...): the time to first token (TTFT) of an N-token prompt with nothing
     else running: from sending the request to the first SSE chunk that carries a choice.
@@ -12,6 +12,13 @@ Python standard library only. Two measurements, each for every size N given:
     the long prompt was sent, up to and including the first that ends after its first token.
     The stream must outlast the prefill (else the measurement is marked "not covered" and the
     run fails: raise --stream-max-tokens). Its ITL before the long prompt is reported too.
+
+  * hold (--hold N:L:M): N requests of L-token prompts sent at once, each asking M tokens
+    (ignore_eos): whether all N were answered, and the context the server held for all of them
+    at once: the sum of prompt and generated tokens of every request at the moment the last one
+    got its first token, provided no request had ended by then (else "not concurrent": raise M).
+    /metrics is read every 0.25 s meanwhile (the peak of duoserve:num_requests_running and of
+    duoserve:kv_cache_usage_perc). It proves a KV pool, e.g. 96:32768:512 for ~3.2M tokens.
 
 Prompts are random token ids (--id-range, --seed), a new draw for every request, so that no
 request finds another's prefix in the server's prefix cache; /v1/completions takes them as
@@ -220,6 +227,62 @@ class Bench:
         return {"n": n, "ttft_s": t, "prompt_tokens": pt, "covered": covered, "stream_tokens": len(ts),
                 "itl_during_ms": ms_stats(during), "itl_before_ms": ms_stats(before)}
 
+    def hold(self, spec):
+        n, length, max_tokens = spec
+        starts, ends, stamps, errs = [None] * n, [None] * n, [[] for _ in range(n)], []
+        stop = threading.Event()
+        peak = {"running": 0.0, "usage": 0.0}
+
+        def poll():
+            while not stop.wait(0.25):
+                try:
+                    text = self.server.text_call("/metrics")
+                except RuntimeError:
+                    continue
+                for line in text.splitlines():
+                    for key, name in (("running", "duoserve:num_requests_running"), ("usage", "duoserve:kv_cache_usage_perc")):
+                        if line.startswith(name) and (key == "running" or 'pool="full"' in line):
+                            try:
+                                peak[key] = max(peak[key], float(line.split()[-1]))
+                            except ValueError:
+                                pass
+
+        def one(i, prompt):
+            def on_chunk(ts, obj):
+                stamps[i].append(ts)
+                return False
+            try:
+                starts[i] = time.perf_counter()
+                usage = stream_completion(self.server, self.body(prompt, max_tokens), self.deadline(), on_chunk)
+                ends[i] = time.perf_counter()
+                got = usage.get("completion_tokens") if isinstance(usage, dict) else None
+                if got != max_tokens or not stamps[i]:
+                    errs.append(f"request {i}: {got} of {max_tokens} tokens")
+            except Failed as e:
+                errs.append(f"request {i}: {e}")
+
+        prompts = [self.ids(length) for _ in range(n)]
+        ths = [threading.Thread(target=one, args=(i, prompts[i]), daemon=True) for i in range(n)]
+        poller = threading.Thread(target=poll, daemon=True)
+        poller.start()
+        t0 = time.perf_counter()
+        for th in ths:
+            th.start()
+        for th in ths:
+            th.join(max(0.0, self.deadline() - time.perf_counter()) + 5)
+        stop.set()
+        poller.join(5)
+        if errs:
+            raise Failed(f"{len(errs)} of {n} requests failed: " + "; ".join(errs[:3]))
+        last_in = max(st[0] for st in stamps)
+        # the context held at the moment the last request got its first token: every prompt and the
+        # tokens each had received by then, if none had ended
+        return {"n": n, "prompt_tokens": length, "max_tokens": max_tokens, "concurrent": min(ends) > last_in,
+                "held_tokens": n * length + sum(sum(1 for t in st if t <= last_in) for st in stamps),
+                "all_in_s": last_in - t0, "duration_s": max(ends) - t0,
+                "ttft_max_s": max(st[0] - t for st, t in zip(stamps, starts)),
+                "peak_running": peak["running"], "peak_kv_usage": peak["usage"]}
+
 
 def ms_stats(xs):
     if not xs:
@@ -264,6 +327,16 @@ def parse_sizes(v):
     return out
 
 
+def parse_hold(v):
+    try:
+        out = tuple(int(x) for x in v.split(":"))
+    except ValueError:
+        out = ()
+    if len(out) != 3 or min(out) < 1:
+        raise argparse.ArgumentTypeError(f"{v!r} is not N:L:M (requests, prompt tokens, max_tokens; all positive)")
+    return out
+
+
 def parse_range(v):
     try:
         lo, hi = (int(x) for x in v.split(":"))
@@ -283,6 +356,8 @@ def parse_args(argv=None):
     p.add_argument("--alone", type=parse_sizes, default=[], metavar="N,...", help="TTFT of N-token prompts alone")
     p.add_argument("--beside", type=parse_sizes, default=[], metavar="N,...",
                    help="N-token prompts sent beside a streaming request: their TTFT and the stream's ITL")
+    p.add_argument("--hold", type=parse_hold, metavar="N:L:M",
+                   help="N requests of L-token prompts at once, M tokens each: the context held for all at once")
     p.add_argument("--repeat", type=int, default=1, help="measurements of each size (default 1)")
     p.add_argument("--stream-max-tokens", type=int, default=8192, help="the streaming request's max_tokens (default 8192)")
     p.add_argument("--stream-prompt-len", type=int, default=16, help="its prompt's tokens (default 16)")
@@ -296,8 +371,8 @@ def parse_args(argv=None):
     p.add_argument("--max-duration", type=float, default=3600.0, help="seconds the whole run may take (default 3600)")
     p.add_argument("--result-json", help="write the results as JSON to this file (- for stdout)")
     a = p.parse_args(argv)
-    if not a.alone and not a.beside:
-        p.error("nothing to measure: give --alone and/or --beside")
+    if not a.alone and not a.beside and not a.hold:
+        p.error("nothing to measure: give --alone, --beside and/or --hold")
     for name in ("repeat", "stream_max_tokens", "stream_prompt_len", "stream_lead"):
         if getattr(a, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
@@ -322,8 +397,8 @@ def main(argv=None):
         except (RuntimeError, KeyError, IndexError, TypeError) as e:
             raise SystemExit(f"bench_long: cannot find the model at {a.base_url}/v1/models ({e}); pass --model")
     b = Bench(a, server, model)
-    out = {"model": model, "base_url": a.base_url, "seed": a.seed, "alone": [], "beside": [], "failed": [],
-           "skipped": []}
+    out = {"model": model, "base_url": a.base_url, "seed": a.seed, "alone": [], "beside": [], "hold": [],
+           "failed": [], "skipped": []}
     tty = sys.stdout if a.result_json != "-" else sys.stderr
     print(f"bench_long: {model} at {a.base_url}", file=tty)
     if a.warmup:
@@ -333,13 +408,13 @@ def main(argv=None):
             print(f"bench_long: the warm-up request failed: {e}", file=sys.stderr)
             out["failed"].append({"what": "warm-up", "error": str(e)})
     jobs = [("alone", n) for n in a.alone for _ in range(a.repeat)] + \
-           [("beside", n) for n in a.beside for _ in range(a.repeat)]
+           [("beside", n) for n in a.beside for _ in range(a.repeat)] + ([("hold", a.hold)] if a.hold else [])
     for what, n in jobs:
         if time.perf_counter() >= b.run_deadline:
             out["skipped"].append({"what": what, "n": n})
             continue
         try:
-            r = b.alone(n) if what == "alone" else b.beside(n)
+            r = b.alone(n) if what == "alone" else b.beside(n) if what == "beside" else b.hold(n)
         except Failed as e:
             print(f"  {what} {n}: FAILED: {e}", file=tty)
             out["failed"].append({"what": what, "n": n, "error": str(e)})
@@ -347,6 +422,12 @@ def main(argv=None):
         out[what].append(r)
         if what == "alone":
             print(f"  alone  {n:>8} tokens: TTFT {r['ttft_s']:.3f} s", file=tty)
+        elif what == "hold":
+            print(f"  hold {r['n']} x {r['prompt_tokens']} tokens, {r['max_tokens']} each: all answered; "
+                  f"{r['held_tokens']:,} tokens of context held at once{'' if r['concurrent'] else ' (NOT CONCURRENT)'} "
+                  f"{r['all_in_s']:.1f} s after the send (last TTFT {r['ttft_max_s']:.1f} s), all done in "
+                  f"{r['duration_s']:.1f} s; /metrics peak: {r['peak_running']:.0f} running, KV usage "
+                  f"{r['peak_kv_usage'] * 100:.1f}%", file=tty)
         else:
             d, bf = r["itl_during_ms"], r["itl_before_ms"]
             print(f"  beside {n:>8} tokens: TTFT {r['ttft_s']:.3f} s; stream ITL during the prefill: median "
@@ -367,7 +448,7 @@ def main(argv=None):
     if f:
         print(f"  fit of TTFT alone: {f['s_per_token'] * 1e6:.2f} us a token, {f['s_per_pair'] * 1e12:.1f} ps a "
               f"query-key pair: a pair costs {fmt_pair(f['pair_in_tokens'])} tokens", file=tty)
-    uncovered = [r for r in out["beside"] if not r["covered"]]
+    uncovered = [r for r in out["beside"] if not r["covered"]] + [r for r in out["hold"] if not r["concurrent"]]
     if a.result_json:
         text = json.dumps(out, indent=1)
         if a.result_json == "-":

@@ -196,10 +196,12 @@ if has longdec; then
   ldec() { local name=$1; shift; echo "== longdec $name"
     timeout 170 env "$@" --skip-prefill --prefill 0 --steps ${LONGDEC_STEPS:-16} 2>&1 | tee $L/longdec_$name.log \
       | grep --line-buffered -E "^load:|decode batch|KV cache|bench_gpu:|error" | sed -u -E 's/ +/ /g' | cut -c1-220; }
-  # ldec2 NAME BINARY [VAR=v ...]: both loads with that binary, under those switches
-  ldec2() { local name=$1 bin=$2; shift 2
-    ldec ${name}_full "$@" $bin $M cuda --runs ${LONGDEC_FULL:-1x128,1x131072,8x98304}
-    ldec ${name}_duo "$@" $bin $M cuda --runs ${LONGDEC_DUO:-1x131072,1x1048576} --duo-pattern $P8 --duo-sparsity 0.5
+  # ldec2 NAME BINARY [VAR=v | --flag value ...]: both loads with that binary, under those switches
+  # and bench_gpu flags (e.g. LONGDEC_AB="fp8:--kv-cache-dtype,fp8")
+  ldec2() { local name=$1 bin=$2 envs= args=; shift 2
+    for x in "$@"; do case $x in *=*) envs="$envs $x";; *) args="$args $x";; esac; done
+    ldec ${name}_full $envs $bin $M cuda $args --runs ${LONGDEC_FULL:-1x128,1x131072,8x98304}
+    ldec ${name}_duo $envs $bin $M cuda $args --runs ${LONGDEC_DUO:-1x131072,1x1048576} --duo-pattern $P8 --duo-sparsity 0.5
     at "longdec $name"; }
   for spec in "default:" ${LONGDEC_AB:-}; do ldec2 ${spec%%:*} $B/bench_gpu $(echo "${spec#*:}" | tr ',' ' '); done
   for v in ${LONGDEC_VARIANTS:-}; do ldec2 v_$v $B/bench_gpu-$v; done # (device_pack.sh's bench_gpu-NAME)
@@ -233,14 +235,16 @@ if has serving; then
   grep -iE "throughput|ttft|tpot|success|fail" $L/serving.log | head -12
 fi
 # issue 20's trace: the ShareGPT prompts, 900 sent at once, ignore_eos, the server's default flags.
-# SHAREGPT_RUNS="name:gemm:VAR=v,...:--arg,v,...[:variant] ..." (default "invariant:invariant::"): one server
-# each, with those environment variables and extra bench_serving arguments (and a packed variant's duoserve-NAME) (e.g.
-# "st10:invariant::--structured-fraction,0.1" or "tp1:invariant:DUOSERVE_TP_GROUP=1:")
+# SHAREGPT_RUNS="name:gemm:VAR=v,...:--arg,v,...[:variant[:--server-flag,v,...]] ..." (default "invariant:invariant::"):
+# one server each, with those environment variables and extra bench_serving arguments (and a packed variant's
+# duoserve-NAME, and server flags) (e.g. "st10:invariant::--structured-fraction,0.1", "tp1:invariant:DUOSERVE_TP_GROUP=1:"
+# or "fp8:invariant::::--kv-cache-dtype,fp8")
 if has sharegpt; then
   wait_8b
   for spec in ${SHAREGPT_RUNS:-invariant:invariant::}; do
-    IFS=: read -r name gm envs extra bin <<< "$spec"
-    env $(echo "$envs" | tr ',' ' ') $B/duoserve${bin:+-$bin} serve -m $M --device cuda --port 18432 --gemm $gm > $L/server_sg_$name.log 2>&1 &
+    IFS=: read -r name gm envs extra bin sflags <<< "$spec"
+    env $(echo "$envs" | tr ',' ' ') $B/duoserve${bin:+-$bin} serve -m $M --device cuda --port 18432 --gemm $gm \
+      $(echo "$sflags" | tr ',' ' ') > $L/server_sg_$name.log 2>&1 &
     pid=$!; ts=$SECONDS
     for _ in $(seq 1 600); do curl -sf http://127.0.0.1:18432/health >/dev/null 2>&1 && break; kill -0 $pid 2>/dev/null || break; sleep 0.5; done
     echo "== sharegpt $name: ready after $((SECONDS-ts)) s"; grep -iE "warm-up|KV cache|sequences" $L/server_sg_$name.log | head -4 | cut -c1-300
@@ -282,9 +286,12 @@ fi
 # full attention and the published Llama-3-8B head pattern at duo 0.5, the server's default flags
 # otherwise. The checkpoint's max_position_embeddings (131,072) is raised to 262,144 in a view of it
 # (symlinks, its own config.json; the llama3 RoPE scaling does not read it) so that a 131,072-token
-# prompt and its answer fit. LONG_ALONE / LONG_BESIDE (sizes, comma-separated) and LONG_RUNS
+# prompt and its answer fit. LONG_ALONE / LONG_BESIDE (sizes, comma-separated; - for none) and LONG_RUNS
 # ("name:flag,value,...[:alone sizes, - for none] ...") override; e.g. LONG_RUNS="b3k:--step-cost-budget,3072:-"
-# measures only the ITL check under a larger step budget.
+# measures only the ITL check under a larger step budget. LONG_HOLD=N:L:M adds bench_long's --hold (N
+# prompts of L tokens at once, M tokens each: a KV pool proven, issue 24), LONG_TIMEOUT (200 s) bounds
+# each server's measurements, e.g. LONG_RUNS="fp8duo:--kv-cache-dtype,fp8,--duo-pattern,.device/llama3_8b_pattern.tsv,--duo-sparsity,0.5:-"
+# LONG_BESIDE=- LONG_HOLD=96:32768:512 LONG_TIMEOUT=400.
 if has longprefill; then
   wait_8b
   ML=/tmp/llama8b_long; mkdir -p $ML
@@ -298,8 +305,10 @@ if has longprefill; then
     pid=$!; ts=$SECONDS
     for _ in $(seq 1 300); do curl -sf http://127.0.0.1:18434/health >/dev/null 2>&1 && break; kill -0 $pid 2>/dev/null || break; sleep 0.5; done
     echo "== longprefill $name: ready after $((SECONDS-ts)) s"; grep -E "step cost|KV cache:" $L/server_long_$name.log | cut -c1-400
-    timeout -s INT 200 python3 scripts/bench_long.py --base-url http://127.0.0.1:18434 $alone \
-      --beside ${LONG_BESIDE:-131072} --stream-max-tokens 16384 --timeout 150 --max-duration 190 \
+    beside=${LONG_BESIDE:-131072}; [ "$beside" = - ] && beside= || beside="--beside $beside"
+    T=${LONG_TIMEOUT:-200}
+    timeout -s INT $T python3 scripts/bench_long.py --base-url http://127.0.0.1:18434 $alone $beside \
+      ${LONG_HOLD:+--hold $LONG_HOLD} --stream-max-tokens 16384 --timeout $((T - 50)) --max-duration $((T - 10)) \
       --result-json $L/long_$name.json > $L/long_$name.log 2>&1
     cat $L/long_$name.log
     kill -TERM $pid; timeout 60 tail --pid=$pid -f /dev/null; kill -KILL $pid 2>/dev/null; wait $pid 2>/dev/null

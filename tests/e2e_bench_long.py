@@ -4,7 +4,7 @@
 Against `duoserve serve` on ../shared/models/stories260k with 16-token steps (so a 256-token
 prompt takes at least 16 steps): TTFT alone for three sizes (the server's prompt token counts,
 the fit), and beside a stream (the stream outlasts the prefill: at least a gap a step during it,
-ordered statistics, the TTFT growth reported); a stream too short to cover the prefill, ids
+ordered statistics, the TTFT growth reported), six requests held at once; a stream too short to cover the prefill, ids
 outside the vocabulary and bad flags make the script fail as it says. Every run is bounded
 (--max-duration, subprocess timeouts); a few seconds in all.
 
@@ -56,6 +56,24 @@ def test_alone_and_beside(url):
     check("no failures listed", not r["failed"] and not r["skipped"], r)
 
 
+def test_hold(url):
+    # 6 prompts of 150 tokens in 16-token steps: the last one's first token comes after ~57 steps,
+    # so 350 tokens each keep the first ones running well past then (/metrics sees all six); 4 do not
+    rc, out, err, r = bench(url, "--hold", "6:150:350", "--id-range", "3:500", "--warmup", "0")
+    h = r["hold"][0] if r and r["hold"] else None
+    check("hold: exit 0, all six answered and held at once", rc == 0 and h is not None and h["concurrent"], out + err)
+    if h:
+        check("hold: the context held counts every prompt and some tokens",
+              6 * 150 + 6 <= h["held_tokens"] <= 6 * 250, h)
+        check("hold: /metrics saw the six running", h["peak_running"] == 6, h)
+        check("hold: timings in order", 0 < h["all_in_s"] <= h["duration_s"] < 30, h)
+    rc, out, err, r = bench(url, "--hold", "6:150:4", "--id-range", "3:500", "--warmup", "0")
+    check("hold: requests that end before the last starts: not concurrent, exit 1",
+          rc == 1 and r is not None and r["hold"] and not r["hold"][0]["concurrent"], out + err)
+    rc, out, err, r = bench(url, "--hold", "2:32:4", "--id-range", "600:700", "--warmup", "0")
+    check("hold: a request the server refuses fails the run", rc == 1 and r is not None and r["failed"], out + err)
+
+
 def test_failures(url):
     rc, out, err, r = bench(url, "--beside", "256", "--stream-max-tokens", "20", "--id-range", "3:500")
     check("a stream shorter than the prefill: not covered, exit 1",
@@ -64,7 +82,8 @@ def test_failures(url):
     check("ids outside the vocabulary: the server's error, exit 1",
           rc == 1 and r is not None and r["failed"] and "HTTP 400" in r["failed"][0]["error"], out + err)
     for bad in (["--alone", "0"], ["--alone", "x"], [], ["--alone", "8", "--id-range", "5:5"],
-                ["--beside", "8", "--stream-lead", "9", "--stream-max-tokens", "9"]):
+                ["--beside", "8", "--stream-lead", "9", "--stream-max-tokens", "9"], ["--hold", "2:8"],
+                ["--hold", "0:8:8"]):
         rc, out, err, _ = bench(url, *bad)
         check(f"usage error {bad}: exit 2 with a message", rc == 2 and "error" in err, err)
 
@@ -83,7 +102,8 @@ def main():
     try:
         srv = Server(args.bin, model, "--max-num-batched-tokens", "16")
         url = f"http://127.0.0.1:{srv.port}"
-        for name, fn in (("alone_and_beside", test_alone_and_beside), ("failures", test_failures)):
+        for name, fn in (("alone_and_beside", test_alone_and_beside), ("hold", test_hold),
+                         ("failures", test_failures)):
             print(f"== {name}")
             try:
                 fn(url)
