@@ -189,6 +189,25 @@ static int pick_backend(struct core *c, int cuda_flags, char *why, size_t whylen
     return 0;
 }
 
+/* --max-model-len: the model's max_position_embeddings when not given; longer only with
+ * DUOSERVE_ALLOW_LONG_MAX_MODEL_LEN=1 (vLLM's VLLM_ALLOW_LONG_MAX_MODEL_LEN: positions past what the
+ * model was trained on may give wrong outputs), never cut short in silence. */
+static int set_max_model_len(struct core *c, char *err, size_t errlen) {
+    int want = c->cfg.max_model_len, max_pos = c->m->cfg.max_pos;
+    const char *allow = getenv("DUOSERVE_ALLOW_LONG_MAX_MODEL_LEN");
+    c->max_model_len = want > 0 ? want : max_pos;
+    if (want <= max_pos) return 0;
+    if (!allow || strcmp(allow, "1"))
+        return util_err(err, errlen,
+                        "--max-model-len %d is longer than the model's max_position_embeddings (%d): outputs past "
+                        "that may be wrong; set DUOSERVE_ALLOW_LONG_MAX_MODEL_LEN=1 to allow it",
+                        want, max_pos);
+    if (!c->cfg.quiet)
+        elog("warning", "--max-model-len %d is longer than the model's max_position_embeddings (%d) "
+                        "(DUOSERVE_ALLOW_LONG_MAX_MODEL_LEN=1)", want, max_pos);
+    return 0;
+}
+
 /* --kv-cache-dtype on the backend chosen: auto (the activation dtype), bf16 (the activation dtype on
  * a bf16 backend) or fp8 (e4m3). */
 static int kv_dtype_of(const struct core *c, enum kv_dtype *out, char *err, size_t errlen) {
@@ -342,8 +361,7 @@ int core_create(struct core **out, const struct engine_config *cfg_in, char *err
     if (!c->cfg.quiet) log_loaded(c, dir, dummy, t_load);
     if (why_level && !c->cfg.quiet) elog(why_level, "running on the CPU: %s", why);
     c->vocab = c->m->cfg.vocab_size;
-    c->max_model_len = c->cfg.max_model_len > 0 && c->cfg.max_model_len < c->m->cfg.max_pos ? c->cfg.max_model_len
-                                                                                              : c->m->cfg.max_pos;
+    if (set_max_model_len(c, err, errlen) != 0) goto fail;
     if (load_tokenizer(c, dir, err, errlen) != 0 || plan_memory(c, err, errlen) != 0) goto fail;
     if (alloc_step_arrays(c) != 0) {
         util_err(err, errlen, "out of memory");

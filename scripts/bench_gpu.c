@@ -25,6 +25,7 @@
 
 #include "engine/core_bench.h"
 #include "engine/engine_core.h"
+#include "engine/model_config.h"
 #include "engine/util.h"
 
 static void on_event(void *ud, const struct engine_event *ev) { free(ev->text); }
@@ -65,8 +66,9 @@ static void print_fa_clocks(void) {
 #endif
 }
 
-#define BENCH_MAX_CTX (1 << 20)   /* --skip-prefill contexts: up to 1,048,576 positions */
-#define BENCH_PROMPT_CAP 65536     /* prefilled contexts come from a prompt array this long */
+#define BENCH_MAX_CTX (1 << 21) /* contexts and prompts: up to 2,097,152 positions */
+#define BENCH_MIN_LEN 65536     /* --max-model-len at least this (or the model's, if shorter; longer when a
+                                   run needs it: past the model's, DUOSERVE_ALLOW_LONG_MAX_MODEL_LEN=1) */
 
 /* "1x131072,8x98304": batch size x context pairs; returns how many (0 on a malformed list) */
 static int parse_runs(const char *s, int (*out)[2], int max) {
@@ -221,7 +223,7 @@ static void run_prefill(struct core *c, const struct bench_opts *o, const int32_
     char err[512];
     for (int k = 0; k < o->n_pre; k++) {
         int L = o->pre[k];
-        if (L <= 0 || L > core_max_model_len(c) - 1 || L > BENCH_PROMPT_CAP) continue;
+        if (L <= 0) continue;
         struct engine_request r = {prompt, L, greedy(1)};
         /* warm-up on a short prompt, then the measured one */
         struct engine_request w = {prompt, 64, greedy(1)};
@@ -249,18 +251,33 @@ int main(int argc, char **argv) {
     struct bench_opts o;
     if (parse_opts(argc, argv, &o)) return 2;
     const int warm = 2; /* decode steps before the timed ones (--skip-prefill) */
-    int max_b = 1, max_len = BENCH_PROMPT_CAP; /* prefills up to the prompt array */
+    /* the prompt array: every prefill, and a prefilled context for each sequence of a batch (sequence
+     * i's prompt starts at i); --max-model-len: those and their tokens (skipped contexts: core_bench
+     * makes room) */
+    struct model_config mc;
+    char err[512];
+    int max_b = 1, n_prompt = 64,
+        max_len = model_config_load(&mc, o.model, err, sizeof err) == 0 && mc.max_pos < BENCH_MIN_LEN ? mc.max_pos
+                                                                                                      : BENCH_MIN_LEN;
     for (int i = 0; i < o.n_runs; i++) {
         int B = o.runs[i][0], x = o.runs[i][1];
-        if (o.skip ? x > BENCH_MAX_CTX : x + B > BENCH_PROMPT_CAP - 70 || x + o.steps + warm + 2 > BENCH_PROMPT_CAP) {
-            fprintf(stderr, "bench_gpu: batch %d at context %d: contexts go up to %d %s\n", B, x,
-                    o.skip ? BENCH_MAX_CTX : BENCH_PROMPT_CAP - 70 - B,
-                    o.skip ? "" : "at this batch size (larger ones: --skip-prefill)");
+        if (x > BENCH_MAX_CTX) {
+            fprintf(stderr, "bench_gpu: batch %d at context %d: contexts go up to %d\n", B, x, BENCH_MAX_CTX);
             return 2;
         }
         max_b = B > max_b ? B : max_b;
-        /* the context, the steps and the few tokens around them */
-        if (o.skip && x + o.steps + warm + 8 > max_len) max_len = x + o.steps + warm + 8;
+        if (B + 1 > n_prompt) n_prompt = B + 1;
+        if (o.skip) continue;
+        if (x + B > n_prompt) n_prompt = x + B;
+        if (x + o.steps + warm + 2 > max_len) max_len = x + o.steps + warm + 2;
+    }
+    for (int k = 0; k < o.n_pre; k++) {
+        if (o.pre[k] > BENCH_MAX_CTX) {
+            fprintf(stderr, "bench_gpu: prefill %d: prompts go up to %d\n", o.pre[k], BENCH_MAX_CTX);
+            return 2;
+        }
+        if (o.pre[k] > n_prompt) n_prompt = o.pre[k];
+        if (o.pre[k] + 2 > max_len) max_len = o.pre[k] + 2;
     }
     struct engine_config cfg = {.model_dir = o.model, .device = o.dev, .gemm = o.gemm, .max_num_seqs = max_b,
                                 .max_num_batched_tokens = 8192, .max_model_len = max_len,
@@ -268,7 +285,6 @@ int main(int argc, char **argv) {
                                 .duo_sparsity = o.sparsity, .gpu_memory_utilization = o.util, .kv_cache_dtype = o.kv_dtype,
                                 .no_prefix_caching = o.skip};
     struct core *c;
-    char err[512];
     double t0 = util_now();
     if (core_create(&c, &cfg, err, sizeof err)) {
         fprintf(stderr, "bench_gpu: %s\n", err);
@@ -280,11 +296,17 @@ int main(int argc, char **argv) {
     printf(")\n");
     if (getenv("BENCH_PROFILE")) profile_ops(c);
     int V = core_model(c)->cfg.vocab_size;
-    static int32_t prompt[BENCH_PROMPT_CAP];
-    for (int i = 0; i < BENCH_PROMPT_CAP; i++)
-        prompt[i] = V > 4000 ? 1000 + (i * 7919) % (V - 2000) : 3 + (i * 7919) % (V - 3);
+    int32_t *prompt = malloc(sizeof *prompt * (size_t)n_prompt);
+    if (!prompt) {
+        fprintf(stderr, "bench_gpu: out of memory\n");
+        core_free(c);
+        return 1;
+    }
+    for (int i = 0; i < n_prompt; i++)
+        prompt[i] = (int32_t)(V > 4000 ? 1000 + (i * 7919LL) % (V - 2000) : 3 + (i * 7919LL) % (V - 3));
     int rc = run_decode(c, &o, prompt, warm);
     if (!rc) run_prefill(c, &o, prompt);
+    free(prompt);
     core_free(c);
     return rc;
 }

@@ -92,6 +92,13 @@ check "duoserve --help and serve --help list the same engine options (kv-cache-m
 # integers as integers (no 1.67772e+07)
 "$BIN" serve --max-model-len abc 2>"$tmp/e5"; rc=$?
 check "serve --max-model-len abc: exit 2, range [1, 16777216]" "$rc/$(grep -c '"abc" is not an integer in \[1, 16777216\]' "$tmp/e5")" "2/1"
+# --max-model-len past the model's max_position_embeddings (the demo model's 4096): refused, not cut
+# short in silence; allowed with DUOSERVE_ALLOW_LONG_MAX_MODEL_LEN=1 (a warning)
+DUOSERVE_CACHE="$tmp/c1" "$BIN" generate --max-model-len 5000 --prompt-ids 1 -n 2 >/dev/null 2>"$tmp/e7"; rc=$?
+check "--max-model-len past max_position_embeddings: exit 1 naming both and the override" \
+  "$rc/$(grep -c -- '--max-model-len 5000 is longer than the model.s max_position_embeddings (4096).*DUOSERVE_ALLOW_LONG_MAX_MODEL_LEN=1' "$tmp/e7")" "1/1"
+DUOSERVE_ALLOW_LONG_MAX_MODEL_LEN=1 DUOSERVE_CACHE="$tmp/c1" "$BIN" generate --max-model-len 5000 --prompt-ids 1 -n 2 >/dev/null 2>"$tmp/e8"; rc=$?
+check "--max-model-len past it with DUOSERVE_ALLOW_LONG_MAX_MODEL_LEN=1: exit 0, a warning" "$rc/$(grep -c 'warning: --max-model-len 5000' "$tmp/e8")" "0/1"
 nbad=0; nflags=0
 for cmd in serve generate; do
   help=$([ $cmd = serve ] && cat "$tmp/h2" || cat "$tmp/h3")
