@@ -1230,6 +1230,25 @@ static void test_attention_all(void) {
     test_attention_fp8();
 }
 
+/* the GEMM cases: every tile choice, stale stages, invariance across M, the fused ops, Llama-3-8B's shapes */
+static void test_matmul_all(void) {
+    test_matmul();
+    test_matmul_stale_stages();
+    test_matmul_invariance();
+    test_matmul_swiglu();
+    test_norm_matmul();
+    test_matmul_llama();
+}
+
+/* fn(n) for each size of the comma-separated list in environment variable var (else dflt) */
+static void each_size(const char *var, const char *dflt, void (*fn)(int)) {
+    const char *v = getenv(var);
+    for (const char *s = v ? v : dflt; *s;) {
+        fn(atoi(s));
+        s = strchr(s, ',') ? strchr(s, ',') + 1 : "";
+    }
+}
+
 int main(void) {
     char err[256];
     gpu = backend_cuda_create(0, 0, err, sizeof err);
@@ -1245,75 +1264,37 @@ int main(void) {
     cpu = backend_cpu_create();
     util_rng_seed(&rng, 7);
     /* DUOSERVE_TEST_ONLY=matmul: the GEMM cases alone (checking another tile choice quickly);
-     * attention: every attention case; longattn: the long decode cases alone, under both splits */
+     * attention: every attention case; longattn: the long decode cases alone, under both splits;
+     * attnbench, prefillbench, gemmbench: profiling only (no tests, exit 0) */
     const char *only = getenv("DUOSERVE_TEST_ONLY");
-    if (only && !strcmp(only, "attnbench")) { /* ATTNBENCH_CTX="32000": other contexts */
-        const char *cs = getenv("ATTNBENCH_CTX");
-        for (const char *s = cs ? cs : "128,1000,4000,32000"; *s;) {
-            attention_bench(atoi(s));
-            s = strchr(s, ',') ? strchr(s, ',') + 1 : "";
-        }
-        backend_destroy(cpu);
-        backend_destroy(gpu);
-        return 0;
-    }
-    if (only && !strcmp(only, "prefillbench")) { /* PREFILLBENCH_N="8192,32768": other prompt sizes */
-        const char *ns = getenv("PREFILLBENCH_N");
-        for (const char *s = ns ? ns : "2048,8192,32768,131072"; *s;) {
-            prefill_bench(atoi(s));
-            s = strchr(s, ',') ? strchr(s, ',') + 1 : "";
-        }
-        backend_destroy(cpu);
-        backend_destroy(gpu);
-        return 0;
-    }
-    if (only && !strcmp(only, "attention")) { /* the attention cases alone (a new attention kernel) */
-        test_rope();
-        test_attention_all();
-        printf("\ncuda ops: %d passed, %d failed\n", n_pass, n_fail);
-        backend_destroy(cpu);
-        backend_destroy(gpu);
-        return n_fail ? 1 : 0;
-    }
-    if (only && !strcmp(only, "longattn")) { /* the long decode cases alone, under both splits */
-        test_long_decode();
-        printf("\ncuda ops: %d passed, %d failed\n", n_pass, n_fail);
-        backend_destroy(cpu);
-        backend_destroy(gpu);
-        return n_fail ? 1 : 0;
-    }
-    if (only && !strcmp(only, "gemmbench")) {
+    bool bench = true;
+    if (only && !strcmp(only, "attnbench")) /* ATTNBENCH_CTX="32000": other contexts */
+        each_size("ATTNBENCH_CTX", "128,1000,4000,32000", attention_bench);
+    else if (only && !strcmp(only, "prefillbench")) /* PREFILLBENCH_N="8192,32768": other prompt sizes */
+        each_size("PREFILLBENCH_N", "2048,8192,32768,131072", prefill_bench);
+    else if (only && !strcmp(only, "gemmbench"))
         gemm_bench();
-        backend_destroy(cpu);
-        backend_destroy(gpu);
-        return 0;
-    }
-    if (only && !strcmp(only, "matmul")) {
-        printf("GEMM cases only (%s)\n", cuda_gemm_kind(64, 4096, 4096));
-        test_matmul();
-        test_matmul_stale_stages();
-        test_matmul_invariance();
-        test_matmul_swiglu();
-        test_norm_matmul();
-        test_matmul_llama();
+    else {
+        bench = false;
+        if (only && !strcmp(only, "attention")) { /* the attention cases alone (a new attention kernel) */
+            test_rope();
+            test_attention_all();
+        } else if (only && !strcmp(only, "longattn")) {
+            test_long_decode();
+        } else if (only && !strcmp(only, "matmul")) {
+            printf("GEMM cases only (%s)\n", cuda_gemm_kind(64, 4096, 4096));
+            test_matmul_all();
+        } else {
+            test_elementwise();
+            test_embed_rows_logits();
+            test_matmul_all();
+            test_rope();
+            test_argmax();
+            test_attention_all();
+        }
         printf("\ncuda ops: %d passed, %d failed\n", n_pass, n_fail);
-        backend_destroy(cpu);
-        backend_destroy(gpu);
-        return n_fail ? 1 : 0;
     }
-    test_elementwise();
-    test_embed_rows_logits();
-    test_matmul();
-    test_matmul_stale_stages();
-    test_matmul_invariance();
-    test_matmul_swiglu();
-    test_norm_matmul();
-    test_matmul_llama();
-    test_rope();
-    test_argmax();
-    test_attention_all();
-    printf("\ncuda ops: %d passed, %d failed\n", n_pass, n_fail);
     backend_destroy(cpu);
     backend_destroy(gpu);
-    return n_fail ? 1 : 0;
+    return !bench && n_fail ? 1 : 0;
 }
