@@ -284,9 +284,9 @@ fi
 # issue 21's long prompts: TTFT of 65,536 and 131,072-token prompts alone, and of 131,072 beside a
 # streaming request with that stream's inter-token latency during the prefill (scripts/bench_long.py),
 # full attention and the published Llama-3-8B head pattern at duo 0.5, the server's default flags
-# otherwise. The checkpoint's max_position_embeddings (131,072) is raised to 262,144 in a view of it
-# (symlinks, its own config.json; the llama3 RoPE scaling does not read it) so that a 131,072-token
-# prompt and its answer fit. LONG_ALONE / LONG_BESIDE (sizes, comma-separated; - for none) and LONG_RUNS
+# otherwise. --max-model-len 262,144, past the checkpoint's max_position_embeddings (131,072; the
+# llama3 RoPE scaling does not read it) with DUOSERVE_ALLOW_LONG_MAX_MODEL_LEN=1, so that a
+# 131,072-token prompt and its answer fit. LONG_ALONE / LONG_BESIDE (sizes, comma-separated; - for none) and LONG_RUNS
 # ("name:flag,value,...[:alone sizes, - for none] ...") override; e.g. LONG_RUNS="b3k:--step-cost-budget,3072:-"
 # measures only the ITL check under a larger step budget. LONG_HOLD=N:L:M adds bench_long's --hold (N
 # prompts of L tokens at once, M tokens each: a KV pool proven, issue 24), LONG_TIMEOUT (200 s) bounds
@@ -294,14 +294,12 @@ fi
 # LONG_BESIDE=- LONG_HOLD=96:32768:512 LONG_TIMEOUT=400.
 if has longprefill; then
   wait_8b
-  ML=/tmp/llama8b_long; mkdir -p $ML
-  for f in $M/*; do [ "$(basename $f)" = config.json ] || ln -sf $f $ML/; done
-  python3 -c "import json,sys; c=json.load(open(sys.argv[1])); c['max_position_embeddings']=262144; json.dump(c, open(sys.argv[2],'w'))" $M/config.json $ML/config.json
   P8=.device/llama3_8b_pattern.tsv
   for spec in ${LONG_RUNS:-full: duo:--duo-pattern,$P8,--duo-sparsity,0.5}; do
     IFS=: read -r name flags alone <<< "$spec"
     alone=${alone:-${LONG_ALONE:-65536,131072}}; [ "$alone" = - ] && alone= || alone="--alone $alone"
-    $B/duoserve serve -m $ML --device cuda --port 18434 $(echo "$flags" | tr ',' ' ') > $L/server_long_$name.log 2>&1 &
+    DUOSERVE_ALLOW_LONG_MAX_MODEL_LEN=1 $B/duoserve serve -m $M --max-model-len 262144 --device cuda --port 18434 \
+      $(echo "$flags" | tr ',' ' ') > $L/server_long_$name.log 2>&1 &
     pid=$!; ts=$SECONDS
     for _ in $(seq 1 300); do curl -sf http://127.0.0.1:18434/health >/dev/null 2>&1 && break; kill -0 $pid 2>/dev/null || break; sleep 0.5; done
     echo "== longprefill $name: ready after $((SECONDS-ts)) s"; grep -E "step cost|KV cache:" $L/server_long_$name.log | cut -c1-400
