@@ -218,10 +218,6 @@ __device__ __forceinline__ void fa_mma(float *c, const uint32_t *a, uint32_t b0,
 #define FA_WARPS 4
 
 #define FA_STAGES 3 // K/V tiles in flight: the one summed and the next two loading (COOP: FA_PT)
-// (experiment, PERF_NOTES: the decode kernel loads a partition's V in two groups; 0: one group)
-#ifndef FA_VSPLIT
-#define FA_VSPLIT 1
-#endif
 // DEC (decode steps: every sequence one token, so a block has one unit), with head dims 64 or 128
 // (PV takes output tiles in pairs): the block's warps share the unit ("cooperative"), a partition
 // at a time. Its FA_PT == FA_WARPS tiles load at once; warp w computes the scores of tile w and
@@ -627,9 +623,8 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
         rope_done = true;
     };
     // the own row of partition p's buffers from registers (after p's loads of that half)
-    auto put_own = [&](int p, int kv, int i0 = 0, int i1 = FA_PT) { // (tiles i0 .. i1 - 1 of the partition)
+    auto put_own = [&](int p, int kv) {
         if (!own || !rope_done || p != pos_tb / CUDA_ATTN_PART) return;
-        if ((pos_tb / FA_KT) % FA_PT < i0 || (pos_tb / FA_KT) % FA_PT >= i1) return;
         const int row = ((pos_tb / FA_KT) % FA_PT * FA_KT + pos_tb % FA_KT) * LD;
         if constexpr (F8) { // (as the pool holds it: bytes, made bf16 with the rest of the buffer)
             uint8_t *ek = reinterpret_cast<uint8_t *>(sk + row) + F8_OFF, *ev = reinterpret_cast<uint8_t *>(sv + row) + F8_OFF;
@@ -881,12 +876,12 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
     };
 
     if constexpr (COOP) {
-        // A partition at a time: its tiles (up to FA_PT) land in buffers 0 .. FA_PT - 1, K as one
-        // group, V as VH. Warp w computes the scores of tile w (tile_scores: the lone warp's code)
+        // A partition at a time: its tiles (up to FA_PT) land in buffers 0 .. FA_PT - 1, K and V
+        // as two groups. Warp w computes the scores of tile w (tile_scores: the lone warp's code)
         // into the exchange; then every warp walks the tiles in order, the mask and softmax (the
         // same code after the same MMAs as a lone warp's, in each warp) and P V for its own
-        // output tiles. The next partition's K loads while this one's V is summed; its V, in VH
-        // groups of tiles, each once this partition's tiles of that group are summed.
+        // output tiles. The next partition's K loads while this
+        // one's V is summed, its V while the partition closes.
         float *xs = reinterpret_cast<float *>(fa_raw + CF::XS_OFF) + lane; // [tile][n][e], x 32 lanes
         auto in_walk = [&](int t) { return (t >= lo0 && t <= hi0) || (t >= lo1 && t <= hi1); };
         auto part_after = [&](int p) { // this block's next partition after p with tiles to sum, or -1
@@ -898,16 +893,12 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
 #pragma unroll
             for (int i = 0; i < FA_PT; i++) blq[i] = p >= 0 && in_walk(p * FA_PT + i) ? blk_of(p * FA_PT + i) : 0;
         };
-        // (V in VH groups of TPH tiles: with two, the first half of the next partition's V loads
-        // while this one's second half is summed, instead of all of it after the partition)
-        constexpr int VH = FA_VSPLIT ? 2 : 1, TPH = FA_PT / VH;
-        static_assert(FA_PT % VH == 0, "V groups of whole tiles");
-        auto load_part = [&](int p, int kv, int i0 = 0, int i1 = FA_PT) { // one commit group (empty when p < 0)
+        auto load_part = [&](int p, int kv) { // one commit group (empty when p < 0)
             if (p >= 0) {
 #pragma unroll
-                for (int i = i0; i < i1; i++)
+                for (int i = 0; i < FA_PT; i++)
                     if (in_walk(p * FA_PT + i)) load_tile(i, p * FA_PT + i, blq[i], kv);
-                put_own(p, kv, i0, i1);
+                put_own(p, kv);
             }
             asm volatile("cp.async.commit_group;\n" ::);
         };
@@ -915,8 +906,7 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
         fetch_blocks(p);
         if (p >= 0 && !rif) load_q(); // in K's group (fused RoPE: sq is written already)
         load_part(p, 1);
-#pragma unroll
-        for (int h = 0; h < VH; h++) load_part(p, 2, h * TPH, (h + 1) * TPH);
+        load_part(p, 2);
         if (rif) { // now the GEMM's rows: Q into smem, the own row into the tiles
             pdl_wait();
             FA_STAMP_GT(41, 50);
@@ -928,7 +918,7 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
         int pn = p >= 0 ? part_after(p) : -1;
         fetch_blocks(pn);
         for (int it = 0; p >= 0; it++) {
-            asm volatile("cp.async.wait_group %0;\n" ::"n"(VH)); // K of p (and Q) landed
+            asm volatile("cp.async.wait_group 1;\n" ::); // K of p (and Q) landed
             __syncthreads();
             if constexpr (F8) {
                 fa8_rows(0, FA_PT * FA_KT, 1);
@@ -947,39 +937,33 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
                         if (e < 2 || rows8) xs[((warp * (FA_KT / 8) + n) * 4 + e) * 32] = sc[n][e];
             }
             FA_STAMP(4 + 6 * min(it, 5));
-            // (not unrolled: one copy of the tile body, as below). V group h of p landed: after it
-            // VH - 1 groups are pending (p's later V groups, K of pn, pn's V groups before h - 1)
+            asm volatile("cp.async.wait_group 0;\n" ::); // V of p landed
+            __syncthreads(); // every score in the exchange; the K buffers free
+            if constexpr (F8) {
+                fa8_rows(0, FA_PT * FA_KT, 2);
+                __syncthreads();
+            }
+            FA_STAMP(5 + 6 * min(it, 5));
+            load_part(pn, 1);
+            // one tile an iteration, not unrolled: this code runs once a layer on an SM whose
+            // instruction cache does not hold it (a decode step runs it on a few SMs between
+            // GEMMs), so its length, not its arithmetic, is what a partition costs
 #pragma unroll 1
-            for (int h = 0; h < VH; h++) {
-                asm volatile("cp.async.wait_group %0;\n" ::"n"(VH - 1));
-                __syncthreads(); // (h = 0) every score in the exchange, the K buffers free; (h > 0) group h - 1's V free
-                if constexpr (F8) {
-                    fa8_rows(h * TPH * FA_KT, TPH * FA_KT, 2);
-                    __syncthreads();
-                }
-                if (h == 0) FA_STAMP(5 + 6 * min(it, 5));
-                if (h == 0) load_part(pn, 1);
-                else load_part(pn, 2, (h - 1) * TPH, h * TPH);
-                // one tile an iteration, not unrolled: this code runs once a layer on an SM whose
-                // instruction cache does not hold it (a decode step runs it on a few SMs between
-                // GEMMs), so its length, not its arithmetic, is what a partition costs
-#pragma unroll 1
-                for (int i = h * TPH; i < (h + 1) * TPH; i++) {
-                    if (!in_walk(p * FA_PT + i)) continue;
-                    float sc[FA_KT / 8][4];
+            for (int i = 0; i < FA_PT; i++) {
+                if (!in_walk(p * FA_PT + i)) continue;
+                float sc[FA_KT / 8][4];
 #pragma unroll
-                    for (int n = 0; n < FA_KT / 8; n++)
+                for (int n = 0; n < FA_KT / 8; n++)
 #pragma unroll
-                        for (int e = 0; e < 4; e++)
-                            sc[n][e] = e < 2 || rows8 ? xs[((i * (FA_KT / 8) + n) * 4 + e) * 32] : 0.0f;
-                    tile_mask(p * FA_PT + i, sc);
-                    tile_softmax(sc);
-                    tile_pv(sv + i * FA_KT * LD, sc);
-                }
+                    for (int e = 0; e < 4; e++)
+                        sc[n][e] = e < 2 || rows8 ? xs[((i * (FA_KT / 8) + n) * 4 + e) * 32] : 0.0f;
+                tile_mask(p * FA_PT + i, sc);
+                tile_softmax(sc);
+                tile_pv(sv + i * FA_KT * LD, sc);
             }
             FA_STAMP(6 + 6 * min(it, 5));
             __syncthreads(); // every warp done with the V buffers and the exchange
-            load_part(pn, 2, (VH - 1) * TPH, FA_PT);
+            load_part(pn, 2);
             close_partition(p);
             FA_STAMP(7 + 6 * min(it, 5));
             p = pn;

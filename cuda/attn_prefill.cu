@@ -28,11 +28,6 @@
 #define PF_WG 2                        // consumer warpgroups a block
 #define PF_THREADS (128 * (PF_WG + 1)) // and the producer's
 #define PF_ROWS 64                     // query rows a consumer warpgroup: 4 units
-// (experiment, PERF_NOTES: a tile's P V runs while the next tile's softmax does; 0: the wait right
-// after each P V, for the A/B as a device_pack variant)
-#ifndef PF_OVERLAP_PV
-#define PF_OVERLAP_PV 1
-#endif
 
 template <int HD> struct pf_cfg {
     static constexpr int Q_BYTES = PF_ROWS * HD * 2;           // a consumer warpgroup's Q rows
@@ -212,7 +207,6 @@ __global__ void __launch_bounds__(PF_THREADS, 1)
             for (int h = 0; h < 2; h++) m[h] = -INFINITY, l[h] = 0.0f;
 #pragma unroll
             for (int i = 0; i < HD / 2; i++) o[i] = 0.0f;
-            uint32_t ph_[2][4], pl_[2][4]; // P of the tile whose P V is in flight (wgmma reads them)
 #pragma unroll
             for (int i = 0; i < FA_PT; i++) {
                 const int tile = p * FA_PT + i;
@@ -222,16 +216,10 @@ __global__ void __launch_bounds__(PF_THREADS, 1)
                 fa_tile_mask(xt, tile, qd, vhi, vlo, vse, sl2, true);
                 float corr[2];
                 fa_tile_softmax(xt, m, l, corr, true); // o rescaled below
-                // the previous tile's P V (issued last iteration, run while this softmax ran) done
-                // before o is scaled: the same sums in the same order as waiting right after it
-                // (a wait with nothing in flight returns at once)
-                if constexpr (PF_OVERLAP_PV) {
-                    wgmma_wait<0>();
-                    wgmma_hold<HD / 2>(o);
-                }
 #pragma unroll
                 for (int d = 0; d < HD / 8; d++) o[4 * d] *= corr[0], o[4 * d + 1] *= corr[0], o[4 * d + 2] *= corr[1], o[4 * d + 3] *= corr[1];
                 // O += P V: per k16 step c, the head then the remainder of P (the flash kernel's tile_pv)
+                uint32_t ph_[2][4], pl_[2][4];
 #pragma unroll
                 for (int c = 0; c < FA_KT / 16; c++) {
                     split_p(x[4 * (2 * c)], x[4 * (2 * c) + 1], ph_[c][0], pl_[c][0]);
@@ -247,13 +235,9 @@ __global__ void __launch_bounds__(PF_THREADS, 1)
                     wgmma_rs_mn<HD>(o, pl_[c], vd, 1);
                 }
                 wgmma_commit();
-                if constexpr (!PF_OVERLAP_PV) {
-                    wgmma_wait<0>();
-                    wgmma_hold<HD / 2>(o);
-                }
+                wgmma_wait<0>();
+                wgmma_hold<HD / 2>(o);
             }
-            wgmma_wait<0>();
-            wgmma_hold<HD / 2>(o);
         }
         __syncwarp();
         if (lane == 0) mbar_arrive(empty0 + 8 * st); // this warp is done with the stage
