@@ -26,11 +26,23 @@ NVF="-O3 -g -lineinfo -std=c++17 -gencode arch=compute_90a,code=sm_90a -Xcompile
     build-clk/duoserve-test-cuda build-clk/bench_gpu
 # VARIANTS="name:-DX=v,-DY=w ...": duoserve-test-cuda-NAME and bench_gpu-NAME built again with those
 # nvcc defines (build-NAME, from a copy of build-gpu with the objects that read them rebuilt: VARIANT_OBJS,
-# default the GEMM kernels'), for an A/B of a compile-time choice in one run
+# default the objects of the cuda/*.cu files that name one of the macros, every CUDA object where a
+# cuda/*.cuh names one; a variant whose macros no file names stops the pack: it would be the main build
+# again under another name), for an A/B of a compile-time choice in one run
 for v in ${VARIANTS:-}; do
     name=${v%%:*}; defs=$(echo "${v#*:}" | tr ',' ' ')
     rm -rf build-$name && cp -a build-gpu build-$name
-    for o in ${VARIANT_OBJS:-cuda/gemm.o cuda/gemm_wg.o}; do rm -f build-$name/$o; done
+    objs=${VARIANT_OBJS:-}
+    if [ -z "$objs" ]; then
+        for d in $defs; do
+            mac=${d#-D}; mac=${mac%%=*}
+            for f in $(grep -lw -- "$mac" cuda/*.cu cuda/*.cuh || true); do
+                case $f in *.cuh) objs="$objs $(ls cuda/*.cu | sed 's/\.cu$/.o/')" ;; *) objs="$objs ${f%.cu}.o" ;; esac
+            done
+        done
+        [ -n "$objs" ] || { echo "device_pack: variant $name: no file under cuda/ names $defs" >&2; exit 1; }
+    fi
+    for o in $(echo $objs | tr ' ' '\n' | sort -u); do rm -f build-$name/$o; done
     make -j"$J" CUDA=1 BUILD=build-$name NVCCFLAGS="$NVF $defs" \
         build-$name/duoserve-test-cuda build-$name/bench_gpu build-$name/duoserve
 done
