@@ -2,7 +2,7 @@
 # device_run.sh: one GPU-machine run of the checks, benchmarks, A/B of the switches, kernel
 # traces and ShareGPT serving; the stages to run are the arguments (default: all of them).
 #
-#   [AB="name:VAR=v,..."] [TRACE_AB="name:VAR=v,..."] bash scripts/device_run.sh [attnbench] [prefillbench] [optest] [ncuattn] [gemm] [gemmab] [ncu] [checks] [bench] [gemmprof] [gemmbench] [stamps] [ab] [variants] [longdec] [trace] [optime] [serving] [sharegpt] [multiturn] [longprefill] [tp]
+#   [AB="name:VAR=v,..."] [TRACE_AB="name:VAR=v,..."] bash scripts/device_run.sh [attnbench] [prefillbench] [optest] [kvgolden] [ncuattn] [gemm] [gemmab] [ncu] [checks] [bench] [gemmprof] [gemmbench] [stamps] [ab] [variants] [longdec] [trace] [optime] [serving] [sharegpt] [multiturn] [longprefill] [tp]
 #
 # Expects .device/ as scripts/device_pack.sh leaves it (run there first): bin.txz (the stripped
 # binaries of make CUDA=1 BUILD=build-gpu, libktrace.so and libcupti.so.13 in bin/),
@@ -43,7 +43,9 @@ if has prefillbench; then
   for v in ${PREFILLBENCH_VARIANTS:-}; do pbench v_$v $B/duoserve-test-cuda-$v; done
 fi
 # the op test alone, as built and again under OPTEST_ENV="VAR=v,..." (a new path behind a switch);
-# each run stopped after OPTEST_TIMEOUT s (300); OPTEST_SKIP_PLAIN=1: only the OPTEST_ENV runs
+# each run stopped after OPTEST_TIMEOUT s (300); OPTEST_SKIP_PLAIN=1: only the OPTEST_ENV runs;
+# OPTEST_VARIANTS="name ...": device_pack.sh's duoserve-test-cuda-NAME too, each under the first
+# OPTEST_ENV set (or none), all variants at once (the GPU shared; the CPU references take the time)
 if has optest; then
   runs=(); [ "${OPTEST_SKIP_PLAIN:-0}" = 1 ] || runs+=("")
   for v in ${OPTEST_ENV:-}; do runs+=("$v"); done
@@ -51,6 +53,26 @@ if has optest; then
     f=$L/optest$(echo "$v" | tr -c 'A-Za-z0-9\n' '_').log
     timeout ${OPTEST_TIMEOUT:-300} env $(echo "$v" | tr ',' ' ') $B/duoserve-test-cuda > $f 2>&1
     echo "op test [$v] (rc $?): $(grep FAIL $f | head -5) $(tail -1 $f)"
+  done
+  e1=$(echo "${OPTEST_ENV:-}" | awk '{print $1}' | tr ',' ' '); pids=
+  for n in ${OPTEST_VARIANTS:-}; do
+    ( timeout ${OPTEST_TIMEOUT:-300} env $e1 $B/duoserve-test-cuda-$n > $L/optest_v_$n.log 2>&1; echo "rc $?" >> $L/optest_v_$n.log ) &
+    pids="$pids $!"
+  done
+  [ -z "$pids" ] || wait $pids
+  for n in ${OPTEST_VARIANTS:-}; do f=$L/optest_v_$n.log; echo "op test variant $n [$e1] ($(tail -1 $f)): $(grep FAIL $f | head -5) $(tail -2 $f | head -1)"; done
+fi
+# greedy ids on stories260k with each KV cache dtype (KVGOLDEN_DTYPES, default "auto fp8"), CUDA
+# against the CPU reference, and auto against the golden file
+if has kvgolden; then
+  want=$(python3 -c "import json; print(','.join(map(str, json.load(open('$SHARED/models/stories260k/expected_greedy_ids.json'))['greedy_ids'])))")
+  for k in ${KVGOLDEN_DTYPES:-auto fp8}; do
+    for d in cuda cpu; do
+      $B/duoserve generate -m $SHARED/models/stories260k --device $d --kv-cache-dtype $k --prompt-ids 1 -n 199 --json 2> $L/kvgolden_${d}_$k.err |
+        python3 -c "import json,sys; print(','.join(map(str, json.load(sys.stdin)['ids'])))" > $L/kvgolden_${d}_$k.ids 2>> $L/kvgolden_${d}_$k.err
+    done
+    c=$(cat $L/kvgolden_cuda_$k.ids); echo "kvgolden $k: cuda == cpu: $([ -n "$c" ] && [ "$c" = "$(cat $L/kvgolden_cpu_$k.ids)" ] && echo yes || echo NO)$([ $k = auto ] && echo ", == golden: $([ "$c" = "$want" ] && echo yes || echo NO)")"
+    [ -n "$c" ] || head -2 $L/kvgolden_cuda_$k.err
   done
 fi
 # the op test's GEMM cases alone (a new GEMM kernel first: the benchmarks after it are skipped if it fails)
