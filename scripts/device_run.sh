@@ -71,7 +71,10 @@ if has kvgolden; then
       $B/duoserve generate -m $SHARED/models/stories260k --device $d --kv-cache-dtype $k --prompt-ids 1 -n 199 --json 2> $L/kvgolden_${d}_$k.err |
         python3 -c "import json,sys; print(','.join(map(str, json.load(sys.stdin)['ids'])))" > $L/kvgolden_${d}_$k.ids 2>> $L/kvgolden_${d}_$k.err
     done
-    c=$(cat $L/kvgolden_cuda_$k.ids); echo "kvgolden $k: cuda == cpu: $([ -n "$c" ] && [ "$c" = "$(cat $L/kvgolden_cpu_$k.ids)" ] && echo yes || echo NO)$([ $k = auto ] && echo ", == golden: $([ "$c" = "$want" ] && echo yes || echo NO)")"
+    c=$(cat $L/kvgolden_cuda_$k.ids)
+    same=NO; [ -n "$c" ] && [ "$c" = "$(cat $L/kvgolden_cpu_$k.ids)" ] && same=yes
+    gold=; [ $k = auto ] && { gold=", == golden: NO"; [ "$c" = "$want" ] && gold=", == golden: yes"; }
+    echo "kvgolden $k: cuda == cpu: $same$gold"
     [ -n "$c" ] || head -2 $L/kvgolden_cuda_$k.err
   done
 fi
