@@ -7,12 +7,12 @@
 // step's batch rows, as the flash kernel's load_tile) into a ring of stages in the 128-byte
 // swizzled layout wgmma reads, each thread's copies arriving on the stage's mbarrier; and two
 // consumer warpgroups of 64 rows (4 units) each. For each partition a consumer warpgroup
-// computes S = Q K^T for all 128 keys (wgmma m64n128k16, the head dim in k16 steps in order),
-// then walks the partition's 32-key tiles in order: the mask and the online softmax of the flash
+// computes S = Q K^T (wgmma m64nNk16, the head dim in k16 steps in order; N: all 128 keys at head
+// dim 64, 64 at a time at 128), then walks S's 32-key tiles in order: the mask and the online softmax of the flash
 // kernel (the same code on the same accumulator layout: a warp's rows 16w + g and + 8, columns
 // 8n + 2q and + 1), then P V from registers (wgmma RS, P as a bf16 head and its remainder, each
 // k16 step head then remainder, in key order) with V from shared memory as an MN-major operand.
-// A closed partition's state is merged into the running total in shared memory with the flash
+// A closed partition's state is merged into the running total (in registers) with the flash
 // kernel's roundings. Every sum is the flash kernel's, in its order, so a row's bits are those
 // of the flash kernel (prefill or decode); tiles a warp's rows cannot see add exactly nothing.
 #include <cuda_bf16.h>
@@ -32,10 +32,12 @@
 template <int HD> struct pf_cfg {
     static constexpr int Q_BYTES = PF_ROWS * HD * 2;           // a consumer warpgroup's Q rows
     static constexpr int KV_BYTES = CUDA_ATTN_PART * HD * 2;   // a partition's K (or V) rows
-    static constexpr int O_BYTES = PF_WG * 128 * (HD / 2) * 4; // the consumers' running totals
-    static constexpr int STAGES = HD == 64 ? 4 : 2;
+    static constexpr int STAGES = HD == 64 ? 6 : 3;
+    // S is computed SN keys at a time: half a partition at head dim 128, where a whole one's S would
+    // not fit in registers beside the partition's O and the running total
+    static constexpr int SN = HD == 128 ? CUDA_ATTN_PART / 2 : CUDA_ATTN_PART;
     // (1024: the alignment of the swizzled tiles)
-    static constexpr size_t SMEM = 1024 + (size_t)PF_WG * Q_BYTES + (size_t)STAGES * 2 * KV_BYTES + O_BYTES + 2 * STAGES * 8 + 8;
+    static constexpr size_t SMEM = 1024 + (size_t)PF_WG * Q_BYTES + (size_t)STAGES * 2 * KV_BYTES + 2 * STAGES * 8 + 8;
 };
 
 // a 16-byte copy into shared memory at a 32-bit shared address (zeros when !pred)
@@ -62,8 +64,7 @@ __global__ void __launch_bounds__(PF_THREADS, 1)
     auto q_at = [&](int w) { return base + w * C::Q_BYTES; };
     auto k_at = [&](int s) { return base + PF_WG * C::Q_BYTES + s * C::KV_BYTES; };
     auto v_at = [&](int s) { return base + PF_WG * C::Q_BYTES + (ST + s) * C::KV_BYTES; };
-    const uint32_t o_off = PF_WG * C::Q_BYTES + 2 * ST * C::KV_BYTES;
-    const uint32_t full0 = base + o_off + C::O_BYTES, empty0 = full0 + 8 * ST, qbar = empty0 + 8 * ST;
+    const uint32_t full0 = base + PF_WG * C::Q_BYTES + 2 * ST * C::KV_BYTES, empty0 = full0 + 8 * ST, qbar = empty0 + 8 * ST;
 
     const int G = a.n_heads / a.n_kv_heads, TPU = G >= 16 ? 1 : 16 / G;
     const int CT = TPU * 4 * PF_WG; // tokens a block
@@ -185,58 +186,65 @@ __global__ void __launch_bounds__(PF_THREADS, 1)
         vlo[h] = full ? (a.sliding_window > 0 ? i - a.sliding_window + 1 : 0) : i - a.recent + 1;
     }
     const float sl2 = a.scale * 1.4426950408889634f; // scores in log2 units: exp2f
+    constexpr int SN = C::SN, TS = SN / FA_KT; // S's keys a wgmma group, and its tiles
     float m[2], l[2], M[2] = {-INFINITY, -INFINITY}, L[2] = {0.0f, 0.0f};
-    float sc[P / 2], o[HD / 2]; // S of the partition (n8 block n: keys 8n ..), O of it (dims 8d ..)
-    // the running total of this thread's outputs o[i]: sO[i * 128 PF_WG] (lane-private, no conflicts)
-    float *sO = reinterpret_cast<float *>(gbase + o_off) + (threadIdx.x - 128);
+    // S of SN keys (n8 block n: keys 8n ..), O of the partition and the running total (dims 8d ..)
+    float sc[SN / 2], o[HD / 2], O[HD / 2];
 #pragma unroll
-    for (int i = 0; i < HD / 2; i++) sO[i * 128 * PF_WG] = 0.0f;
+    for (int i = 0; i < HD / 2; i++) O[i] = 0.0f;
     mbar_wait(qbar, 0);
     int st = 0, ph = 0;
     for (int p = blk.next_part(-1); p >= 0; p = blk.next_part(p)) {
         mbar_wait(full0 + 8 * st, ph);
         if (mine.has_part(p)) { // (warpgroup-uniform)
-            wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < HD / 16; kk++)
-                wgmma_ss<P>(sc, sw128_desc(q_at(w) + (kk / 4) * PF_ROWS * 128 + (kk % 4) * 32),
-                            sw128_desc(k_at(st) + (kk / 4) * P * 128 + (kk % 4) * 32), kk > 0);
-            wgmma_commit();
-            wgmma_wait<0>();
-            wgmma_hold<P / 2>(sc);
             for (int h = 0; h < 2; h++) m[h] = -INFINITY, l[h] = 0.0f;
 #pragma unroll
             for (int i = 0; i < HD / 2; i++) o[i] = 0.0f;
 #pragma unroll
-            for (int i = 0; i < FA_PT; i++) {
-                const int tile = p * FA_PT + i;
-                if (!mine.has(tile)) continue; // (warpgroup-uniform)
-                float *x = sc + 16 * i;        // x[4 n + e]: the flash kernel's sc[n][e] of this tile
-                auto &xt = *reinterpret_cast<float(*)[FA_KT / 8][4]>(x);
-                fa_tile_mask(xt, tile, qd, vhi, vlo, vse, sl2, true);
-                float corr[2];
-                fa_tile_softmax(xt, m, l, corr, true); // o rescaled below
+            for (int hc = 0; hc < P / SN; hc++) {
+                bool any = false;
 #pragma unroll
-                for (int d = 0; d < HD / 8; d++) o[4 * d] *= corr[0], o[4 * d + 1] *= corr[0], o[4 * d + 2] *= corr[1], o[4 * d + 3] *= corr[1];
-                // O += P V: per k16 step c, the head then the remainder of P (the flash kernel's tile_pv)
-                uint32_t ph_[2][4], pl_[2][4];
-#pragma unroll
-                for (int c = 0; c < FA_KT / 16; c++) {
-                    split_p(x[4 * (2 * c)], x[4 * (2 * c) + 1], ph_[c][0], pl_[c][0]);
-                    split_p(x[4 * (2 * c + 1)], x[4 * (2 * c + 1) + 1], ph_[c][2], pl_[c][2]);
-                    split_p(x[4 * (2 * c) + 2], x[4 * (2 * c) + 3], ph_[c][1], pl_[c][1]);
-                    split_p(x[4 * (2 * c + 1) + 2], x[4 * (2 * c + 1) + 3], ph_[c][3], pl_[c][3]);
-                }
+                for (int i = 0; i < TS; i++) any |= mine.has(p * FA_PT + hc * TS + i);
+                if (!any) continue; // (warpgroup-uniform)
                 wgmma_fence();
 #pragma unroll
-                for (int c = 0; c < FA_KT / 16; c++) {
-                    const uint64_t vd = sw128_mn_desc(v_at(st) + (tile % FA_PT * FA_KT + 16 * c) * 128, P * 128);
-                    wgmma_rs_mn<HD>(o, ph_[c], vd, 1);
-                    wgmma_rs_mn<HD>(o, pl_[c], vd, 1);
-                }
+                for (int kk = 0; kk < HD / 16; kk++)
+                    wgmma_ss<SN>(sc, sw128_desc(q_at(w) + (kk / 4) * PF_ROWS * 128 + (kk % 4) * 32),
+                                 sw128_desc(k_at(st) + (kk / 4) * P * 128 + hc * SN * 128 + (kk % 4) * 32), kk > 0);
                 wgmma_commit();
                 wgmma_wait<0>();
-                wgmma_hold<HD / 2>(o);
+                wgmma_hold<SN / 2>(sc);
+#pragma unroll
+                for (int i = 0; i < TS; i++) {
+                    const int tile = p * FA_PT + hc * TS + i;
+                    if (!mine.has(tile)) continue; // (warpgroup-uniform)
+                    float *x = sc + 16 * i;        // x[4 n + e]: the flash kernel's sc[n][e] of this tile
+                    auto &xt = *reinterpret_cast<float(*)[FA_KT / 8][4]>(x);
+                    fa_tile_mask(xt, tile, qd, vhi, vlo, vse, sl2, true);
+                    float corr[2];
+                    fa_tile_softmax(xt, m, l, corr, true); // o rescaled below
+#pragma unroll
+                    for (int d = 0; d < HD / 8; d++) o[4 * d] *= corr[0], o[4 * d + 1] *= corr[0], o[4 * d + 2] *= corr[1], o[4 * d + 3] *= corr[1];
+                    // O += P V: per k16 step c, the head then the remainder of P (the flash kernel's tile_pv)
+                    uint32_t ph_[2][4], pl_[2][4];
+#pragma unroll
+                    for (int c = 0; c < FA_KT / 16; c++) {
+                        split_p(x[4 * (2 * c)], x[4 * (2 * c) + 1], ph_[c][0], pl_[c][0]);
+                        split_p(x[4 * (2 * c + 1)], x[4 * (2 * c + 1) + 1], ph_[c][2], pl_[c][2]);
+                        split_p(x[4 * (2 * c) + 2], x[4 * (2 * c) + 3], ph_[c][1], pl_[c][1]);
+                        split_p(x[4 * (2 * c + 1) + 2], x[4 * (2 * c + 1) + 3], ph_[c][3], pl_[c][3]);
+                    }
+                    wgmma_fence();
+#pragma unroll
+                    for (int c = 0; c < FA_KT / 16; c++) {
+                        const uint64_t vd = sw128_mn_desc(v_at(st) + (tile % FA_PT * FA_KT + 16 * c) * 128, P * 128);
+                        wgmma_rs_mn<HD>(o, ph_[c], vd, 1);
+                        wgmma_rs_mn<HD>(o, pl_[c], vd, 1);
+                    }
+                    wgmma_commit();
+                    wgmma_wait<0>();
+                    wgmma_hold<HD / 2>(o);
+                }
             }
         }
         __syncwarp();
@@ -252,7 +260,7 @@ __global__ void __launch_bounds__(PF_THREADS, 1)
                     for (int d = 0; d < HD / 8; d++)
 #pragma unroll
                         for (int e = 2 * h; e < 2 * h + 2; e++)
-                            sO[(4 * d + e) * 128 * PF_WG] = fa_merge_o(sO[(4 * d + e) * 128 * PF_WG], o[4 * d + e], ca, cb);
+                            O[4 * d + e] = fa_merge_o(O[4 * d + e], o[4 * d + e], ca, cb);
             }
         }
         if (++st == ST) st = 0, ph ^= 1;
@@ -267,7 +275,7 @@ __global__ void __launch_bounds__(PF_THREADS, 1)
 #pragma unroll
         for (int d = 0; d < HD / 8; d++)
             *reinterpret_cast<__nv_bfloat162 *>(orow + d * 8 + 2 * qd) =
-                __floats2bfloat162_rn(sO[(4 * d + 2 * h) * 128 * PF_WG] * inv, sO[(4 * d + 2 * h + 1) * 128 * PF_WG] * inv);
+                __floats2bfloat162_rn(O[4 * d + 2 * h] * inv, O[4 * d + 2 * h + 1] * inv);
     }
 }
 

@@ -748,6 +748,18 @@ static void attention_case(int H, int KV, int hd, int n_stream, int ctx, int T, 
             up2(&dummy, &vs2, vs, slot_n + 1), cpu->ops->free(cpu, dummy);
         }
         cpu->ops->rope(cpu, qc, H + KV, hd, rs, ic);
+        if (o.fp8) { /* the GPU rounds the rotated K to e4m3 from its bf16 rows (rope_append_kernel):
+                      * the reference from the same bf16 values, not its f32 ones (else ~3% of the
+                      * step's K bytes differ by a code, and a streaming head's 44-key softmax moves
+                      * past the tolerance) */
+            float *r = malloc((size_t)TT * rs * 4);
+            cpu->ops->download_act(cpu, r, qc, (size_t)TT * rs);
+            for (int t = 0; t < TT; t++)
+                for (int i = 0; i < (H + KV) * hd; i++)
+                    r[(size_t)t * rs + i] = util_bf16_to_f32(util_f32_to_bf16(r[(size_t)t * rs + i]));
+            cpu->ops->upload_act(cpu, qc, r, (size_t)TT * rs);
+            free(r);
+        }
         cpu->ops->attention(cpu, oc, qc, rs, &Lc);
         gpu->ops->rope_attention(gpu, og, qg, rs, &Lg, ig);
         struct attn_layer L2 = L;
