@@ -122,8 +122,11 @@ def test_scripted(tmp):
             ttfts = sorted(r["ttfts"])
             check(f"scripted {backend}: TTFT is the first token's (the role chunk does not count)",
                   all(t < 0.2 for t in ttfts[:4]) and all(0.4 <= t < 1.5 for t in ttfts[4:]), ttfts)
+            # the slow decode's 3 gaps of 0.1 s over 3 steps; (E2EL - TTFT) / tokens would give 0.075.
+            # Not 0.1 exactly: a first token read late on a loaded machine shortens E2EL - TTFT
             check(f"scripted {backend}: TPOT = (E2EL - TTFT) / (tokens - 1)",
-                  0.1 <= r["p100_tpot_ms"] / 1000 < 0.5 and r["p50_tpot_ms"] < 80, r)
+                  0.09 <= r["p100_tpot_ms"] / 1000 < 0.5 and r["p50_tpot_ms"] < 80,
+                  {k: r.get(k) for k in ("p50_tpot_ms", "p100_tpot_ms", "ttfts", "e2els")})
             good = r["request_goodput"] * r["duration"]
             check(f"scripted {backend}: goodput counts the 3 requests meeting ttft:200 tpot:50",
                   abs(good - 3) < 1e-6 and r["goodput_slos_ms"] == {"ttft": 200.0, "tpot": 50.0}, (good, r))
