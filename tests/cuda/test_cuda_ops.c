@@ -748,10 +748,10 @@ static void attention_case(int H, int KV, int hd, int n_stream, int ctx, int T, 
             up2(&dummy, &vs2, vs, slot_n + 1), cpu->ops->free(cpu, dummy);
         }
         cpu->ops->rope(cpu, qc, H + KV, hd, rs, ic);
-        if (o.fp8) { /* the GPU rounds the rotated K to e4m3 from its bf16 rows (rope_append_kernel):
-                      * the reference from the same bf16 values, not its f32 ones (else ~3% of the
-                      * step's K bytes differ by a code, and a streaming head's 44-key softmax moves
-                      * past the tolerance) */
+        if (o.fp8) { /* the GPU's rotated Q and K rows are bf16 (rope_append_kernel), and it codes K
+                      * to e4m3 from them: the reference from the same bf16 values, not its f32 ones
+                      * (else ~3% of the step's K bytes differ by a code, and a streaming head's
+                      * 44-key softmax moves past the tolerance) */
             float *r = malloc((size_t)TT * rs * 4);
             cpu->ops->download_act(cpu, r, qc, (size_t)TT * rs);
             for (int t = 0; t < TT; t++)
