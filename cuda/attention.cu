@@ -786,46 +786,26 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
     };
     // the mask, and the scores in log2 units (an invisible key: -inf)
     auto tile_mask = [&](int tile, float (&sc)[FA_KT / 8][4]) { fa_tile_mask(sc, tile, qd, vhi, vlo, vse, sl2, rows8); };
-    // online softmax: sc becomes p, o is rescaled
-    auto tile_softmax = [&](float (&sc)[FA_KT / 8][4]) {
-        float corr[2];
-        fa_tile_softmax(sc, m, l, corr, rows8);
-#pragma unroll
-        for (int d = 0; d < OT; d++) {
-            o[d][0] *= corr[0], o[d][1] *= corr[0];
-            if (rows8) o[d][2] *= corr[1], o[d][3] *= corr[1];
-        }
-    };
-    // O += P V with P straight from the score registers as the A operand, split into a bf16 head
-    // and a bf16 remainder (two MMAs): P keeps ~16 bits, close to the f32 reference
+    // o += P V for one tile of the partition: P (the tile's probabilities, each rounded to bf16)
+    // straight from the score registers as the A operand, the tile's keys in k16 steps in order
     auto tile_pv = [&](const __nv_bfloat16 *cv, const float (&sc)[FA_KT / 8][4]) {
 #pragma unroll
         for (int c = 0; c < FA_KT / 16; c++) {
-            uint32_t ph[4], pl[4];
-            split_p(sc[2 * c][0], sc[2 * c][1], ph[0], pl[0]);
-            split_p(sc[2 * c + 1][0], sc[2 * c + 1][1], ph[2], pl[2]);
-            if (rows8) {
-                split_p(sc[2 * c][2], sc[2 * c][3], ph[1], pl[1]);
-                split_p(sc[2 * c + 1][2], sc[2 * c + 1][3], ph[3], pl[3]);
-            } else {
-                ph[1] = pl[1] = ph[3] = pl[3] = 0u; // split_p(0, 0)
-            }
-            // every V fragment of the 16 keys first, then the head MMAs of this warp's output
-            // tiles d0 .. d0 + OT - 1 (pairs dd of them a fragment), then the remainder's (per
-            // output still head then remainder, c in order)
+            uint32_t pa[4];
+            pa[0] = pack_p(sc[2 * c][0], sc[2 * c][1]);
+            pa[2] = pack_p(sc[2 * c + 1][0], sc[2 * c + 1][1]);
+            pa[1] = rows8 ? pack_p(sc[2 * c][2], sc[2 * c][3]) : 0u; // (padding rows: p = 0)
+            pa[3] = rows8 ? pack_p(sc[2 * c + 1][2], sc[2 * c + 1][3]) : 0u;
+            // every V fragment of the 16 keys first, then the MMAs of this warp's output tiles
+            // d0 .. d0 + OT - 1 (pairs dd of them a fragment)
             uint32_t b[OT / 2][4]; // keys c*16 + lane%16, dims (d0/2 + dd)*16 + (lane/16)*8, transposed
 #pragma unroll
             for (int dd = 0; dd < OT / 2; dd++)
                 fa_ldsm_x4_t(b[dd], cv + (c * 16 + lane % 16) * LD + (d0 / 2 + dd) * 16 + (lane / 16) * 8);
 #pragma unroll
             for (int dd = 0; dd < OT / 2; dd++) {
-                fa_mma(o[2 * dd], ph, b[dd][0], b[dd][1]);
-                fa_mma(o[2 * dd + 1], ph, b[dd][2], b[dd][3]);
-            }
-#pragma unroll
-            for (int dd = 0; dd < OT / 2; dd++) {
-                fa_mma(o[2 * dd], pl, b[dd][0], b[dd][1]);
-                fa_mma(o[2 * dd + 1], pl, b[dd][2], b[dd][3]);
+                fa_mma(o[2 * dd], pa, b[dd][0], b[dd][1]);
+                fa_mma(o[2 * dd + 1], pa, b[dd][2], b[dd][3]);
             }
         }
     };
@@ -945,22 +925,24 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
             }
             FA_STAMP(5 + 6 * min(it, 5));
             load_part(pn, 1);
-            // one tile an iteration, not unrolled: this code runs once a layer on an SM whose
-            // instruction cache does not hold it (a decode step runs it on a few SMs between
-            // GEMMs), so its length, not its arithmetic, is what a partition costs
-#pragma unroll 1
+            // the partition's scores from the exchange, masked; its softmax; P V tile by tile
+            float sp[FA_PT][FA_KT / 8][4];
+            unsigned has = 0;
+#pragma unroll
             for (int i = 0; i < FA_PT; i++) {
                 if (!in_walk(p * FA_PT + i)) continue;
-                float sc[FA_KT / 8][4];
+                has |= 1u << i;
 #pragma unroll
                 for (int n = 0; n < FA_KT / 8; n++)
 #pragma unroll
                     for (int e = 0; e < 4; e++)
-                        sc[n][e] = e < 2 || rows8 ? xs[((i * (FA_KT / 8) + n) * 4 + e) * 32] : 0.0f;
-                tile_mask(p * FA_PT + i, sc);
-                tile_softmax(sc);
-                tile_pv(sv + i * FA_KT * LD, sc);
+                        sp[i][n][e] = e < 2 || rows8 ? xs[((i * (FA_KT / 8) + n) * 4 + e) * 32] : 0.0f;
+                tile_mask(p * FA_PT + i, sp[i]);
             }
+            fa_part_softmax(sp, has, m, l, rows8);
+#pragma unroll
+            for (int i = 0; i < FA_PT; i++)
+                if (has >> i & 1) tile_pv(sv + i * FA_KT * LD, sp[i]);
             FA_STAMP(6 + 6 * min(it, 5));
             __syncthreads(); // every warp done with the V buffers and the exchange
             load_part(pn, 2);
@@ -971,72 +953,109 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
             fetch_blocks(pn);
         }
     } else {
-        // the walk's next S tiles: up[0] summed now, up[1 .. S-2] loading, up[S-1] loaded next
-        // (the block ids of all S read at once; after that each one an iteration ahead of its load)
-        int up[S], blk_last;
-        up[0] = next_tile(-1);
+        // The walk as a stream of items, a K or V tile each (item 2 t + 1: tile t's V, 2 t: its
+        // K): for each partition the K of its tiles, then their V, so that its scores are all in
+        // registers when its softmax runs, and its V tiles arrive after. Items land in a ring of
+        // R buffers (the K and V buffers as one array): up[0] is summed now, up[1 .. R-2] are
+        // loading, up[R-1] starts loading in this iteration (a commit group each). The block ids
+        // of the first R items are read at once, after that each one an iteration ahead of its load.
+        constexpr int R = 2 * S;
+        auto tile_of = [](int it) { return it == INT_MAX ? INT_MAX : it >> 1; };
+        auto next_item = [&](int it) {
+            if (it == INT_MAX) return INT_MAX;
+            const int t = it >> 1, tn = next_tile(t);
+            if (tn != INT_MAX && tn / FA_PT == t / FA_PT) return 2 * tn + (it & 1); // the partition's next tile
+            if (!(it & 1)) return 2 * next_tile(t / FA_PT * FA_PT - 1) + 1; // its first tile's V
+            return tn == INT_MAX ? INT_MAX : 2 * tn; // the next partition's first K
+        };
+        auto load_item = [&](int b, int it, int blk) { // ring buffer b: K at sk + b, V at sv + b - S (the same memory)
+            if (it != INT_MAX) load_tile(it & 1 ? b - S : b, it >> 1, blk, it & 1 ? 2 : 1);
+        };
+        int up[R], blk_last;
+        up[0] = next_tile(-1) == INT_MAX ? INT_MAX : 2 * next_tile(-1);
 #pragma unroll
-        for (int i = 1; i < S; i++) up[i] = up[i - 1] != INT_MAX ? next_tile(up[i - 1]) : INT_MAX;
-        int bl[S];
+        for (int i = 1; i < R; i++) up[i] = next_item(up[i - 1]);
+        int bl[R];
 #pragma unroll
-        for (int i = 0; i < S; i++) bl[i] = blk_of(up[i]);
-        blk_last = bl[S - 1];
+        for (int i = 0; i < R; i++) bl[i] = blk_of(tile_of(up[i]));
+        blk_last = bl[R - 1];
         if (up[0] != INT_MAX) {
             load_q();
-            load_tile(0, up[0], bl[0]);
+            load_item(0, up[0], bl[0]);
         }
         asm volatile("cp.async.commit_group;\n" ::);
         FA_STAMP(2);
-
-        bool q_loaded = false;
-        int it_ = 0;
-        // up[0] (in buffer buf) to up[S-2] are loading, a group each; each iteration starts
-        // up[S-1] and sums up[0]
-        int buf = 0;
 #pragma unroll
-        for (int i = 1; i < S - 1; i++) {
-            if (up[i] != INT_MAX) load_tile(i, up[i], bl[i]);
+        for (int i = 1; i < R - 1; i++) {
+            load_item(i, up[i], bl[i]);
             asm volatile("cp.async.commit_group;\n" ::);
         }
-        int tile = up[0];
-        while (tile != INT_MAX) { // partition by partition, each closed after its last tile
-            const int part = tile / FA_PT;
-            bool has_state = false; // the warp summed keys of this partition
-            do {
-                FA_STAMP(3 + 4 * min(it_, 8));
-                if (up[S - 1] != INT_MAX) load_tile((buf + S - 1) % S, up[S - 1], blk_last);
-                const int nn = up[S - 1] != INT_MAX ? next_tile(up[S - 1]) : INT_MAX, bn = blk_of(nn);
-                asm volatile("cp.async.commit_group;\n" ::);
-                asm volatile("cp.async.wait_group %0;\n" ::"n"(S - 1)); // this tile's group (and Q) landed
+
+        bool q_loaded = false;
+        int it_ = 0, buf = 0;
+        float sp[FA_PT][FA_KT / 8][4]; // the partition's masked scores, then its p (tiles in `has`)
+        unsigned has = 0;
+        bool soft = false; // its softmax done
+        for (int it = up[0]; it != INT_MAX; it = up[0]) {
+            FA_STAMP(3 + 4 * min(it_, 8));
+            load_item((buf + R - 1) % R, up[R - 1], blk_last);
+            const int nn = next_item(up[R - 1]), bn = blk_of(tile_of(nn));
+            asm volatile("cp.async.commit_group;\n" ::);
+            asm volatile("cp.async.wait_group %0;\n" ::"n"(R - 1)); // this item's group (and Q) landed
+            __syncthreads();
+            const bool isv = it & 1;
+            const int tile = it >> 1, ti = tile % FA_PT;
+            __nv_bfloat16 *cb = sk + buf * FA_KT * LD; // (sv + (buf - S) * FA_KT * LD for V)
+            if constexpr (F8) {
+                fa8_rows(isv ? (buf - S) * FA_KT : buf * FA_KT, FA_KT, isv ? 2 : 1);
                 __syncthreads();
-                if constexpr (F8) {
-                    fa8_rows(buf * FA_KT, FA_KT, 3);
-                    __syncthreads();
-                }
-                if (!q_loaded) load_qa();
-                q_loaded = true;
-                FA_STAMP(4 + 4 * min(it_, 8));
-                bool mine = nrows > 0 && ((tile >= wlo0 && tile <= whi0) || (tile >= wlo1 && tile <= whi1));
+            }
+            if (!q_loaded) load_qa();
+            q_loaded = true;
+            FA_STAMP(4 + 4 * min(it_, 8));
+            const bool mine = nrows > 0 && ((tile >= wlo0 && tile <= whi0) || (tile >= wlo1 && tile <= whi1));
+            if (!isv) {
                 if (mine) {
-                    has_state = true;
                     float sc[FA_KT / 8][4];
-                    tile_scores(sk + buf * FA_KT * LD, sc);
+                    tile_scores(cb, sc);
                     tile_mask(tile, sc);
-                    tile_softmax(sc);
-                    tile_pv(sv + buf * FA_KT * LD, sc);
-                }
-                FA_STAMP(5 + 4 * min(it_, 8));
-                __syncthreads(); // every warp done with buf before the next iteration refills it
-                FA_STAMP(6 + 4 * min(it_, 8));
-                it_++;
 #pragma unroll
-                for (int i = 0; i < S - 1; i++) up[i] = up[i + 1];
-                up[S - 1] = nn;
-                blk_last = bn;
-                tile = up[0];
-                buf = (buf + 1) % S;
-            } while (tile != INT_MAX && tile / FA_PT == part);
-            if (has_state) close_partition(part);
+                    for (int i = 0; i < FA_PT; i++)
+                        if (i == ti)
+#pragma unroll
+                            for (int n = 0; n < FA_KT / 8; n++)
+#pragma unroll
+                                for (int e = 0; e < 4; e++) sp[i][n][e] = sc[n][e];
+                    has |= 1u << ti;
+                }
+            } else {
+                if (!soft && has) fa_part_softmax(sp, has, m, l, rows8);
+                soft = true;
+                if (mine) {
+                    float pc[FA_KT / 8][4];
+#pragma unroll
+                    for (int i = 0; i < FA_PT; i++)
+                        if (i == ti)
+#pragma unroll
+                            for (int n = 0; n < FA_KT / 8; n++)
+#pragma unroll
+                                for (int e = 0; e < 4; e++) pc[n][e] = sp[i][n][e];
+                    tile_pv(cb, pc);
+                }
+            }
+            FA_STAMP(5 + 4 * min(it_, 8));
+            __syncthreads(); // every warp done with buf before the next iteration refills it
+            FA_STAMP(6 + 4 * min(it_, 8));
+            it_++;
+#pragma unroll
+            for (int i = 0; i < R - 1; i++) up[i] = up[i + 1];
+            up[R - 1] = nn;
+            blk_last = bn;
+            buf = (buf + 1) % R;
+            if (isv && (up[0] == INT_MAX || !(up[0] & 1))) { // the partition's last V: it closes
+                if (has) close_partition(tile / FA_PT);
+                has = 0, soft = false;
+            }
         }
     }
     asm volatile("cp.async.wait_group 0;\n" ::);

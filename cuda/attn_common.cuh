@@ -65,13 +65,10 @@ __device__ __forceinline__ void fa_cp16(void *smem, const void *gmem, bool pred)
     unsigned s = (unsigned)__cvta_generic_to_shared(smem);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(pred ? 16 : 0));
 }
-// Two probabilities as bf16 pairs: head (x rounded) and remainder (x - head, rounded).
-__device__ __forceinline__ void split_p(float x0, float x1, uint32_t &hi, uint32_t &lo) {
+// Two probabilities as a bf16 pair (P's operand of the P V MMAs), each rounded to nearest.
+__device__ __forceinline__ uint32_t pack_p(float x0, float x1) {
     __nv_bfloat162 h = __floats2bfloat162_rn(x0, x1);
-    float2 hf = __bfloat1622float2(h);
-    __nv_bfloat162 l = __floats2bfloat162_rn(x0 - hf.x, x1 - hf.y);
-    hi = *reinterpret_cast<uint32_t *>(&h);
-    lo = *reinterpret_cast<uint32_t *>(&l);
+    return *reinterpret_cast<uint32_t *>(&h);
 }
 
 // Adds a partition's softmax state (its rows' max m, full sum l, and o) to a running total (M,
@@ -161,38 +158,42 @@ __device__ __forceinline__ void fa_tile_mask(float (&sc)[FA_KT / 8][4], int tile
             }
     }
 }
-// The online softmax of a masked tile (each row's scores live in one quad of lanes): sc becomes
-// p, the rows' max m and sum l move on, corr is the factor for o. !rows8: row g + 8's p are 0 and
-// its corr 1, as its softmax would give (m and l untouched).
-__device__ __forceinline__ void fa_tile_softmax(float (&sc)[FA_KT / 8][4], float (&m)[2], float (&l)[2], float (&corr)[2],
+// The softmax of a partition (every attention kernel's, the same code, the same bits): x[i] is
+// tile i's masked scores (fa_tile_mask) on the mma accumulator layout, for the tiles with bit i
+// of `has` set (the others are not read: a tile none of the thread's rows sees adds nothing).
+// Per row h: m = the max of its scores, x becomes p = exp2(x - m), and l = this thread's sum of
+// its p in order (tile, n, e); the quad's four sums are added at the partition's close. A row
+// that sees none of the partition's keys keeps m = -inf, p = 0, l = 0 (an empty state).
+// !rows8: row g + 8 is padding (its m and l untouched, its p left as they are: never read).
+template <int NT>
+__device__ __forceinline__ void fa_part_softmax(float (&x)[NT][FA_KT / 8][4], unsigned has, float (&m)[2], float (&l)[2],
                                                 bool rows8) {
 #pragma unroll
     for (int h = 0; h < 2; h++) {
-        if (h && !rows8) {
-            corr[1] = 1.0f;
-#pragma unroll
-            for (int n = 0; n < FA_KT / 8; n++) sc[n][2] = sc[n][3] = 0.0f;
-            continue;
-        }
+        if (h && !rows8) continue;
         float mx = -INFINITY;
 #pragma unroll
-        for (int n = 0; n < FA_KT / 8; n++)
+        for (int i = 0; i < NT; i++)
+            if (has >> i & 1)
 #pragma unroll
-            for (int e = 0; e < 2; e++) mx = fmaxf(mx, sc[n][2 * h + e]);
+                for (int n = 0; n < FA_KT / 8; n++)
+#pragma unroll
+                    for (int e = 0; e < 2; e++) mx = fmaxf(mx, x[i][n][2 * h + e]);
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float mn = fmaxf(m[h], mx);
-        corr[h] = mn == -INFINITY ? 1.0f : exp2f(m[h] - mn);
         float sum = 0.0f;
 #pragma unroll
-        for (int n = 0; n < FA_KT / 8; n++)
+        for (int i = 0; i < NT; i++)
+            if (has >> i & 1)
 #pragma unroll
-            for (int e = 0; e < 2; e++) {
-                const float p = mn == -INFINITY ? 0.0f : exp2f(sc[n][2 * h + e] - mn);
-                sc[n][2 * h + e] = p;
-                sum += p;
-            }
-        l[h] = l[h] * corr[h] + sum;
-        m[h] = mn;
+                for (int n = 0; n < FA_KT / 8; n++)
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        const float p = mx == -INFINITY ? 0.0f : exp2f(x[i][n][2 * h + e] - mx);
+                        x[i][n][2 * h + e] = p;
+                        sum += p;
+                    }
+        m[h] = mx;
+        l[h] = sum;
     }
 }

@@ -34,9 +34,6 @@ template <int HD> struct pf_cfg {
     static constexpr int Q_BYTES = PF_ROWS * HD * 2;           // a consumer warpgroup's Q rows
     static constexpr int KV_BYTES = CUDA_ATTN_PART * HD * 2;   // a partition's K (or V) rows
     static constexpr int STAGES = HD == 64 ? 6 : 3;
-    // S is computed SN keys at a time: half a partition at head dim 128, where a whole one's S would
-    // not fit in registers beside the partition's O and the running total
-    static constexpr int SN = HD == 128 ? CUDA_ATTN_PART / 2 : CUDA_ATTN_PART;
     // (1024: the alignment of the swizzled tiles)
     static constexpr size_t SMEM = 1024 + (size_t)PF_WG * Q_BYTES + (size_t)STAGES * 2 * KV_BYTES + 2 * STAGES * 8 + 8;
 };
@@ -88,7 +85,7 @@ __global__ void __launch_bounds__(PF_THREADS, 1)
     pdl_wait();
 
     if (threadIdx.x < 128) { // producer: thread pt copies key row pt of each partition
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n");
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
         const int pt = threadIdx.x;
         // Q: row r of consumer warpgroup w is row r % 16 of unit 4 w + r / 16 (zeros past the unit)
         for (int i = pt; i < PF_WG * PF_ROWS * (HD / 8); i += 128) {
@@ -128,7 +125,7 @@ __global__ void __launch_bounds__(PF_THREADS, 1)
                     pk = a.k_stream, pv = a.v_stream;
                 }
                 if constexpr (F8) { // (synchronous: this warpgroup only copies) K, then V, as bf16 of the bytes
-                    // (4 chunks of 8 dims in flight: the producer runs on 56 registers)
+                    // (4 chunks of 8 dims in flight: the producer runs on 40 registers)
 #pragma unroll
                     for (int x = 0; x < 2; x++) {
                         const uint8_t *b8 = (x ? pv : pk) ? reinterpret_cast<const uint8_t *>(x ? pv : pk) + pe : NULL;
@@ -171,7 +168,7 @@ __global__ void __launch_bounds__(PF_THREADS, 1)
     }
 
     // consumers: warpgroup w, its warp wq computes unit 4 w + wq
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n");
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
     const int w = threadIdx.x / 128 - 1, wq = threadIdx.x / 32 % 4, lane = threadIdx.x % 32, g = lane / 4, qd = lane % 4;
     const int uw = 4 * w + wq, t0 = tb + uw * TPU, nt = max(0, min(TPU, row_end - t0)), nrows = nt * G;
     const int wt0 = 4 * w * TPU, wnt = max(0, min(4 * TPU, row_end - tb - wt0)); // the warpgroup's tokens
@@ -187,10 +184,9 @@ __global__ void __launch_bounds__(PF_THREADS, 1)
         vlo[h] = full ? (a.sliding_window > 0 ? i - a.sliding_window + 1 : 0) : i - a.recent + 1;
     }
     const float sl2 = a.scale * 1.4426950408889634f; // scores in log2 units: exp2f
-    constexpr int SN = C::SN, TS = SN / FA_KT; // S's keys a wgmma group, and its tiles
     float m[2], l[2], M[2] = {-INFINITY, -INFINITY}, L[2] = {0.0f, 0.0f};
-    // S of SN keys (n8 block n: keys 8n ..), O of the partition and the running total (dims 8d ..)
-    float sc[SN / 2], o[HD / 2], O[HD / 2];
+    // S of the partition (n8 block n: keys 8n ..), O of the partition and the running total (dims 8d ..)
+    float sc[P / 2], o[HD / 2], O[HD / 2];
 #pragma unroll
     for (int i = 0; i < HD / 2; i++) O[i] = 0.0f;
     mbar_wait(qbar, 0);
@@ -198,55 +194,50 @@ __global__ void __launch_bounds__(PF_THREADS, 1)
     for (int p = blk.next_part(-1); p >= 0; p = blk.next_part(p)) {
         mbar_wait(full0 + 8 * st, ph);
         if (mine.has_part(p)) { // (warpgroup-uniform)
-            for (int h = 0; h < 2; h++) m[h] = -INFINITY, l[h] = 0.0f;
+            unsigned has = 0; // the partition's tiles the warpgroup's rows see (warpgroup-uniform)
 #pragma unroll
-            for (int i = 0; i < HD / 2; i++) o[i] = 0.0f;
+            for (int i = 0; i < FA_PT; i++) has |= (unsigned)mine.has(p * FA_PT + i) << i;
+            // S = Q K^T, 64 keys a wgmma group (a half with no visible tile skipped), one wait
+            wgmma_fence();
 #pragma unroll
-            for (int hc = 0; hc < P / SN; hc++) {
-                bool any = false;
-#pragma unroll
-                for (int i = 0; i < TS; i++) any |= mine.has(p * FA_PT + hc * TS + i);
-                if (!any) continue; // (warpgroup-uniform)
-                wgmma_fence();
+            for (int hc = 0; hc < 2; hc++) {
+                if (!(has >> (2 * hc) & 3)) continue;
 #pragma unroll
                 for (int kk = 0; kk < HD / 16; kk++)
-                    wgmma_ss<SN>(sc, sw128_desc(q_at(w) + (kk / 4) * PF_ROWS * 128 + (kk % 4) * 32),
-                                 sw128_desc(k_at(st) + (kk / 4) * P * 128 + hc * SN * 128 + (kk % 4) * 32), kk > 0);
-                wgmma_commit();
-                wgmma_wait<0>();
-                wgmma_hold<SN / 2>(sc);
-#pragma unroll
-                for (int i = 0; i < TS; i++) {
-                    const int tile = p * FA_PT + hc * TS + i;
-                    if (!mine.has(tile)) continue; // (warpgroup-uniform)
-                    float *x = sc + 16 * i;        // x[4 n + e]: the flash kernel's sc[n][e] of this tile
-                    auto &xt = *reinterpret_cast<float(*)[FA_KT / 8][4]>(x);
-                    fa_tile_mask(xt, tile, qd, vhi, vlo, vse, sl2, true);
-                    float corr[2];
-                    fa_tile_softmax(xt, m, l, corr, true); // o rescaled below
-#pragma unroll
-                    for (int d = 0; d < HD / 8; d++) o[4 * d] *= corr[0], o[4 * d + 1] *= corr[0], o[4 * d + 2] *= corr[1], o[4 * d + 3] *= corr[1];
-                    // O += P V: per k16 step c, the head then the remainder of P (the flash kernel's tile_pv)
-                    uint32_t ph_[2][4], pl_[2][4];
-#pragma unroll
-                    for (int c = 0; c < FA_KT / 16; c++) {
-                        split_p(x[4 * (2 * c)], x[4 * (2 * c) + 1], ph_[c][0], pl_[c][0]);
-                        split_p(x[4 * (2 * c + 1)], x[4 * (2 * c + 1) + 1], ph_[c][2], pl_[c][2]);
-                        split_p(x[4 * (2 * c) + 2], x[4 * (2 * c) + 3], ph_[c][1], pl_[c][1]);
-                        split_p(x[4 * (2 * c + 1) + 2], x[4 * (2 * c + 1) + 3], ph_[c][3], pl_[c][3]);
-                    }
-                    wgmma_fence();
-#pragma unroll
-                    for (int c = 0; c < FA_KT / 16; c++) {
-                        const uint64_t vd = sw128_mn_desc(v_at(st) + (tile % FA_PT * FA_KT + 16 * c) * 128, P * 128);
-                        wgmma_rs_mn<HD>(o, ph_[c], vd, 1);
-                        wgmma_rs_mn<HD>(o, pl_[c], vd, 1);
-                    }
-                    wgmma_commit();
-                    wgmma_wait<0>();
-                    wgmma_hold<HD / 2>(o);
-                }
+                    wgmma_ss<64>(reinterpret_cast<float(&)[32]>(sc[32 * hc]), sw128_desc(q_at(w) + (kk / 4) * PF_ROWS * 128 + (kk % 4) * 32),
+                                 sw128_desc(k_at(st) + (kk / 4) * P * 128 + hc * 64 * 128 + (kk % 4) * 32), kk > 0);
             }
+            wgmma_commit();
+            wgmma_wait<0>();
+            wgmma_hold<P / 2>(sc);
+            // sc[16 i + 4 n + e]: tile i's sc[n][e] as the flash kernel has it; the mask, the softmax
+            auto &xp = *reinterpret_cast<float(*)[FA_PT][FA_KT / 8][4]>(sc);
+#pragma unroll
+            for (int i = 0; i < FA_PT; i++)
+                if (has >> i & 1) fa_tile_mask(xp[i], p * FA_PT + i, qd, vhi, vlo, vse, sl2, true);
+            fa_part_softmax(xp, has, m, l, true);
+            // o = P V from registers (wgmma RS, P in bf16), the tiles' k16 steps in key order
+            uint32_t pa[FA_PT][2][4];
+#pragma unroll
+            for (int i = 0; i < FA_PT; i++)
+#pragma unroll
+                for (int c = 0; c < 2; c++) {
+                    const float *x = sc + 16 * i + 8 * c; // n8 blocks 2c and 2c + 1 of tile i
+                    pa[i][c][0] = pack_p(x[0], x[1]), pa[i][c][1] = pack_p(x[2], x[3]);
+                    pa[i][c][2] = pack_p(x[4], x[5]), pa[i][c][3] = pack_p(x[6], x[7]);
+                }
+#pragma unroll
+            for (int i = 0; i < HD / 2; i++) o[i] = 0.0f;
+            wgmma_fence();
+#pragma unroll
+            for (int i = 0; i < FA_PT; i++)
+                if (has >> i & 1)
+#pragma unroll
+                    for (int c = 0; c < 2; c++)
+                        wgmma_rs_mn<HD>(o, pa[i][c], sw128_mn_desc(v_at(st) + (i * FA_KT + 16 * c) * 128, P * 128), 1);
+            wgmma_commit();
+            wgmma_wait<0>();
+            wgmma_hold<HD / 2>(o);
         }
         __syncwarp();
         if (lane == 0) mbar_arrive(empty0 + 8 * st); // this warp is done with the stage
