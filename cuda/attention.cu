@@ -170,8 +170,11 @@ __global__ void attn_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *q, const __
 // positions (tile k = positions [k FA_KT, (k + 1) FA_KT)), in order, wherever they live: the
 // paged pool (retrieval heads), the sink rows and recent ring of the streaming slot, or this
 // step's batch rows. A row's result therefore depends only on its own visible keys, never on
-// which rows share its unit or how the prompt was chunked: tiles a row cannot see add exactly
-// nothing (p = 0, correction 1). That keeps greedy outputs identical alone, batched and chunked.
+// which rows share its unit or how the prompt was chunked: keys a row cannot see add exactly
+// nothing (p = 0). That keeps greedy outputs identical alone, batched and chunked. Within a
+// partition the arithmetic is every kernel's (attn_common.cuh): S for the partition's tiles, one
+// softmax over them (fa_part_softmax), and o = P V from zero with P rounded to bf16, the keys'
+// k16 steps in order; partitions are merged in order (fa_merge_begin / fa_merge_o).
 // Invisible keys are zero-filled, never read, so stale pool rows cannot inject NaN.
 
 // FA_CLOCKS builds (profiling only; scripts/device_pack.sh makes one): thread 0 of block (0, 0, 0)
@@ -221,10 +224,10 @@ __device__ __forceinline__ void fa_mma(float *c, const uint32_t *a, uint32_t b0,
 // DEC (decode steps: every sequence one token, so a block has one unit), with head dims 64 or 128
 // (PV takes output tiles in pairs): the block's warps share the unit ("cooperative"), a partition
 // at a time. Its FA_PT == FA_WARPS tiles load at once; warp w computes the scores of tile w and
-// puts them in shared memory; every warp then runs the partition's softmax tile by tile (the same
-// bits in each) and sums P V for its HDP / 8 / FA_WARPS output tiles only. Each value is computed
-// exactly as a lone warp computes it (the same bits as prefill), the scores of four tiles at once
-// and without a barrier between tiles. One copy of Q.
+// puts them in shared memory; every warp then runs the partition's softmax (the same bits in
+// each) and sums P V for its HDP / 8 / FA_WARPS output tiles only. Each value is computed
+// exactly as a lone warp computes it (the same bits as prefill), the scores of four tiles at
+// once. One copy of Q.
 template <int HDP, bool DEC> struct fa_cfg {
     static constexpr bool COOP = DEC && FA_PT == FA_WARPS && (HDP / 8) % (2 * FA_WARPS) == 0;
     static constexpr int OT = COOP ? HDP / 8 / FA_WARPS : HDP / 8; // output n8 tiles of a warp
@@ -736,8 +739,8 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
         vlo[h] = full ? (a.sliding_window > 0 ? i - a.sliding_window + 1 : 0) : i - a.recent + 1;
     }
     // decode: rows 8-15 are all padding (a token of a GQA group up to 8): their softmax is
-    // skipped, giving what it would (p = 0, correction 1, m and l untouched). (Prefill keeps one
-    // straight-line tile body.)
+    // skipped, giving what it would (p = 0, m and l untouched). (Prefill keeps one straight-line
+    // tile body.)
     const bool rows8 = !DEC || nrows > 8;
     const float sl2 = a.scale * 1.4426950408889634f; // scores in log2 units: exp2f
     // the partition being summed (m, l: this thread's part of the row sum; o) and the total

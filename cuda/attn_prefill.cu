@@ -7,15 +7,14 @@
 // step's batch rows, as the flash kernel's load_tile) into a ring of stages in the 128-byte
 // swizzled layout wgmma reads, each thread's copies arriving on the stage's mbarrier; and two
 // consumer warpgroups of 64 rows (4 units) each. For each partition a consumer warpgroup
-// computes S = Q K^T (wgmma m64nNk16, the head dim in k16 steps in order; N: all 128 keys at
-// head dim 64, 64 at a time at 128; a half with no visible tile skipped), then walks S's 32-key
-// tiles in order: the mask and the online softmax of the flash kernel (the same code on the
-// same accumulator layout: a warp's rows 16w + g and + 8, columns 8n + 2q and + 1), then P V
-// from registers (wgmma RS, P as a bf16 head and its remainder, each k16 step head then
-// remainder, in key order) with V from shared memory as an MN-major operand.
+// computes S = Q K^T (wgmma m64n64k16 on each half of the partition's 128 keys, the head dim in
+// k16 steps in order; a half with no visible tile skipped), the mask of each 32-key tile and the
+// partition's softmax (the flash kernel's code on the same accumulator layout: a warp's rows
+// 16w + g and + 8, columns 8n + 2q and + 1), then o = P V from registers (wgmma RS, P in bf16,
+// the k16 steps in key order) with V from shared memory as an MN-major operand, one wait.
 // A closed partition's state is merged into the running total (in registers) with the flash
 // kernel's roundings. Every sum is the flash kernel's, in its order, so a row's bits are those
-// of the flash kernel (prefill or decode); tiles a warp's rows cannot see add exactly nothing.
+// of the flash kernel (prefill or decode); keys a warp's rows cannot see add exactly nothing.
 #include <cuda_bf16.h>
 #include <limits.h>
 #include <stdint.h>
