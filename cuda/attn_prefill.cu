@@ -28,13 +28,16 @@
 #define PF_WG 2                        // consumer warpgroups a block
 #define PF_THREADS (128 * (PF_WG + 1)) // and the producer's
 #define PF_ROWS 64                     // query rows a consumer warpgroup: 4 units
+#ifndef PF_PP // (experiment: the consumer warpgroups' MMAs in turns)
+#define PF_PP 0
+#endif
 
 template <int HD> struct pf_cfg {
     static constexpr int Q_BYTES = PF_ROWS * HD * 2;           // a consumer warpgroup's Q rows
     static constexpr int KV_BYTES = CUDA_ATTN_PART * HD * 2;   // a partition's K (or V) rows
     static constexpr int STAGES = HD == 64 ? 6 : 3;
     // (1024: the alignment of the swizzled tiles)
-    static constexpr size_t SMEM = 1024 + (size_t)PF_WG * Q_BYTES + (size_t)STAGES * 2 * KV_BYTES + 2 * STAGES * 8 + 8;
+    static constexpr size_t SMEM = 1024 + (size_t)PF_WG * Q_BYTES + (size_t)STAGES * 2 * KV_BYTES + 2 * STAGES * 8 + 3 * 8;
 };
 
 // a 16-byte copy into shared memory at a 32-bit shared address (zeros when !pred)
@@ -61,7 +64,7 @@ __global__ void __launch_bounds__(PF_THREADS, 1)
     auto q_at = [&](int w) { return base + w * C::Q_BYTES; };
     auto k_at = [&](int s) { return base + PF_WG * C::Q_BYTES + s * C::KV_BYTES; };
     auto v_at = [&](int s) { return base + PF_WG * C::Q_BYTES + (ST + s) * C::KV_BYTES; };
-    const uint32_t full0 = base + PF_WG * C::Q_BYTES + 2 * ST * C::KV_BYTES, empty0 = full0 + 8 * ST, qbar = empty0 + 8 * ST;
+    const uint32_t full0 = base + PF_WG * C::Q_BYTES + 2 * ST * C::KV_BYTES, empty0 = full0 + 8 * ST, qbar = empty0 + 8 * ST, tok0 = qbar + 8;
 
     const int G = a.n_heads / a.n_kv_heads, TPU = G >= 16 ? 1 : 16 / G;
     const int CT = TPU * 4 * PF_WG; // tokens a block
@@ -78,6 +81,7 @@ __global__ void __launch_bounds__(PF_THREADS, 1)
     if (threadIdx.x == 0) {
         for (int i = 0; i < ST; i++) mbar_init(full0 + 8 * i, 128), mbar_init(empty0 + 8 * i, 4 * PF_WG);
         mbar_init(qbar, 128);
+        mbar_init(tok0, 4), mbar_init(tok0 + 8, 4);
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
@@ -190,13 +194,31 @@ __global__ void __launch_bounds__(PF_THREADS, 1)
     for (int i = 0; i < HD / 2; i++) O[i] = 0.0f;
     mbar_wait(qbar, 0);
     int st = 0, ph = 0;
+    // PF_PP: the two consumer warpgroups take turns issuing their MMAs (mbarriers tok0 + 8 w: warpgroup
+    // w waits on its own, then hands the turn to the other once its group is issued), so that one's
+    // softmax runs beside the other's MMAs; every partition of the block's walk takes two turns in
+    // each warpgroup (none issued where it has no rows), warpgroup 1 handing the first turn over.
+    // (P is packed to bf16 after the turn is taken: packed before the wait, it cost ~500 bytes of spills.)
+    int pph = 0; // the phase of this warpgroup's turn barrier (tok0 + 8 w: one arrival a warp of the other)
+    auto pp_take = [&]() {
+        if constexpr (PF_PP) mbar_wait(tok0 + 8 * w, pph), pph ^= 1;
+    };
+    auto pp_give = [&]() {
+        if constexpr (PF_PP) {
+            __syncwarp();
+            if (lane == 0) mbar_arrive(tok0 + 8 * (1 - w));
+        }
+    };
+    if (w == 1) pp_give();
     for (int p = blk.next_part(-1); p >= 0; p = blk.next_part(p)) {
         mbar_wait(full0 + 8 * st, ph);
-        if (mine.has_part(p)) { // (warpgroup-uniform)
-            unsigned has = 0; // the partition's tiles the warpgroup's rows see (warpgroup-uniform)
+        const bool mp = mine.has_part(p); // (warpgroup-uniform)
+        unsigned has = 0; // the partition's tiles the warpgroup's rows see (warpgroup-uniform)
 #pragma unroll
-            for (int i = 0; i < FA_PT; i++) has |= (unsigned)mine.has(p * FA_PT + i) << i;
-            // S = Q K^T, 64 keys a wgmma group (a half with no visible tile skipped), one wait
+        for (int i = 0; i < FA_PT; i++) has |= (unsigned)mine.has(p * FA_PT + i) << i;
+        // S = Q K^T, 64 keys a wgmma group (a half with no visible tile skipped), one wait
+        pp_take();
+        if (mp) {
             wgmma_fence();
 #pragma unroll
             for (int hc = 0; hc < 2; hc++) {
@@ -207,6 +229,10 @@ __global__ void __launch_bounds__(PF_THREADS, 1)
                                  sw128_desc(k_at(st) + (kk / 4) * P * 128 + hc * 64 * 128 + (kk % 4) * 32), kk > 0);
             }
             wgmma_commit();
+        }
+        pp_give();
+        uint32_t pa[FA_PT][2][4];
+        if (mp) {
             wgmma_wait<0>();
             wgmma_hold<P / 2>(sc);
             // sc[16 i + 4 n + e]: tile i's sc[n][e] as the flash kernel has it; the mask, the softmax
@@ -215,8 +241,10 @@ __global__ void __launch_bounds__(PF_THREADS, 1)
             for (int i = 0; i < FA_PT; i++)
                 if (has >> i & 1) fa_tile_mask(xp[i], p * FA_PT + i, qd, vhi, vlo, vse, sl2, true);
             fa_part_softmax(xp, has, m, l, true);
+        }
+        pp_take();
+        if (mp) {
             // o = P V from registers (wgmma RS, P in bf16), the tiles' k16 steps in key order
-            uint32_t pa[FA_PT][2][4];
 #pragma unroll
             for (int i = 0; i < FA_PT; i++)
 #pragma unroll
@@ -235,12 +263,15 @@ __global__ void __launch_bounds__(PF_THREADS, 1)
                     for (int c = 0; c < 2; c++)
                         wgmma_rs_mn<HD>(o, pa[i][c], sw128_mn_desc(v_at(st) + (i * FA_KT + 16 * c) * 128, P * 128), 1);
             wgmma_commit();
+        }
+        if (w == 0 || blk.next_part(p) >= 0) pp_give(); // (warpgroup 0 takes no turn after the last)
+        if (mp) {
             wgmma_wait<0>();
             wgmma_hold<HD / 2>(o);
         }
         __syncwarp();
         if (lane == 0) mbar_arrive(empty0 + 8 * st); // this warp is done with the stage
-        if (mine.has_part(p)) { // the partition closed: its state into the total (the flash kernel's close_partition)
+        if (mp) { // the partition closed: its state into the total (the flash kernel's close_partition)
 #pragma unroll
             for (int h = 0; h < 2; h++) {
                 float lf = l[h] + __shfl_xor_sync(0xffffffffu, l[h], 1);
