@@ -31,6 +31,9 @@
 #ifndef PF_PP // (experiment: the consumer warpgroups' MMAs in turns)
 #define PF_PP 0
 #endif
+#ifndef PF_OV // (experiment: the next partition's S issued beside this one's P V)
+#define PF_OV 0
+#endif
 
 template <int HD> struct pf_cfg {
     static constexpr int Q_BYTES = PF_ROWS * HD * 2;           // a consumer warpgroup's Q rows
@@ -194,6 +197,115 @@ __global__ void __launch_bounds__(PF_THREADS, 1)
     for (int i = 0; i < HD / 2; i++) O[i] = 0.0f;
     mbar_wait(qbar, 0);
     int st = 0, ph = 0;
+    // the steps of a partition p in stage buffer sb, its tiles `has` (the ones the warpgroup's rows see)
+    auto tiles_of = [&](int p) {
+        unsigned has = 0;
+#pragma unroll
+        for (int i = 0; i < FA_PT; i++) has |= (unsigned)mine.has(p * FA_PT + i) << i;
+        return has;
+    };
+    // S = Q K^T of half hc (64 keys a wgmma group; a half with no visible tile skipped)
+    auto issue_s = [&](int hc, int sb, unsigned has) {
+        if (!(has >> (2 * hc) & 3)) return;
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; kk++)
+            wgmma_ss<64>(reinterpret_cast<float(&)[32]>(sc[32 * hc]), sw128_desc(q_at(w) + (kk / 4) * PF_ROWS * 128 + (kk % 4) * 32),
+                         sw128_desc(k_at(sb) + (kk / 4) * P * 128 + hc * 64 * 128 + (kk % 4) * 32), kk > 0);
+    };
+    // sc[16 i + 4 n + e]: tile i's sc[n][e] as the flash kernel has it; the mask, the softmax
+    auto softmax = [&](int p, unsigned has) {
+        auto &xp = *reinterpret_cast<float(*)[FA_PT][FA_KT / 8][4]>(sc);
+#pragma unroll
+        for (int i = 0; i < FA_PT; i++)
+            if (has >> i & 1) fa_tile_mask(xp[i], p * FA_PT + i, qd, vhi, vlo, vse, sl2, true);
+        fa_part_softmax(xp, has, m, l, true);
+    };
+    // P in bf16 as wgmma's A fragments: n8 blocks 2c and 2c + 1 of tile i
+    auto pack = [&](uint32_t (&pa)[FA_PT][2][4]) {
+#pragma unroll
+        for (int i = 0; i < FA_PT; i++)
+#pragma unroll
+            for (int c = 0; c < 2; c++) {
+                const float *x = sc + 16 * i + 8 * c;
+                pa[i][c][0] = pack_p(x[0], x[1]), pa[i][c][1] = pack_p(x[2], x[3]);
+                pa[i][c][2] = pack_p(x[4], x[5]), pa[i][c][3] = pack_p(x[6], x[7]);
+            }
+    };
+    // o = P V from registers (wgmma RS), the tiles' k16 steps in key order, V an MN-major operand
+    auto issue_pv = [&](int sb, unsigned has, const uint32_t (&pa)[FA_PT][2][4]) {
+#pragma unroll
+        for (int i = 0; i < HD / 2; i++) o[i] = 0.0f;
+        wgmma_fence();
+#pragma unroll
+        for (int i = 0; i < FA_PT; i++)
+            if (has >> i & 1)
+#pragma unroll
+                for (int c = 0; c < 2; c++)
+                    wgmma_rs_mn<HD>(o, pa[i][c], sw128_mn_desc(v_at(sb) + (i * FA_KT + 16 * c) * 128, P * 128), 1);
+    };
+    // the partition closed: its state into the total (the flash kernel's close_partition)
+    auto merge = [&]() {
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            float lf = l[h] + __shfl_xor_sync(0xffffffffu, l[h], 1);
+            lf += __shfl_xor_sync(0xffffffffu, lf, 2);
+            float ca, cb;
+            if (fa_merge_begin(M[h], L[h], m[h], lf, ca, cb))
+#pragma unroll
+                for (int d = 0; d < HD / 8; d++)
+#pragma unroll
+                    for (int e = 2 * h; e < 2 * h + 2; e++)
+                        O[4 * d + e] = fa_merge_o(O[4 * d + e], o[4 * d + e], ca, cb);
+        }
+    };
+    auto release = [&](int sb) { // this warp is done with stage sb
+        __syncwarp();
+        if (lane == 0) mbar_arrive(empty0 + 8 * sb);
+    };
+    if constexpr (PF_OV) {
+        // PF_OV: the first half of the next partition's S is issued while this one's P V runs (its
+        // registers are free once P is packed); the second half when that partition's turn comes
+        int p = blk.next_part(-1);
+        unsigned has = 0;
+        bool mp = false;
+        if (p >= 0) {
+            mbar_wait(full0, 0);
+            mp = mine.has_part(p), has = tiles_of(p);
+            wgmma_fence();
+            if (mp) issue_s(0, 0, has);
+            wgmma_commit();
+        }
+        while (p >= 0) {
+            uint32_t pa[FA_PT][2][4];
+            if (mp) {
+                wgmma_fence();
+                issue_s(1, st, has);
+                wgmma_commit();
+                wgmma_wait<0>();
+                wgmma_hold<P / 2>(sc);
+                softmax(p, has);
+                pack(pa);
+                issue_pv(st, has, pa);
+            }
+            wgmma_commit();
+            const int pn = blk.next_part(p);
+            int sn = st + 1, phn = ph;
+            if (sn == ST) sn = 0, phn ^= 1;
+            unsigned hasn = 0;
+            bool mpn = false;
+            if (pn >= 0) {
+                mbar_wait(full0 + 8 * sn, phn);
+                mpn = mine.has_part(pn), hasn = tiles_of(pn);
+                if (mpn) issue_s(0, sn, hasn);
+            }
+            wgmma_commit();
+            wgmma_wait<1>(); // this partition's P V (the next S half may run on)
+            wgmma_hold<HD / 2>(o);
+            release(st);
+            if (mp) merge();
+            p = pn, st = sn, ph = phn, has = hasn, mp = mpn;
+        }
+    } else {
     // PF_PP: the two consumer warpgroups take turns issuing their MMAs (mbarriers tok0 + 8 w: warpgroup
     // w waits on its own, then hands the turn to the other once its group is issued), so that one's
     // softmax runs beside the other's MMAs; every partition of the block's walk takes two turns in
@@ -213,55 +325,25 @@ __global__ void __launch_bounds__(PF_THREADS, 1)
     for (int p = blk.next_part(-1); p >= 0; p = blk.next_part(p)) {
         mbar_wait(full0 + 8 * st, ph);
         const bool mp = mine.has_part(p); // (warpgroup-uniform)
-        unsigned has = 0; // the partition's tiles the warpgroup's rows see (warpgroup-uniform)
-#pragma unroll
-        for (int i = 0; i < FA_PT; i++) has |= (unsigned)mine.has(p * FA_PT + i) << i;
-        // S = Q K^T, 64 keys a wgmma group (a half with no visible tile skipped), one wait
+        const unsigned has = tiles_of(p);
         pp_take();
         if (mp) {
             wgmma_fence();
-#pragma unroll
-            for (int hc = 0; hc < 2; hc++) {
-                if (!(has >> (2 * hc) & 3)) continue;
-#pragma unroll
-                for (int kk = 0; kk < HD / 16; kk++)
-                    wgmma_ss<64>(reinterpret_cast<float(&)[32]>(sc[32 * hc]), sw128_desc(q_at(w) + (kk / 4) * PF_ROWS * 128 + (kk % 4) * 32),
-                                 sw128_desc(k_at(st) + (kk / 4) * P * 128 + hc * 64 * 128 + (kk % 4) * 32), kk > 0);
-            }
+            issue_s(0, st, has);
+            issue_s(1, st, has);
             wgmma_commit();
         }
         pp_give();
-        uint32_t pa[FA_PT][2][4];
         if (mp) {
             wgmma_wait<0>();
             wgmma_hold<P / 2>(sc);
-            // sc[16 i + 4 n + e]: tile i's sc[n][e] as the flash kernel has it; the mask, the softmax
-            auto &xp = *reinterpret_cast<float(*)[FA_PT][FA_KT / 8][4]>(sc);
-#pragma unroll
-            for (int i = 0; i < FA_PT; i++)
-                if (has >> i & 1) fa_tile_mask(xp[i], p * FA_PT + i, qd, vhi, vlo, vse, sl2, true);
-            fa_part_softmax(xp, has, m, l, true);
+            softmax(p, has);
         }
         pp_take();
         if (mp) {
-            // o = P V from registers (wgmma RS, P in bf16), the tiles' k16 steps in key order
-#pragma unroll
-            for (int i = 0; i < FA_PT; i++)
-#pragma unroll
-                for (int c = 0; c < 2; c++) {
-                    const float *x = sc + 16 * i + 8 * c; // n8 blocks 2c and 2c + 1 of tile i
-                    pa[i][c][0] = pack_p(x[0], x[1]), pa[i][c][1] = pack_p(x[2], x[3]);
-                    pa[i][c][2] = pack_p(x[4], x[5]), pa[i][c][3] = pack_p(x[6], x[7]);
-                }
-#pragma unroll
-            for (int i = 0; i < HD / 2; i++) o[i] = 0.0f;
-            wgmma_fence();
-#pragma unroll
-            for (int i = 0; i < FA_PT; i++)
-                if (has >> i & 1)
-#pragma unroll
-                    for (int c = 0; c < 2; c++)
-                        wgmma_rs_mn<HD>(o, pa[i][c], sw128_mn_desc(v_at(st) + (i * FA_KT + 16 * c) * 128, P * 128), 1);
+            uint32_t pa[FA_PT][2][4];
+            pack(pa);
+            issue_pv(st, has, pa);
             wgmma_commit();
         }
         if (w == 0 || blk.next_part(p) >= 0) pp_give(); // (warpgroup 0 takes no turn after the last)
@@ -269,23 +351,10 @@ __global__ void __launch_bounds__(PF_THREADS, 1)
             wgmma_wait<0>();
             wgmma_hold<HD / 2>(o);
         }
-        __syncwarp();
-        if (lane == 0) mbar_arrive(empty0 + 8 * st); // this warp is done with the stage
-        if (mp) { // the partition closed: its state into the total (the flash kernel's close_partition)
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                float lf = l[h] + __shfl_xor_sync(0xffffffffu, l[h], 1);
-                lf += __shfl_xor_sync(0xffffffffu, lf, 2);
-                float ca, cb;
-                if (fa_merge_begin(M[h], L[h], m[h], lf, ca, cb))
-#pragma unroll
-                    for (int d = 0; d < HD / 8; d++)
-#pragma unroll
-                        for (int e = 2 * h; e < 2 * h + 2; e++)
-                            O[4 * d + e] = fa_merge_o(O[4 * d + e], o[4 * d + e], ca, cb);
-            }
-        }
+        release(st);
+        if (mp) merge();
         if (++st == ST) st = 0, ph ^= 1;
+    }
     }
     // out = O / L
     for (int h = 0; h < 2; h++) {
