@@ -704,7 +704,7 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
         for (int i = tid; i < 4 * nn; i += 32 * FA_WARPS) {
             const int rr = i / 4, q = i % 4;
             const bool isv = rr >= nk;
-            __nv_bfloat16 *row = (isv ? sv : sk) + (size_t)(r0 + (isv ? rr - nk : rr)) * LD;
+            __nv_bfloat16 *row = (isv ? sv : sk) + (ptrdiff_t)(r0 + (isv ? rr - nk : rr)) * LD; // (r0 < 0 for a V item of the ring: sv - ..)
             const uint2 *src = reinterpret_cast<const uint2 *>(reinterpret_cast<const uint8_t *>(row) + F8_OFF);
             uint2 w[CH];
 #pragma unroll

@@ -28,19 +28,13 @@
 #define PF_WG 2                        // consumer warpgroups a block
 #define PF_THREADS (128 * (PF_WG + 1)) // and the producer's
 #define PF_ROWS 64                     // query rows a consumer warpgroup: 4 units
-#ifndef PF_PP // (experiment: the consumer warpgroups' MMAs in turns)
-#define PF_PP 0
-#endif
-#ifndef PF_OV // (experiment: the next partition's S issued beside this one's P V)
-#define PF_OV 0
-#endif
 
 template <int HD> struct pf_cfg {
     static constexpr int Q_BYTES = PF_ROWS * HD * 2;           // a consumer warpgroup's Q rows
     static constexpr int KV_BYTES = CUDA_ATTN_PART * HD * 2;   // a partition's K (or V) rows
     static constexpr int STAGES = HD == 64 ? 6 : 3;
     // (1024: the alignment of the swizzled tiles)
-    static constexpr size_t SMEM = 1024 + (size_t)PF_WG * Q_BYTES + (size_t)STAGES * 2 * KV_BYTES + 2 * STAGES * 8 + 3 * 8;
+    static constexpr size_t SMEM = 1024 + (size_t)PF_WG * Q_BYTES + (size_t)STAGES * 2 * KV_BYTES + 2 * STAGES * 8 + 8;
 };
 
 // a 16-byte copy into shared memory at a 32-bit shared address (zeros when !pred)
@@ -67,7 +61,7 @@ __global__ void __launch_bounds__(PF_THREADS, 1)
     auto q_at = [&](int w) { return base + w * C::Q_BYTES; };
     auto k_at = [&](int s) { return base + PF_WG * C::Q_BYTES + s * C::KV_BYTES; };
     auto v_at = [&](int s) { return base + PF_WG * C::Q_BYTES + (ST + s) * C::KV_BYTES; };
-    const uint32_t full0 = base + PF_WG * C::Q_BYTES + 2 * ST * C::KV_BYTES, empty0 = full0 + 8 * ST, qbar = empty0 + 8 * ST, tok0 = qbar + 8;
+    const uint32_t full0 = base + PF_WG * C::Q_BYTES + 2 * ST * C::KV_BYTES, empty0 = full0 + 8 * ST, qbar = empty0 + 8 * ST;
 
     const int G = a.n_heads / a.n_kv_heads, TPU = G >= 16 ? 1 : 16 / G;
     const int CT = TPU * 4 * PF_WG; // tokens a block
@@ -84,7 +78,6 @@ __global__ void __launch_bounds__(PF_THREADS, 1)
     if (threadIdx.x == 0) {
         for (int i = 0; i < ST; i++) mbar_init(full0 + 8 * i, 128), mbar_init(empty0 + 8 * i, 4 * PF_WG);
         mbar_init(qbar, 128);
-        mbar_init(tok0, 4), mbar_init(tok0 + 8, 4);
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
@@ -109,11 +102,13 @@ __global__ void __launch_bounds__(PF_THREADS, 1)
         for (int p = blk.next_part(-1); p >= 0; p = blk.next_part(p)) {
             mbar_wait(empty0 + 8 * st, ph ^ 1);
             const int j = p * P + pt;
-            if (blk.has(j / FA_KT)) { // (the flash kernel's load_tile; invisible rows zero)
+            { // (the flash kernel's load_tile; invisible rows zero, and the tiles outside the walk: the
+              // consumers' MMAs run on every tile of a partition, P = 0 on those, and 0 x stale could be NaN)
                 const __nv_bfloat16 *kp = NULL, *vp = NULL; // bf16 rows (the step's own rows with fp8)
                 const __nv_bfloat16 *pk = NULL, *pv = NULL; // or a pool's, from element pe
                 size_t pe = 0;
-                if (full) {
+                if (!blk.has(j / FA_KT)) {
+                } else if (full) {
                     if (j <= pos_last) {
                         const int bi = fdiv(j, a.bs_div);
                         pe = full_pool_row(a, a.block_ids[bbase + bi], j - bi * a.block_size, kvh) * HD;
@@ -131,7 +126,7 @@ __global__ void __launch_bounds__(PF_THREADS, 1)
                     pk = a.k_stream, pv = a.v_stream;
                 }
                 if constexpr (F8) { // (synchronous: this warpgroup only copies) K, then V, as bf16 of the bytes
-                    // (4 chunks of 8 dims in flight: the producer runs on 40 registers)
+                    // (4 chunks of 8 dims in flight: the producer runs on 40 registers: fp8 spills 16 bytes)
 #pragma unroll
                     for (int x = 0; x < 2; x++) {
                         const uint8_t *b8 = (x ? pv : pk) ? reinterpret_cast<const uint8_t *>(x ? pv : pk) + pe : NULL;
@@ -197,28 +192,22 @@ __global__ void __launch_bounds__(PF_THREADS, 1)
     for (int i = 0; i < HD / 2; i++) O[i] = 0.0f;
     mbar_wait(qbar, 0);
     int st = 0, ph = 0;
-    // the steps of a partition p in stage buffer sb, its tiles `has` (the ones the warpgroup's rows see)
-    auto tiles_of = [&](int p) {
-        unsigned has = 0;
-#pragma unroll
-        for (int i = 0; i < FA_PT; i++) has |= (unsigned)mine.has(p * FA_PT + i) << i;
-        return has;
-    };
-    // S = Q K^T of half hc (64 keys a wgmma group; a half with no visible tile skipped)
-    auto issue_s = [&](int hc, int sb, unsigned has) {
-        if (!(has >> (2 * hc) & 3)) return;
+    // the steps of a partition p in stage buffer sb
+    // S = Q K^T of half hc (64 keys a wgmma group). Every wgmma of a group runs, whatever the tiles
+    // the rows see: one issued on a branch inside a group makes ptxas serialize every wgmma (C7520)
+    auto issue_s = [&](int hc, int sb) {
 #pragma unroll
         for (int kk = 0; kk < HD / 16; kk++)
             wgmma_ss<64>(reinterpret_cast<float(&)[32]>(sc[32 * hc]), sw128_desc(q_at(w) + (kk / 4) * PF_ROWS * 128 + (kk % 4) * 32),
                          sw128_desc(k_at(sb) + (kk / 4) * P * 128 + hc * 64 * 128 + (kk % 4) * 32), kk > 0);
     };
-    // sc[16 i + 4 n + e]: tile i's sc[n][e] as the flash kernel has it; the mask, the softmax
-    auto softmax = [&](int p, unsigned has) {
+    // sc[16 i + 4 n + e]: tile i's sc[n][e] as the flash kernel has it; the mask and the softmax, on
+    // every tile (one the rows cannot see is all -inf: p = 0, the same bits as a kernel that skips it)
+    auto softmax = [&](int p) {
         auto &xp = *reinterpret_cast<float(*)[FA_PT][FA_KT / 8][4]>(sc);
 #pragma unroll
-        for (int i = 0; i < FA_PT; i++)
-            if (has >> i & 1) fa_tile_mask(xp[i], p * FA_PT + i, qd, vhi, vlo, vse, sl2, true);
-        fa_part_softmax(xp, has, m, l, true);
+        for (int i = 0; i < FA_PT; i++) fa_tile_mask(xp[i], p * FA_PT + i, qd, vhi, vlo, vse, sl2, true);
+        fa_part_softmax(xp, (1u << FA_PT) - 1, m, l, true);
     };
     // P in bf16 as wgmma's A fragments: n8 blocks 2c and 2c + 1 of tile i
     auto pack = [&](uint32_t (&pa)[FA_PT][2][4]) {
@@ -232,16 +221,15 @@ __global__ void __launch_bounds__(PF_THREADS, 1)
             }
     };
     // o = P V from registers (wgmma RS), the tiles' k16 steps in key order, V an MN-major operand
-    auto issue_pv = [&](int sb, unsigned has, const uint32_t (&pa)[FA_PT][2][4]) {
+    auto issue_pv = [&](int sb, const uint32_t (&pa)[FA_PT][2][4]) {
 #pragma unroll
         for (int i = 0; i < HD / 2; i++) o[i] = 0.0f;
         wgmma_fence();
 #pragma unroll
         for (int i = 0; i < FA_PT; i++)
-            if (has >> i & 1)
 #pragma unroll
-                for (int c = 0; c < 2; c++)
-                    wgmma_rs_mn<HD>(o, pa[i][c], sw128_mn_desc(v_at(sb) + (i * FA_KT + 16 * c) * 128, P * 128), 1);
+            for (int c = 0; c < 2; c++)
+                wgmma_rs_mn<HD>(o, pa[i][c], sw128_mn_desc(v_at(sb) + (i * FA_KT + 16 * c) * 128, P * 128), 1);
     };
     // the partition closed: its state into the total (the flash kernel's close_partition)
     auto merge = [&]() {
@@ -262,99 +250,26 @@ __global__ void __launch_bounds__(PF_THREADS, 1)
         __syncwarp();
         if (lane == 0) mbar_arrive(empty0 + 8 * sb);
     };
-    if constexpr (PF_OV) {
-        // PF_OV: the first half of the next partition's S is issued while this one's P V runs (its
-        // registers are free once P is packed); the second half when that partition's turn comes
-        int p = blk.next_part(-1);
-        unsigned has = 0;
-        bool mp = false;
-        if (p >= 0) {
-            mbar_wait(full0, 0);
-            mp = mine.has_part(p), has = tiles_of(p);
-            wgmma_fence();
-            if (mp) issue_s(0, 0, has);
-            wgmma_commit();
-        }
-        while (p >= 0) {
-            uint32_t pa[FA_PT][2][4];
-            if (mp) {
-                wgmma_fence();
-                issue_s(1, st, has);
-                wgmma_commit();
-                wgmma_wait<0>();
-                wgmma_hold<P / 2>(sc);
-                softmax(p, has);
-                pack(pa);
-                issue_pv(st, has, pa);
-            }
-            wgmma_commit();
-            const int pn = blk.next_part(p);
-            int sn = st + 1, phn = ph;
-            if (sn == ST) sn = 0, phn ^= 1;
-            unsigned hasn = 0;
-            bool mpn = false;
-            if (pn >= 0) {
-                mbar_wait(full0 + 8 * sn, phn);
-                mpn = mine.has_part(pn), hasn = tiles_of(pn);
-                if (mpn) issue_s(0, sn, hasn);
-            }
-            wgmma_commit();
-            wgmma_wait<1>(); // this partition's P V (the next S half may run on)
-            wgmma_hold<HD / 2>(o);
-            release(st);
-            if (mp) merge();
-            p = pn, st = sn, ph = phn, has = hasn, mp = mpn;
-        }
-    } else {
-    // PF_PP: the two consumer warpgroups take turns issuing their MMAs (mbarriers tok0 + 8 w: warpgroup
-    // w waits on its own, then hands the turn to the other once its group is issued), so that one's
-    // softmax runs beside the other's MMAs; every partition of the block's walk takes two turns in
-    // each warpgroup (none issued where it has no rows), warpgroup 1 handing the first turn over.
-    // (P is packed to bf16 after the turn is taken: packed before the wait, it cost ~500 bytes of spills.)
-    int pph = 0; // the phase of this warpgroup's turn barrier (tok0 + 8 w: one arrival a warp of the other)
-    auto pp_take = [&]() {
-        if constexpr (PF_PP) mbar_wait(tok0 + 8 * w, pph), pph ^= 1;
-    };
-    auto pp_give = [&]() {
-        if constexpr (PF_PP) {
-            __syncwarp();
-            if (lane == 0) mbar_arrive(tok0 + 8 * (1 - w));
-        }
-    };
-    if (w == 1) pp_give();
     for (int p = blk.next_part(-1); p >= 0; p = blk.next_part(p)) {
         mbar_wait(full0 + 8 * st, ph);
-        const bool mp = mine.has_part(p); // (warpgroup-uniform)
-        const unsigned has = tiles_of(p);
-        pp_take();
-        if (mp) {
+        if (mine.has_part(p)) { // (warpgroup-uniform; each group whole inside the branch)
             wgmma_fence();
-            issue_s(0, st, has);
-            issue_s(1, st, has);
+            issue_s(0, st);
+            issue_s(1, st);
             wgmma_commit();
-        }
-        pp_give();
-        if (mp) {
             wgmma_wait<0>();
             wgmma_hold<P / 2>(sc);
-            softmax(p, has);
-        }
-        pp_take();
-        if (mp) {
+            softmax(p);
             uint32_t pa[FA_PT][2][4];
             pack(pa);
-            issue_pv(st, has, pa);
+            issue_pv(st, pa);
             wgmma_commit();
-        }
-        if (w == 0 || blk.next_part(p) >= 0) pp_give(); // (warpgroup 0 takes no turn after the last)
-        if (mp) {
             wgmma_wait<0>();
             wgmma_hold<HD / 2>(o);
         }
         release(st);
-        if (mp) merge();
+        if (mine.has_part(p)) merge();
         if (++st == ST) st = 0, ph ^= 1;
-    }
     }
     // out = O / L
     for (int h = 0; h < 2; h++) {
