@@ -999,6 +999,18 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
         float sp[FA_PT][FA_KT / 8][4]; // the partition's masked scores, then its p (tiles in `has`)
         unsigned has = 0;
         bool soft = false; // its softmax done
+        auto sp_tile = [&](float (&t)[FA_KT / 8][4], int ti, bool into) { // t into sp[ti], or out of it (static indices)
+#pragma unroll
+            for (int i = 0; i < FA_PT; i++)
+                if (i == ti)
+#pragma unroll
+                    for (int n = 0; n < FA_KT / 8; n++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++) {
+                            if (into) sp[i][n][e] = t[n][e];
+                            else t[n][e] = sp[i][n][e];
+                        }
+        };
         for (int it = up[0]; it != INT_MAX; it = up[0]) {
             FA_STAMP(3 + 4 * min(it_, 8));
             load_item((buf + R - 1) % R, up[R - 1], blk_last);
@@ -1022,13 +1034,7 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
                     float sc[FA_KT / 8][4];
                     tile_scores(cb, sc);
                     tile_mask(tile, sc);
-#pragma unroll
-                    for (int i = 0; i < FA_PT; i++)
-                        if (i == ti)
-#pragma unroll
-                            for (int n = 0; n < FA_KT / 8; n++)
-#pragma unroll
-                                for (int e = 0; e < 4; e++) sp[i][n][e] = sc[n][e];
+                    sp_tile(sc, ti, true);
                     has |= 1u << ti;
                 }
             } else {
@@ -1036,13 +1042,7 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
                 soft = true;
                 if (mine) {
                     float pc[FA_KT / 8][4];
-#pragma unroll
-                    for (int i = 0; i < FA_PT; i++)
-                        if (i == ti)
-#pragma unroll
-                            for (int n = 0; n < FA_KT / 8; n++)
-#pragma unroll
-                                for (int e = 0; e < 4; e++) pc[n][e] = sp[i][n][e];
+                    sp_tile(pc, ti, false);
                     tile_pv(cb, pc);
                 }
             }
