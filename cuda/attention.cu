@@ -789,26 +789,37 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
     };
     // the mask, and the scores in log2 units (an invisible key: -inf)
     auto tile_mask = [&](int tile, float (&sc)[FA_KT / 8][4]) { fa_tile_mask(sc, tile, qd, vhi, vlo, vse, sl2, rows8); };
-    // o += P V for one tile of the partition: P (the tile's probabilities, each rounded to bf16)
-    // straight from the score registers as the A operand, the tile's keys in k16 steps in order
+    // o += P V for one tile of the partition: P straight from the score registers as the A operand,
+    // split into a bf16 head and a bf16 remainder (two MMAs): P keeps ~16 bits, close to the f32
+    // reference (P in bf16 alone parted stories260k's greedy ids from the golden file at token 185)
     auto tile_pv = [&](const __nv_bfloat16 *cv, const float (&sc)[FA_KT / 8][4]) {
 #pragma unroll
         for (int c = 0; c < FA_KT / 16; c++) {
-            uint32_t pa[4];
-            pa[0] = pack_p(sc[2 * c][0], sc[2 * c][1]);
-            pa[2] = pack_p(sc[2 * c + 1][0], sc[2 * c + 1][1]);
-            pa[1] = rows8 ? pack_p(sc[2 * c][2], sc[2 * c][3]) : 0u; // (padding rows: p = 0)
-            pa[3] = rows8 ? pack_p(sc[2 * c + 1][2], sc[2 * c + 1][3]) : 0u;
-            // every V fragment of the 16 keys first, then the MMAs of this warp's output tiles
-            // d0 .. d0 + OT - 1 (pairs dd of them a fragment)
+            uint32_t ph[4], pl[4];
+            split_p(sc[2 * c][0], sc[2 * c][1], ph[0], pl[0]);
+            split_p(sc[2 * c + 1][0], sc[2 * c + 1][1], ph[2], pl[2]);
+            if (rows8) {
+                split_p(sc[2 * c][2], sc[2 * c][3], ph[1], pl[1]);
+                split_p(sc[2 * c + 1][2], sc[2 * c + 1][3], ph[3], pl[3]);
+            } else {
+                ph[1] = pl[1] = ph[3] = pl[3] = 0u; // split_p(0, 0)
+            }
+            // every V fragment of the 16 keys first, then the head MMAs of this warp's output
+            // tiles d0 .. d0 + OT - 1 (pairs dd of them a fragment), then the remainder's (per
+            // output still head then remainder, c in order)
             uint32_t b[OT / 2][4]; // keys c*16 + lane%16, dims (d0/2 + dd)*16 + (lane/16)*8, transposed
 #pragma unroll
             for (int dd = 0; dd < OT / 2; dd++)
                 fa_ldsm_x4_t(b[dd], cv + (c * 16 + lane % 16) * LD + (d0 / 2 + dd) * 16 + (lane / 16) * 8);
 #pragma unroll
             for (int dd = 0; dd < OT / 2; dd++) {
-                fa_mma(o[2 * dd], pa, b[dd][0], b[dd][1]);
-                fa_mma(o[2 * dd + 1], pa, b[dd][2], b[dd][3]);
+                fa_mma(o[2 * dd], ph, b[dd][0], b[dd][1]);
+                fa_mma(o[2 * dd + 1], ph, b[dd][2], b[dd][3]);
+            }
+#pragma unroll
+            for (int dd = 0; dd < OT / 2; dd++) {
+                fa_mma(o[2 * dd], pl, b[dd][0], b[dd][1]);
+                fa_mma(o[2 * dd + 1], pl, b[dd][2], b[dd][3]);
             }
         }
     };

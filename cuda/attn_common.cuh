@@ -65,10 +65,13 @@ __device__ __forceinline__ void fa_cp16(void *smem, const void *gmem, bool pred)
     unsigned s = (unsigned)__cvta_generic_to_shared(smem);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(pred ? 16 : 0));
 }
-// Two probabilities as a bf16 pair (P's operand of the P V MMAs), each rounded to nearest.
-__device__ __forceinline__ uint32_t pack_p(float x0, float x1) {
+// Two probabilities as bf16 pairs: head (x rounded) and remainder (x - head, rounded).
+__device__ __forceinline__ void split_p(float x0, float x1, uint32_t &hi, uint32_t &lo) {
     __nv_bfloat162 h = __floats2bfloat162_rn(x0, x1);
-    return *reinterpret_cast<uint32_t *>(&h);
+    float2 hf = __bfloat1622float2(h);
+    __nv_bfloat162 l = __floats2bfloat162_rn(x0 - hf.x, x1 - hf.y);
+    hi = *reinterpret_cast<uint32_t *>(&h);
+    lo = *reinterpret_cast<uint32_t *>(&l);
 }
 
 // Adds a partition's softmax state (its rows' max m, full sum l, and o) to a running total (M,

@@ -209,27 +209,40 @@ __global__ void __launch_bounds__(PF_THREADS, 1)
         for (int i = 0; i < FA_PT; i++) fa_tile_mask(xp[i], p * FA_PT + i, qd, vhi, vlo, vse, sl2, true);
         fa_part_softmax(xp, (1u << FA_PT) - 1, m, l, true);
     };
-    // P in bf16 as wgmma's A fragments: n8 blocks 2c and 2c + 1 of tile i
-    auto pack = [&](uint32_t (&pa)[FA_PT][2][4]) {
-#pragma unroll
-        for (int i = 0; i < FA_PT; i++)
-#pragma unroll
-            for (int c = 0; c < 2; c++) {
-                const float *x = sc + 16 * i + 8 * c;
-                pa[i][c][0] = pack_p(x[0], x[1]), pa[i][c][1] = pack_p(x[2], x[3]);
-                pa[i][c][2] = pack_p(x[4], x[5]), pa[i][c][3] = pack_p(x[6], x[7]);
-            }
-    };
-    // o = P V from registers (wgmma RS), the tiles' k16 steps in key order, V an MN-major operand
-    auto issue_pv = [&](int sb, const uint32_t (&pa)[FA_PT][2][4]) {
+    // o = P V from registers (wgmma RS), P as its bf16 head and remainder (split_p), each k16 step the
+    // head then the remainder, the steps in key order, V an MN-major operand. Two groups of two
+    // tiles, P's fragments of one group at a time (32 registers, not 64: all of them spilled)
+    auto pv = [&](int sb) {
+        uint32_t ph[2][2][4], pl[2][2][4]; // [tile of the group][k16 step c]
 #pragma unroll
         for (int i = 0; i < HD / 2; i++) o[i] = 0.0f;
-        wgmma_fence();
 #pragma unroll
-        for (int i = 0; i < FA_PT; i++)
+        for (int gi = 0; gi < FA_PT / 2; gi++) {
+            if (gi) { // the first group done; the second's p pinned after the wait (else packed early)
+                wgmma_wait<0>();
+                wgmma_hold<32>(reinterpret_cast<float(&)[32]>(sc[32 * gi]));
+            }
 #pragma unroll
-            for (int c = 0; c < 2; c++)
-                wgmma_rs_mn<HD>(o, pa[i][c], sw128_mn_desc(v_at(sb) + (i * FA_KT + 16 * c) * 128, P * 128), 1);
+            for (int t = 0; t < 2; t++)
+#pragma unroll
+                for (int c = 0; c < 2; c++) { // n8 blocks 2c and 2c + 1 of tile 2 gi + t
+                    const float *x = sc + 16 * (2 * gi + t) + 8 * c;
+                    uint32_t(&h)[4] = ph[t][c], (&r)[4] = pl[t][c];
+                    split_p(x[0], x[1], h[0], r[0]), split_p(x[2], x[3], h[1], r[1]);
+                    split_p(x[4], x[5], h[2], r[2]), split_p(x[6], x[7], h[3], r[3]);
+                }
+            wgmma_fence();
+#pragma unroll
+            for (int t = 0; t < 2; t++)
+#pragma unroll
+                for (int c = 0; c < 2; c++) {
+                    const uint64_t vd = sw128_mn_desc(v_at(sb) + ((2 * gi + t) * FA_KT + 16 * c) * 128, P * 128);
+                    wgmma_rs_mn<HD>(o, ph[t][c], vd, 1);
+                    wgmma_rs_mn<HD>(o, pl[t][c], vd, 1);
+                }
+            wgmma_commit();
+        }
+        wgmma_wait<0>();
     };
     // the partition closed: its state into the total (the flash kernel's close_partition)
     auto merge = [&]() {
@@ -260,11 +273,7 @@ __global__ void __launch_bounds__(PF_THREADS, 1)
             wgmma_wait<0>();
             wgmma_hold<P / 2>(sc);
             softmax(p);
-            uint32_t pa[FA_PT][2][4];
-            pack(pa);
-            issue_pv(st, pa);
-            wgmma_commit();
-            wgmma_wait<0>();
+            pv(st);
             wgmma_hold<HD / 2>(o);
         }
         release(st);
