@@ -78,9 +78,13 @@ $(BUILD)/%.o: %.c $(FLAGS_STAMP)
 	@mkdir -p $(@D)
 	$(CC) $(DUO_CFLAGS) $(CFLAGS) -c -o $@ $<
 
+# ptxas's messages are shown and checked: wgmma serialized by ptxas (C7515/C7518/C7520: e.g. a wgmma
+# issued on a branch inside its group) fails the build, since it silently costs a kernel its speed
 $(BUILD)/cuda/%.o: cuda/%.cu
 	@mkdir -p $(@D)
-	$(NVCC) $(NVCCFLAGS) -MMD -MP -c -o $@ $<
+	$(NVCC) $(NVCCFLAGS) -MMD -MP -c -o $@ $< 2> $@.msg || { cat $@.msg >&2; exit 1; }
+	@cat $@.msg >&2; if grep -q 'instructions are serialized' $@.msg; then \
+	    echo "$<: ptxas serialized wgmma instructions (see above)" >&2; rm -f $@; exit 1; fi
 
 $(BUILD)/tests/%: tests/%.c $(BUILD)/libduoserve.a
 	@mkdir -p $(@D)
