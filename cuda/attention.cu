@@ -173,8 +173,8 @@ __global__ void attn_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *q, const __
 // which rows share its unit or how the prompt was chunked: keys a row cannot see add exactly
 // nothing (p = 0). That keeps greedy outputs identical alone, batched and chunked. Within a
 // partition the arithmetic is every kernel's (attn_common.cuh): S for the partition's tiles, one
-// softmax over them (fa_part_softmax), and o = P V from zero with P rounded to bf16, the keys'
-// k16 steps in order; partitions are merged in order (fa_merge_begin / fa_merge_o).
+// softmax over them (fa_part_softmax), and o = P V from zero with P as its bf16 head and
+// remainder (split_p), the keys' k16 steps in order; partitions are merged in order (fa_merge_begin / fa_merge_o).
 // Invisible keys are zero-filled, never read, so stale pool rows cannot inject NaN.
 
 // FA_CLOCKS builds (profiling only; scripts/device_pack.sh makes one): thread 0 of block (0, 0, 0)

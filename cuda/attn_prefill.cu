@@ -8,10 +8,11 @@
 // swizzled layout wgmma reads, each thread's copies arriving on the stage's mbarrier; and two
 // consumer warpgroups of 64 rows (4 units) each. For each partition a consumer warpgroup
 // computes S = Q K^T (wgmma m64n64k16 on each half of the partition's 128 keys, the head dim in
-// k16 steps in order; a half with no visible tile skipped), the mask of each 32-key tile and the
+// k16 steps in order; every wgmma of a group issued), the mask of each 32-key tile and the
 // partition's softmax (the flash kernel's code on the same accumulator layout: a warp's rows
-// 16w + g and + 8, columns 8n + 2q and + 1), then o = P V from registers (wgmma RS, P in bf16,
-// the k16 steps in key order) with V from shared memory as an MN-major operand, one wait.
+// 16w + g and + 8, columns 8n + 2q and + 1), then o = P V from registers (wgmma RS, P as its bf16
+// head and remainder, the k16 steps in key order) with V from shared memory as an MN-major
+// operand, in two groups of two tiles.
 // A closed partition's state is merged into the running total (in registers) with the flash
 // kernel's roundings. Every sum is the flash kernel's, in its order, so a row's bits are those
 // of the flash kernel (prefill or decode); keys a warp's rows cannot see add exactly nothing.
