@@ -203,10 +203,8 @@ __global__ void __launch_bounds__(PF_THREADS, 1)
             for (int i = 0; i < HD / 2; i++) o[i] = 0.0f;
 #pragma unroll
             for (int hc = 0; hc < P / SN; hc++) {
-                bool any = false;
-#pragma unroll
-                for (int i = 0; i < TS; i++) any |= mine.has(p * FA_PT + hc * TS + i);
-                if (!any) continue; // (warpgroup-uniform)
+                const int th = p * FA_PT + hc * TS; // the half's first tile
+                if (!mine.has_tiles(th, th + TS - 1)) continue; // (warpgroup-uniform)
                 wgmma_fence();
 #pragma unroll
                 for (int kk = 0; kk < HD / 16; kk++)
