@@ -47,10 +47,11 @@ struct fa_range {
     }
     __device__ void none() { lo0 = lo1 = 1, hi0 = hi1 = 0; }
     __device__ bool has(int t) const { return (t >= lo0 && t <= hi0) || (t >= lo1 && t <= hi1); }
-    __device__ bool has_part(int p) const {
-        const int t0 = p * FA_PT, t1 = t0 + FA_PT - 1;
+    // whether any of tiles t0 .. t1 is in the range
+    __device__ bool has_tiles(int t0, int t1) const {
         return max(t0, lo0) <= min(t1, hi0) || max(t0, lo1) <= min(t1, hi1); // (an empty range has none)
     }
+    __device__ bool has_part(int p) const { return has_tiles(p * FA_PT, p * FA_PT + FA_PT - 1); }
     // the next partition after p (-1: from the start) with a tile in the range, or -1
     __device__ int next_part(int p) const {
         int t = (p + 1) * FA_PT;
