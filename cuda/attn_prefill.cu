@@ -29,6 +29,12 @@
 #define PF_WG 2                        // consumer warpgroups a block
 #define PF_THREADS (128 * (PF_WG + 1)) // and the producer's
 #define PF_ROWS 64                     // query rows a consumer warpgroup: 4 units
+#ifndef PF_PP
+#define PF_PP 0
+#endif
+#ifndef PF_GC
+#define PF_GC 0
+#endif
 
 template <int HD> struct pf_cfg {
     static constexpr int Q_BYTES = PF_ROWS * HD * 2;           // a consumer warpgroup's Q rows
@@ -67,7 +73,11 @@ __global__ void __launch_bounds__(PF_THREADS, 1)
     const int G = a.n_heads / a.n_kv_heads, TPU = G >= 16 ? 1 : 16 / G;
     const int CT = TPU * 4 * PF_WG; // tokens a block
     // the last tokens (the longest contexts) first
+#if PF_GC // (experiment, one sequence a step only: prefillbench) a block a CT tokens, no empty blocks
+    const int tb = (int)(gridDim.x - 1 - blockIdx.x) * CT, kvh = (int)blockIdx.y;
+#else
     const int tb = (int)(gridDim.x - 1 - blockIdx.x), kvh = (int)blockIdx.y;
+#endif
     const int s = a.tok_seq[tb], row0 = a.seq_start[s], row_end = a.seq_start[s + 1];
     if ((tb - row0) % CT) return; // not the first token of a block's units
     const bool full = kvh < a.n_full;
@@ -187,8 +197,8 @@ __global__ void __launch_bounds__(PF_THREADS, 1)
     }
     const float sl2 = a.scale * 1.4426950408889634f; // scores in log2 units: exp2f
     float m[2], l[2], M[2] = {-INFINITY, -INFINITY}, L[2] = {0.0f, 0.0f};
-    // S of the partition (n8 block n: keys 8n ..), O of the partition and the running total (dims 8d ..)
-    float sc[P / 2], o[HD / 2], O[HD / 2];
+    // S of the partition (n8 block n: keys 8n ..) and the running total (dims 8d ..)
+    float sc[P / 2], O[HD / 2];
 #pragma unroll
     for (int i = 0; i < HD / 2; i++) O[i] = 0.0f;
     mbar_wait(qbar, 0);
@@ -210,75 +220,110 @@ __global__ void __launch_bounds__(PF_THREADS, 1)
         for (int i = 0; i < FA_PT; i++) fa_tile_mask(xp[i], p * FA_PT + i, qd, vhi, vlo, vse, sl2, true);
         fa_part_softmax(xp, (1u << FA_PT) - 1, m, l, true);
     };
-    // o = P V from registers (wgmma RS), P as its bf16 head and remainder (split_p), each k16 step the
-    // head then the remainder, the steps in key order, V an MN-major operand. Two groups of two
-    // tiles, P's fragments of one group at a time (32 registers, not 64: all of them spilled)
-    auto pv = [&](int sb) {
-        uint32_t ph[2][2][4], pl[2][2][4]; // [tile of the group][k16 step c]
-#pragma unroll
-        for (int i = 0; i < HD / 2; i++) o[i] = 0.0f;
-#pragma unroll
-        for (int gi = 0; gi < FA_PT / 2; gi++) {
-            if (gi) { // the first group done; the second's p pinned after the wait (else packed early)
-                wgmma_wait<0>();
-                wgmma_hold<32>(reinterpret_cast<float(&)[32]>(sc[32 * gi]));
-            }
-#pragma unroll
-            for (int t = 0; t < 2; t++)
-#pragma unroll
-                for (int c = 0; c < 2; c++) { // n8 blocks 2c and 2c + 1 of tile 2 gi + t
-                    const float *x = sc + 16 * (2 * gi + t) + 8 * c;
-                    uint32_t(&h)[4] = ph[t][c], (&r)[4] = pl[t][c];
-                    split_p(x[0], x[1], h[0], r[0]), split_p(x[2], x[3], h[1], r[1]);
-                    split_p(x[4], x[5], h[2], r[2]), split_p(x[6], x[7], h[3], r[3]);
-                }
-            wgmma_fence();
-#pragma unroll
-            for (int t = 0; t < 2; t++)
-#pragma unroll
-                for (int c = 0; c < 2; c++) {
-                    const uint64_t vd = sw128_mn_desc(v_at(sb) + ((2 * gi + t) * FA_KT + 16 * c) * 128, P * 128);
-                    wgmma_rs_mn<HD>(o, ph[t][c], vd, 1);
-                    wgmma_rs_mn<HD>(o, pl[t][c], vd, 1);
-                }
-            wgmma_commit();
-        }
-        wgmma_wait<0>();
-    };
-    // the partition closed: its state into the total (the flash kernel's close_partition)
-    auto merge = [&]() {
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            float lf = l[h] + __shfl_xor_sync(0xffffffffu, l[h], 1);
-            lf += __shfl_xor_sync(0xffffffffu, lf, 2);
-            float ca, cb;
-            if (fa_merge_begin(M[h], L[h], m[h], lf, ca, cb))
-#pragma unroll
-                for (int d = 0; d < HD / 8; d++)
-#pragma unroll
-                    for (int e = 2 * h; e < 2 * h + 2; e++)
-                        O[4 * d + e] = fa_merge_o(O[4 * d + e], o[4 * d + e], ca, cb);
-        }
-    };
     auto release = [&](int sb) { // this warp is done with stage sb
         __syncwarp();
         if (lane == 0) mbar_arrive(empty0 + 8 * sb);
     };
+    // P V and the merge of the closed partition into the running total (the flash kernel's
+    // close_partition and its roundings), by 64 head dims at a time: o[hb] = P V of dims 64 hb ..
+    // from registers (wgmma RS m64n64k16, P as its bf16 head and remainder (split_p), each k16 step
+    // the head then the remainder, the steps in key order, V an MN-major operand), a group each,
+    // each merged as soon as its group is done (P, o and O fit beside each other without spilling)
+    uint32_t phi[FA_PT][2][4], plo[FA_PT][2][4]; // [tile][k16 step c]
+    float ca[2], cb[2];
+    bool mg[2];
+    auto pv_begin = [&]() { // P split, and the merge's factors (the row's sum over the quad)
+#pragma unroll
+        for (int t = 0; t < FA_PT; t++)
+#pragma unroll
+            for (int c = 0; c < 2; c++) { // n8 blocks 2c and 2c + 1 of tile t
+                const float *x = sc + 16 * t + 8 * c;
+                uint32_t(&h)[4] = phi[t][c], (&r)[4] = plo[t][c];
+                split_p(x[0], x[1], h[0], r[0]), split_p(x[2], x[3], h[1], r[1]);
+                split_p(x[4], x[5], h[2], r[2]), split_p(x[6], x[7], h[3], r[3]);
+            }
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            float lf = l[h] + __shfl_xor_sync(0xffffffffu, l[h], 1);
+            lf += __shfl_xor_sync(0xffffffffu, lf, 2);
+            mg[h] = fa_merge_begin(M[h], L[h], m[h], lf, ca[h], cb[h]);
+        }
+    };
+    float o[HD / 64][32];
+    auto pv_issue = [&](int sb) {
+#pragma unroll
+        for (int hb = 0; hb < HD / 64; hb++) {
+#pragma unroll
+            for (int i = 0; i < 32; i++) o[hb][i] = 0.0f;
+            wgmma_fence();
+#pragma unroll
+            for (int t = 0; t < FA_PT; t++)
+#pragma unroll
+                for (int c = 0; c < 2; c++) {
+                    const uint64_t vd = sw128_mn_desc(v_at(sb) + hb * P * 128 + (t * FA_KT + 16 * c) * 128, P * 128);
+                    wgmma_rs_mn<64>(o[hb], phi[t][c], vd, 1);
+                    wgmma_rs_mn<64>(o[hb], plo[t][c], vd, 1);
+                }
+            wgmma_commit();
+        }
+    };
+    auto pv_merge = [&](int hb) {
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+            if (mg[h])
+#pragma unroll
+                for (int d = 0; d < 8; d++)
+#pragma unroll
+                    for (int e = 2 * h; e < 2 * h + 2; e++)
+                        O[4 * (8 * hb + d) + e] = fa_merge_o(O[4 * (8 * hb + d) + e], o[hb][4 * d + e], ca[h], cb[h]);
+    };
+    auto pv_finish = [&](int sb) { // (the waits unconditional, each before its o is read)
+        if constexpr (HD == 128) {
+            wgmma_wait<1>();
+            wgmma_hold<32>(o[0]);
+            pv_merge(0);
+        }
+        wgmma_wait<0>();
+        wgmma_hold<32>(o[HD / 64 - 1]);
+        release(sb);
+        pv_merge(HD / 64 - 1);
+    };
+#if PF_PP
+    // PF_PP (experiment): the two consumer warpgroups issue their MMAs in turns (named barriers 1
+    // and 2: a warpgroup waits on its own and passes to the other's), so that one's softmax runs
+    // beside the other's MMAs; the turns are taken on every partition, the MMAs inside only where
+    // the rows see the partition
+    auto turn_wait = [&]() { asm volatile("bar.sync %0, 256;\n" ::"r"(1 + w) : "memory"); };
+    auto turn_pass = [&]() { asm volatile("bar.arrive %0, 256;\n" ::"r"(2 - w) : "memory"); };
+    if (w == 1) turn_pass();
+#else
+    auto turn_wait = [&]() {};
+    auto turn_pass = [&]() {};
+#endif
     for (int p = blk.next_part(-1); p >= 0; p = blk.next_part(p)) {
         mbar_wait(full0 + 8 * st, ph);
-        if (mine.has_part(p)) { // (warpgroup-uniform; each group whole inside the branch)
+        // (warpgroup-uniform; each group whole inside a branch. PF_PP: every partition of the walk,
+        // a group issued and waited for across the turns on a branch makes ptxas serialize: C7518)
+        const bool has = PF_PP || mine.has_part(p);
+        turn_wait();
+        if (has) {
             wgmma_fence();
             issue_s(0, st);
             issue_s(1, st);
             wgmma_commit();
+        }
+        turn_pass();
+        if (has) {
             wgmma_wait<0>();
             wgmma_hold<P / 2>(sc);
             softmax(p);
-            pv(st);
-            wgmma_hold<HD / 2>(o);
+            pv_begin();
         }
-        release(st);
-        if (mine.has_part(p)) merge();
+        turn_wait();
+        if (has) pv_issue(st);
+        turn_pass();
+        if (has) pv_finish(st);
+        else release(st);
         if (++st == ST) st = 0, ph ^= 1;
     }
     // out = O / L
@@ -310,7 +355,12 @@ bool fa_prefill_wg_takes(const struct cuda_attn_args &a) {
 
 int fa_prefill_wg(__nv_bfloat16 *out, const __nv_bfloat16 *q, const __nv_bfloat16 *kb, const __nv_bfloat16 *vb, int rs,
                   const struct cuda_attn_args &a, int n_tokens, cudaStream_t st) {
+#if PF_GC
+    const int G = a.n_heads / a.n_kv_heads, CT = (G >= 16 ? 1 : 16 / G) * 4 * PF_WG;
+    const dim3 grid((n_tokens + CT - 1) / CT, a.n_kv_heads), T(PF_THREADS);
+#else
     const dim3 grid(n_tokens, a.n_kv_heads), T(PF_THREADS);
+#endif
     static_assert(pf_cfg<128>::SMEM <= 232448 && pf_cfg<64>::SMEM <= 232448, "shared memory");
     const bool f8 = a.kv_fp8 != 0;
     if (a.head_dim == 64)
