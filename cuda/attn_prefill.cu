@@ -29,12 +29,6 @@
 #define PF_WG 2                        // consumer warpgroups a block
 #define PF_THREADS (128 * (PF_WG + 1)) // and the producer's
 #define PF_ROWS 64                     // query rows a consumer warpgroup: 4 units
-#ifndef PF_PP
-#define PF_PP 0
-#endif
-#ifndef PF_GC
-#define PF_GC 0
-#endif
 
 template <int HD> struct pf_cfg {
     static constexpr int Q_BYTES = PF_ROWS * HD * 2;           // a consumer warpgroup's Q rows
@@ -73,11 +67,7 @@ __global__ void __launch_bounds__(PF_THREADS, 1)
     const int G = a.n_heads / a.n_kv_heads, TPU = G >= 16 ? 1 : 16 / G;
     const int CT = TPU * 4 * PF_WG; // tokens a block
     // the last tokens (the longest contexts) first
-#if PF_GC // (experiment, one sequence a step only: prefillbench) a block a CT tokens, no empty blocks
-    const int tb = (int)(gridDim.x - 1 - blockIdx.x) * CT, kvh = (int)blockIdx.y;
-#else
     const int tb = (int)(gridDim.x - 1 - blockIdx.x), kvh = (int)blockIdx.y;
-#endif
     const int s = a.tok_seq[tb], row0 = a.seq_start[s], row_end = a.seq_start[s + 1];
     if ((tb - row0) % CT) return; // not the first token of a block's units
     const bool full = kvh < a.n_full;
@@ -288,42 +278,22 @@ __global__ void __launch_bounds__(PF_THREADS, 1)
         release(sb);
         pv_merge(HD / 64 - 1);
     };
-#if PF_PP
-    // PF_PP (experiment): the two consumer warpgroups issue their MMAs in turns (named barriers 1
-    // and 2: a warpgroup waits on its own and passes to the other's), so that one's softmax runs
-    // beside the other's MMAs; the turns are taken on every partition, the MMAs inside only where
-    // the rows see the partition
-    auto turn_wait = [&]() { asm volatile("bar.sync %0, 256;\n" ::"r"(1 + w) : "memory"); };
-    auto turn_pass = [&]() { asm volatile("bar.arrive %0, 256;\n" ::"r"(2 - w) : "memory"); };
-    if (w == 1) turn_pass();
-#else
-    auto turn_wait = [&]() {};
-    auto turn_pass = [&]() {};
-#endif
     for (int p = blk.next_part(-1); p >= 0; p = blk.next_part(p)) {
         mbar_wait(full0 + 8 * st, ph);
-        // (warpgroup-uniform; each group whole inside a branch. PF_PP: every partition of the walk,
-        // a group issued and waited for across the turns on a branch makes ptxas serialize: C7518)
-        const bool has = PF_PP || mine.has_part(p);
-        turn_wait();
-        if (has) {
+        if (mine.has_part(p)) { // (warpgroup-uniform; each group whole inside the branch)
             wgmma_fence();
             issue_s(0, st);
             issue_s(1, st);
             wgmma_commit();
-        }
-        turn_pass();
-        if (has) {
             wgmma_wait<0>();
             wgmma_hold<P / 2>(sc);
             softmax(p);
             pv_begin();
+            pv_issue(st);
+            pv_finish(st);
+        } else {
+            release(st);
         }
-        turn_wait();
-        if (has) pv_issue(st);
-        turn_pass();
-        if (has) pv_finish(st);
-        else release(st);
         if (++st == ST) st = 0, ph ^= 1;
     }
     // out = O / L
@@ -355,12 +325,7 @@ bool fa_prefill_wg_takes(const struct cuda_attn_args &a) {
 
 int fa_prefill_wg(__nv_bfloat16 *out, const __nv_bfloat16 *q, const __nv_bfloat16 *kb, const __nv_bfloat16 *vb, int rs,
                   const struct cuda_attn_args &a, int n_tokens, cudaStream_t st) {
-#if PF_GC
-    const int G = a.n_heads / a.n_kv_heads, CT = (G >= 16 ? 1 : 16 / G) * 4 * PF_WG;
-    const dim3 grid((n_tokens + CT - 1) / CT, a.n_kv_heads), T(PF_THREADS);
-#else
     const dim3 grid(n_tokens, a.n_kv_heads), T(PF_THREADS);
-#endif
     static_assert(pf_cfg<128>::SMEM <= 232448 && pf_cfg<64>::SMEM <= 232448, "shared memory");
     const bool f8 = a.kv_fp8 != 0;
     if (a.head_dim == 64)
