@@ -787,8 +787,8 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
                 for (int n = 0; n < FA_KT / 8; n++) fa_mma(sc[n], qa[k + 1], b[n][2], b[n][3]);
         }
     };
-    // the mask, and the scores in log2 units (an invisible key: -inf)
-    auto tile_mask = [&](int tile, float (&sc)[FA_KT / 8][4]) { fa_tile_mask(sc, tile, qd, vhi, vlo, vse, sl2, rows8); };
+    // the mask (an invisible key: -inf)
+    auto tile_mask = [&](int tile, float (&sc)[FA_KT / 8][4]) { fa_tile_mask(sc, tile, qd, vhi, vlo, vse, rows8); };
     // o += P V for one tile of the partition: P straight from the score registers as the A operand,
     // split into a bf16 head and a bf16 remainder (two MMAs): P keeps ~16 bits, close to the f32
     // reference (P in bf16 alone parted stories260k's greedy ids from the golden file at token 185)
@@ -953,7 +953,7 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
                         sp[i][n][e] = e < 2 || rows8 ? xs[((i * (FA_KT / 8) + n) * 4 + e) * 32] : 0.0f;
                 tile_mask(p * FA_PT + i, sp[i]);
             }
-            fa_part_softmax(sp, has, m, l, rows8);
+            fa_part_softmax(sp, has, m, l, rows8, sl2);
 #pragma unroll
             for (int i = 0; i < FA_PT; i++)
                 if (has >> i & 1) tile_pv(sv + i * FA_KT * LD, sp[i]);
@@ -1049,7 +1049,7 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
                     has |= 1u << ti;
                 }
             } else {
-                if (!soft && has) fa_part_softmax(sp, has, m, l, rows8);
+                if (!soft && has) fa_part_softmax(sp, has, m, l, rows8, sl2);
                 soft = true;
                 if (mine) {
                     float pc[FA_KT / 8][4];

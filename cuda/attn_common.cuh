@@ -76,8 +76,8 @@ __device__ __forceinline__ void split_p(float x0, float x1, uint32_t &hi, uint32
 }
 
 // Adds a partition's softmax state (its rows' max m, full sum l, and o) to a running total (M,
-// L, O). Every rounding is explicit (no contraction), so the flash kernel, which merges in
-// registers, and fa_merge_kernel, which merges states from memory, compute the same bits. An
+// L, O). Every rounding is explicit (O: one fma of O ca and the rounded o cb), so the flash kernel,
+// which merges in registers, and fa_merge_kernel, which merges states from memory, compute the same bits. An
 // empty partition (m = -inf: the row sees none of its keys) adds nothing at all.
 __device__ __forceinline__ bool fa_merge_begin(float &M, float &L, float m, float l, float &ca, float &cb) {
     if (m == -INFINITY) return false;
@@ -89,7 +89,7 @@ __device__ __forceinline__ bool fa_merge_begin(float &M, float &L, float m, floa
     return true;
 }
 __device__ __forceinline__ float fa_merge_o(float O, float o, float ca, float cb) {
-    return __fadd_rn(__fmul_rn(O, ca), __fmul_rn(o, cb));
+    return __fmaf_rn(O, ca, __fmul_rn(o, cb));
 }
 
 // The fp8 KV cache's element (cuda_attn_args.kv_fp8): e4m3 of x / scale, nearest even, saturating
@@ -143,12 +143,13 @@ __device__ __forceinline__ void kv_put(__nv_bfloat16 *pool, size_t e, __nv_bfloa
 }
 
 // A 32-key tile's scores on the mma accumulator layout (this thread's rows g and g + 8, h = 0 and 1;
-// keys 8n + 2 qd + e), as every attention kernel sums them (the same code, the same bits):
-// the mask, and the scores in log2 units: row h sees key j iff j <= vhi[h] and (j >= vlo[h] or
-// j < vse), an invisible key -inf (evaluated without branches: the && / || form compiled into
-// divergent branches that cost ~900 cycles a tile). !rows8: row g + 8 is padding (left as is).
+// keys 8n + 2 qd + e), as every attention kernel masks them (the same code, the same bits): row h
+// sees key j iff j <= vhi[h] and (j >= vlo[h] or j < vse), an invisible key -inf (evaluated without
+// branches: the && / || form compiled into divergent branches that cost ~900 cycles a tile); the
+// visible ones are left as they are (fa_part_softmax scales them). !rows8: row g + 8 is padding
+// (left as is).
 __device__ __forceinline__ void fa_tile_mask(float (&sc)[FA_KT / 8][4], int tile, int qd, const int (&vhi)[2],
-                                             const int (&vlo)[2], int vse, float sl2, bool rows8) {
+                                             const int (&vlo)[2], int vse, bool rows8) {
 #pragma unroll
     for (int h = 0; h < 2; h++) {
         if (h && !rows8) continue;
@@ -158,20 +159,29 @@ __device__ __forceinline__ void fa_tile_mask(float (&sc)[FA_KT / 8][4], int tile
             for (int e = 0; e < 2; e++) {
                 const int j = tile * FA_KT + n * 8 + 2 * qd + e;
                 const bool vis = (j <= vhi[h]) & ((j >= vlo[h]) | (j < vse)); // no branches
-                sc[n][2 * h + e] = vis ? sc[n][2 * h + e] * sl2 : -INFINITY;
+                sc[n][2 * h + e] = vis ? sc[n][2 * h + e] : -INFINITY;
             }
     }
 }
+// 2^x, flushing a result below 2^-126 to 0 (one MUFU.EX2; exp2f adds three instructions for the
+// subnormal range)
+__device__ __forceinline__ float fa_ex2(float x) {
+    float r;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+    return r;
+}
 // The softmax of a partition (every attention kernel's, the same code, the same bits): x[i] is
-// tile i's masked scores (fa_tile_mask) on the mma accumulator layout, for the tiles with bit i
-// of `has` set (the others are not read: a tile none of the thread's rows sees adds nothing).
-// Per row h: m = the max of its scores, x becomes p = exp2(x - m), and l = this thread's sum of
-// its p in order (tile, n, e); the quad's four sums are added at the partition's close. A row
-// that sees none of the partition's keys keeps m = -inf, p = 0, l = 0 (an empty state).
+// tile i's masked scores (fa_tile_mask, or unmasked where every key is visible) on the mma
+// accumulator layout, for the tiles with bit i of `has` set (the others are not read: a tile none
+// of the thread's rows sees adds nothing). Per row h, in log2 units (sl2: the scale times log2 e):
+// m = sl2 times the max of its scores (the max of the scaled scores: rounding is monotonic), x
+// becomes p = 2^(x sl2 - m) (one fma, fa_ex2), and l = this thread's sum of its p in order (tile,
+// n, e); the quad's four sums are added at the partition's close. A row that sees none of the
+// partition's keys keeps m = -inf, p = 0, l = 0 (an empty state).
 // !rows8: row g + 8 is padding (its m and l untouched, its p left as they are: never read).
 template <int NT>
 __device__ __forceinline__ void fa_part_softmax(float (&x)[NT][FA_KT / 8][4], unsigned has, float (&m)[2], float (&l)[2],
-                                                bool rows8) {
+                                                bool rows8, float sl2) {
 #pragma unroll
     for (int h = 0; h < 2; h++) {
         if (h && !rows8) continue;
@@ -185,6 +195,7 @@ __device__ __forceinline__ void fa_part_softmax(float (&x)[NT][FA_KT / 8][4], un
                     for (int e = 0; e < 2; e++) mx = fmaxf(mx, x[i][n][2 * h + e]);
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float ms = __fmul_rn(mx, sl2), mr = mx == -INFINITY ? 0.0f : ms; // (-inf - -inf would be NaN)
         float sum = 0.0f;
 #pragma unroll
         for (int i = 0; i < NT; i++)
@@ -193,10 +204,11 @@ __device__ __forceinline__ void fa_part_softmax(float (&x)[NT][FA_KT / 8][4], un
                 for (int n = 0; n < FA_KT / 8; n++)
 #pragma unroll
                     for (int e = 0; e < 2; e++) {
-                        const float p = mx == -INFINITY ? 0.0f : exp2f(x[i][n][2 * h + e] - mx);
+                        const float p = fa_ex2(__fmaf_rn(x[i][n][2 * h + e], sl2, -mr)); // (-inf: 0)
                         x[i][n][2 * h + e] = p;
                         sum += p;
                     }
+        mx = ms;
         m[h] = mx;
         l[h] = sum;
     }

@@ -85,7 +85,7 @@ __global__ void __launch_bounds__(PF_THREADS, 1)
     pdl_wait();
 
     if (threadIdx.x < 128) { // producer: thread pt copies key row pt of each partition
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n");
         const int pt = threadIdx.x;
         // Q: row r of consumer warpgroup w is row r % 16 of unit 4 w + r / 16 (zeros past the unit)
         for (int i = pt; i < PF_WG * PF_ROWS * (HD / 8); i += 128) {
@@ -127,7 +127,7 @@ __global__ void __launch_bounds__(PF_THREADS, 1)
                     pk = a.k_stream, pv = a.v_stream;
                 }
                 if constexpr (F8) { // (synchronous: this warpgroup only copies) K, then V, as bf16 of the bytes
-                    // (4 chunks of 8 dims in flight: the producer runs on 40 registers: fp8 spills 16 bytes)
+                    // (4 chunks of 8 dims in flight: the producer runs on 56 registers, the consumers on 224)
 #pragma unroll
                     for (int x = 0; x < 2; x++) {
                         const uint8_t *b8 = (x ? pv : pk) ? reinterpret_cast<const uint8_t *>(x ? pv : pk) + pe : NULL;
@@ -148,12 +148,19 @@ __global__ void __launch_bounds__(PF_THREADS, 1)
                                     b8 || b16 ? kv8_unpack8(w[c], sc) : make_uint4(0, 0, 0, 0);
                         }
                     }
-                } else {
+                } else { // the warp's 32 rows, HD / 8 lanes a row (lane x copies 16 bytes of the row of
+                    // lane src), so that a copy instruction reads whole rows: with a row a lane it read
+                    // 16 bytes of each 32-byte sector, and the L2 sent every sector twice (ncu, run 59)
                     if (pk) kp = pk + pe, vp = pv + pe;
+                    constexpr int CPR = HD / 8, RPI = 32 / CPR; // lanes a row, rows an instruction
+                    const int lane = pt % 32, c = (lane % CPR) * 8;
 #pragma unroll
-                    for (int c = 0; c < HD; c += 8) {
-                        pf_cp16(k_at(st) + pf_sw(P, pt, c), kp ? kp + c : kb, kp != NULL);
-                        pf_cp16(v_at(st) + pf_sw(P, pt, c), vp ? vp + c : vb, vp != NULL);
+                    for (int i = 0; i < CPR; i++) {
+                        const int src = i * RPI + lane / CPR, row = pt - lane + src;
+                        const auto *k = reinterpret_cast<const __nv_bfloat16 *>(__shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(kp), src));
+                        const auto *v = reinterpret_cast<const __nv_bfloat16 *>(__shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(vp), src));
+                        pf_cp16(k_at(st) + pf_sw(P, row, c), k ? k + c : kb, k != NULL);
+                        pf_cp16(v_at(st) + pf_sw(P, row, c), v ? v + c : vb, v != NULL);
                     }
                 }
             }
@@ -170,7 +177,7 @@ __global__ void __launch_bounds__(PF_THREADS, 1)
     }
 
     // consumers: warpgroup w, its warp wq computes unit 4 w + wq
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n");
     const int w = threadIdx.x / 128 - 1, wq = threadIdx.x / 32 % 4, lane = threadIdx.x % 32, g = lane / 4, qd = lane % 4;
     const int uw = 4 * w + wq, t0 = tb + uw * TPU, nt = max(0, min(TPU, row_end - t0)), nrows = nt * G;
     const int wt0 = 4 * w * TPU, wnt = max(0, min(4 * TPU, row_end - tb - wt0)); // the warpgroup's tokens
@@ -202,13 +209,22 @@ __global__ void __launch_bounds__(PF_THREADS, 1)
             wgmma_ss<64>(reinterpret_cast<float(&)[32]>(sc[32 * hc]), sw128_desc(q_at(w) + (kk / 4) * PF_ROWS * 128 + (kk % 4) * 32),
                          sw128_desc(k_at(sb) + (kk / 4) * P * 128 + hc * 64 * 128 + (kk % 4) * 32), kk > 0);
     };
-    // sc[16 i + 4 n + e]: tile i's sc[n][e] as the flash kernel has it; the mask and the softmax, on
+    // the warp's rows see every key of a partition at keys k0 .. k1 iff k1 <= the least vhi and (k0
+    // >= the greatest vlo or k1 < vse) (a padding row has vhi -1: never)
+    int whi = min(vhi[0], vhi[1]), wlo = max(vlo[0], vlo[1]);
+#pragma unroll
+    for (int x = 1; x < 32; x <<= 1)
+        whi = min(whi, __shfl_xor_sync(0xffffffffu, whi, x)), wlo = max(wlo, __shfl_xor_sync(0xffffffffu, wlo, x));
+    // sc[16 i + 4 n + e]: tile i's sc[n][e] as the flash kernel has it; the mask (only where a key is
+    // invisible to a row of the warp: masking a visible key changes nothing) and the softmax, on
     // every tile (one the rows cannot see is all -inf: p = 0, the same bits as a kernel that skips it)
     auto softmax = [&](int p) {
         auto &xp = *reinterpret_cast<float(*)[FA_PT][FA_KT / 8][4]>(sc);
+        const int k0 = p * P, k1 = k0 + P - 1;
+        if (!(k1 <= whi && (k0 >= wlo || k1 < vse))) // (warp-uniform)
 #pragma unroll
-        for (int i = 0; i < FA_PT; i++) fa_tile_mask(xp[i], p * FA_PT + i, qd, vhi, vlo, vse, sl2, true);
-        fa_part_softmax(xp, (1u << FA_PT) - 1, m, l, true);
+            for (int i = 0; i < FA_PT; i++) fa_tile_mask(xp[i], p * FA_PT + i, qd, vhi, vlo, vse, true);
+        fa_part_softmax(xp, (1u << FA_PT) - 1, m, l, true, sl2);
     };
     auto release = [&](int sb) { // this warp is done with stage sb
         __syncwarp();
