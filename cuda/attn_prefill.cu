@@ -66,10 +66,12 @@ __global__ void __launch_bounds__(PF_THREADS, 1)
 
     const int G = a.n_heads / a.n_kv_heads, TPU = G >= 16 ? 1 : 16 / G;
     const int CT = TPU * 4 * PF_WG; // tokens a block
-    // the last tokens (the longest contexts) first
-    const int tb = (int)(gridDim.x - 1 - blockIdx.x), kvh = (int)blockIdx.y;
+    // the block's first token from the list (fa_prefill_plan_kernel), the last blocks (the
+    // longest contexts) first; the grid may have a few blocks more than the list
+    const int nb = a.pf_list[0], kvh = (int)blockIdx.y;
+    if ((int)blockIdx.x >= nb) return;
+    const int tb = a.pf_list[nb - (int)blockIdx.x];
     const int s = a.tok_seq[tb], row0 = a.seq_start[s], row_end = a.seq_start[s + 1];
-    if ((tb - row0) % CT) return; // not the first token of a block's units
     const bool full = kvh < a.n_full;
     const int pos0 = a.pos[row0], pos_last = a.pos[row_end - 1], pb_first = a.pos[tb];
     const int pb_last = pb_first + min(CT, row_end - tb) - 1;
@@ -326,6 +328,56 @@ __global__ void __launch_bounds__(PF_THREADS, 1)
     }
 }
 
+// The block list of a step (the wgmma kernel's grid): list[0] = the count, then the first token
+// of each block of CT tokens, each sequence's blocks from its first token, the sequences in order.
+// One block of threads: the sequences in chunks of its size, their blocks' offsets by a scan, then
+// the chunk's entries written by every thread (a binary search for each entry's sequence).
+__global__ void fa_prefill_plan_kernel(const int32_t *seq_start, int n_seqs, int CT, int32_t *list) {
+    __shared__ int off[1025], wsum[32], done;
+    const int t = threadIdx.x, lane = t % 32, wp = t / 32, nw = blockDim.x / 32;
+    if (t == 0) done = 0;
+    for (int s0 = 0; s0 < n_seqs; s0 += blockDim.x) {
+        const int s = s0 + t;
+        const int nb = s < n_seqs ? (seq_start[s + 1] - seq_start[s] + CT - 1) / CT : 0;
+        int x = nb; // inclusive scan: the warp's, then the warps' sums
+#pragma unroll
+        for (int d = 1; d < 32; d <<= 1) {
+            const int y = __shfl_up_sync(0xffffffffu, x, d);
+            if (lane >= d) x += y;
+        }
+        if (lane == 31) wsum[wp] = x;
+        __syncthreads();
+        if (wp == 0) {
+            int v = lane < nw ? wsum[lane] : 0;
+#pragma unroll
+            for (int d = 1; d < 32; d <<= 1) {
+                const int y = __shfl_up_sync(0xffffffffu, v, d);
+                if (lane >= d) v += y;
+            }
+            if (lane < nw) wsum[lane] = v;
+        }
+        __syncthreads();
+        const int base = done;
+        off[t + 1] = base + x + (wp ? wsum[wp - 1] : 0);
+        if (t == 0) off[0] = base;
+        __syncthreads();
+        const int n = min((int)blockDim.x, n_seqs - s0), total = off[n];
+        for (int i = base + t; i < total; i += blockDim.x) {
+            int lo = 0, hi = n - 1; // the last sequence of the chunk whose offset is <= i
+            while (lo < hi) {
+                const int mid = (lo + hi + 1) / 2;
+                if (off[mid] <= i) lo = mid;
+                else hi = mid - 1;
+            }
+            list[1 + i] = seq_start[s0 + lo] + (i - off[lo]) * CT;
+        }
+        __syncthreads();
+        if (t == 0) done = total;
+        __syncthreads();
+    }
+    if (t == 0) list[0] = done;
+}
+
 int fa_prefill_wg_init(void) {
     CUDA_CHECK(cudaFuncSetAttribute(fa_prefill_wg_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)pf_cfg<64>::SMEM));
     CUDA_CHECK(cudaFuncSetAttribute(fa_prefill_wg_kernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)pf_cfg<128>::SMEM));
@@ -341,7 +393,11 @@ bool fa_prefill_wg_takes(const struct cuda_attn_args &a) {
 
 int fa_prefill_wg(__nv_bfloat16 *out, const __nv_bfloat16 *q, const __nv_bfloat16 *kb, const __nv_bfloat16 *vb, int rs,
                   const struct cuda_attn_args &a, int n_tokens, cudaStream_t st) {
-    const dim3 grid(n_tokens, a.n_kv_heads), T(PF_THREADS);
+    // the blocks: at most n_tokens, and at most n_tokens / CT + 1 a sequence
+    const int G = a.n_heads / a.n_kv_heads, CT = (G >= 16 ? 1 : 16 / G) * 4 * PF_WG;
+    const int nb = min(n_tokens, (n_tokens + CT - 1) / CT + a.n_seqs);
+    CUDA_CHECK(cuda_launch(fa_prefill_plan_kernel, dim3(1), dim3(1024), 0, st, a.seq_start, a.n_seqs, CT, a.pf_list));
+    const dim3 grid(nb, a.n_kv_heads), T(PF_THREADS);
     static_assert(pf_cfg<128>::SMEM <= 232448 && pf_cfg<64>::SMEM <= 232448, "shared memory");
     const bool f8 = a.kv_fp8 != 0;
     if (a.head_dim == 64)

@@ -226,8 +226,9 @@ static void attn_ws_fit(struct cuda_ctx *c, bool maybe_capturing) {
 }
 
 /* The batch metadata travels in one copy into one device buffer with fixed segments (tokens,
- * pos, tok_seq [capT]; seq_start, indptr [capS+1]; slots, rows [capS]; block ids [capB]), so
- * kernel arguments stay the same from step to step and captured graphs stay valid. */
+ * pos, tok_seq [capT]; seq_start, indptr [capS+1]; slots, rows [capS]; block ids [capB]; then
+ * the prefill kernel's block list [capT + 1], written on the device), so kernel arguments stay
+ * the same from step to step and captured graphs stay valid. */
 static int cu_begin_step(struct backend *b, const struct fwd_batch *bt) {
     struct cuda_ctx *c = CTX(b);
     use_device(c);
@@ -239,7 +240,7 @@ static int cu_begin_step(struct backend *b, const struct fwd_batch *bt) {
         cudaFree(c->d_meta);
         cudaFreeHost(c->h_meta);
         c->d_meta = c->h_meta = NULL;
-        size_t cap = 4 * nc.T + 1 + 4 * (nc.S + 1) + nc.B;
+        size_t cap = 4 * nc.T + 1 + 4 * (nc.S + 1) + nc.B + nc.T + 1; // (+ the prefill block list)
         if (cudaMalloc(&c->d_meta, cap * 4) != cudaSuccess || cudaMallocHost(&c->h_meta, cap * 4) != cudaSuccess) {
             c->meta_cap = 0;
             return BACKEND_ERR_OOM;
@@ -265,6 +266,7 @@ static int cu_begin_step(struct backend *b, const struct fwd_batch *bt) {
     c->rows = c->d_meta + off[6];
     c->part_off = c->d_meta + off[7];
     c->blocks = c->d_meta + off[8];
+    c->pf_list = c->d_meta + off[8] + g_caps.B;
     memcpy(h + off[0], bt->tokens, 4 * T);
     memcpy(h + off[1], bt->pos, 4 * T);
     for (size_t s = 0; s < S; s++)
@@ -358,6 +360,8 @@ static void attention(struct backend *b, void *out, void *qkv, int row_stride, c
                                c->part_off, c->attn_ws, c->attn_ws_floats, c->attn_counters, ATTN_COUNTERS, NULL,
                                {0, 0}, {0, 0}, {0, 0}, {0, 0}, 0, 0, 0, // (the rest: cuda_attention's)
                                L->kv_dtype == KV_DTYPE_FP8_E4M3, L->k_scale, L->v_scale};
+    a.n_seqs = c->n_seqs;
+    a.pf_list = c->pf_list;
     if (a.kv_fp8 && (!a.k_scale || !a.v_scale)) { // (the engine gives every fp8 layer its scales)
         if (!c->err) c->err = BACKEND_ERR_ARG;
         return;

@@ -52,6 +52,10 @@ struct cuda_attn_args {
     // the step's own K/V rows (read from q|k|v) the same way. 0: the pools hold bf16
     int kv_fp8;
     const float *k_scale, *v_scale;
+    // the step's sequences, and room for the wgmma prefill kernel's block list (attn_prefill.cu:
+    // a count, then the first token of each block; n_tokens + 1 ints, device)
+    int n_seqs;
+    int32_t *pf_list;
 };
 
 /* Keys are summed in partitions of this many absolute positions, each from an empty softmax

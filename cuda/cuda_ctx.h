@@ -54,6 +54,7 @@ struct cuda_ctx {
     size_t meta_cap;
     struct meta_caps caps;
     const int32_t *tokens, *pos, *tok_seq, *seq_start, *indptr, *blocks, *slots, *rows, *part_off;
+    int32_t *pf_list; // the wgmma prefill kernel's block list (after the blocks; device only)
     float *attn_ws; // split-decode partition states (cuda/attention.cu)
     int *attn_counters; // the split blocks done per (token, KV head) and the long merges' list, after the states
     bool decode_step;  // this step: every sequence one token
