@@ -359,9 +359,7 @@ static void attention(struct backend *b, void *out, void *qkv, int row_stride, c
                                c->pos, c->tok_seq, c->seq_start, c->indptr, c->blocks, c->slots,
                                c->part_off, c->attn_ws, c->attn_ws_floats, c->attn_counters, ATTN_COUNTERS, NULL,
                                {0, 0}, {0, 0}, {0, 0}, {0, 0}, 0, 0, 0, // (the rest: cuda_attention's)
-                               L->kv_dtype == KV_DTYPE_FP8_E4M3, L->k_scale, L->v_scale};
-    a.n_seqs = c->n_seqs;
-    a.pf_list = c->pf_list;
+                               L->kv_dtype == KV_DTYPE_FP8_E4M3, L->k_scale, L->v_scale, c->n_seqs, c->pf_list};
     if (a.kv_fp8 && (!a.k_scale || !a.v_scale)) { // (the engine gives every fp8 layer its scales)
         if (!c->err) c->err = BACKEND_ERR_ARG;
         return;
