@@ -26,6 +26,9 @@
 
 #define WG_BM 128       // weight rows a tile (two consumer warpgroups of 64)
 #define WG_THREADS 384  // producer warpgroup + two consumers
+#ifndef WG_MC_MIN
+#define WG_MC_MIN 0 // (experiment) tile pairs sharing their tokens from this M up (0: never)
+#endif
 
 // BN tokens x BK k a stage: BK / 64 token boxes of 64 k (128-byte swizzled rows) and the weight
 // rows' 8 packed 16 x 16 blocks of each of 8 strips
@@ -43,6 +46,12 @@ template <int BN, int BK, int TS = 0> struct wg_cfg {
 __device__ __forceinline__ void tma_tokens(uint32_t dst, const CUtensorMap *map, int k, int t, uint32_t bar) {
     asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
                  "l"(map), "r"(k), "r"(t), "r"(bar)
+                 : "memory");
+}
+// the same into the same offset of each block of the cluster in mask (and each one's mbarrier at bar's offset)
+__device__ __forceinline__ void tma_tokens_mc(uint32_t dst, const CUtensorMap *map, int k, int t, uint32_t bar, uint16_t mask) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(dst),
+                 "l"(map), "r"(k), "r"(t), "r"(bar), "h"(mask)
                  : "memory");
 }
 // weight strips [strip, strip + 8) x k blocks [kb, kb + BK / 16) into dst
@@ -66,15 +75,25 @@ template <int BN, int BK> __device__ __forceinline__ uint64_t x_desc(uint32_t x,
 struct wg_seg {
     int tile, wt, tt, c_lo, c_hi; // tile = wt * TT + tt
 };
+// MC (tiles mode): the grid's blocks in clusters of two, cluster c taking the tile pairs c, c +
+// clusters, ..., pair i the weight tiles 2 (i / TT) and + 1 (one a block) of token tile i % TT
 struct wg_walk {
     int u, u1; // stream-K: the next unit and the end of the block's range
-    int i;     // tiles mode: the next tile
-    __device__ wg_walk(bool sk, int T, int CH) {
+    int i;     // tiles mode: the next tile (MC: pair)
+    int mc;    // MC: 1 + the block's rank in its cluster (0: no clusters)
+    __device__ wg_walk(bool sk, int T, int CH, int mc_ = 0) : mc(mc_) {
         const int U = T * CH;
         u = (int)((long long)blockIdx.x * U / gridDim.x), u1 = (int)((long long)(blockIdx.x + 1) * U / gridDim.x);
-        i = blockIdx.x;
+        i = mc ? blockIdx.x / 2 : blockIdx.x;
     }
     __device__ bool next(bool sk, int T, int TT, int CH, wg_seg &sg) {
+        if (mc) {
+            if (i >= T / 2) return false;
+            const int wt = 2 * (i / TT) + mc - 1, tt = i % TT;
+            sg = {wt * TT + tt, wt, tt, 0, CH};
+            i += gridDim.x / 2;
+            return true;
+        }
         if (!sk) {
             if (i >= T) return false;
             sg = {i, i / TT, i % TT, 0, CH};
@@ -104,7 +123,12 @@ struct wg_args {
     int sk;    // stream-K
 };
 
-template <int BN, int BK, int TS, typename OUT, bool SW>
+// MC: clusters of two blocks (wg_walk), each block's tile the other's neighbour in weights and
+// the same tokens: each block copies half of a stage's token rows into both (TMA multicast: the
+// L2 sends the tokens once for two tiles), and a stage is refilled only when both blocks'
+// consumers are done with it (each releases it in both blocks: 16 arrivals). xmap's boxes are
+// then BN / 2 tokens.
+template <int BN, int BK, int TS, typename OUT, bool SW, bool MC = false>
 __global__ void __launch_bounds__(WG_THREADS, 1)
     gemm_wg_kernel(const wg_args p, const __grid_constant__ CUtensorMap xmap, const __grid_constant__ CUtensorMap wmap) {
     using C = wg_cfg<BN, BK, TS>;
@@ -123,18 +147,20 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
     const int KT = (CH - 1) * KTC + ((KT0 - (CH - 1) * KTC + 1) & ~1);
     const int TT = (M + BN - 1) / BN, T = (N + WG_BM - 1) / WG_BM * TT;
     const bool sk = p.sk != 0;
+    const uint32_t crank = MC ? cluster_rank() : 0;
     if (threadIdx.x == 0) {
-        for (int s = 0; s < ST; s++) mbar_init(full0 + 8 * s, 1), mbar_init(empty0 + 8 * s, 8);
+        for (int s = 0; s < ST; s++) mbar_init(full0 + 8 * s, 1), mbar_init(empty0 + 8 * s, MC ? 16 : 8);
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
+    if constexpr (MC) cluster_sync(); // the other block's barriers initialized
     pdl_wait();
 
     if (threadIdx.x < 128) { // producer
         asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
         if (threadIdx.x == 0) {
             int s = 0, ph = 0;
-            wg_walk walk(sk, T, CH);
+            wg_walk walk(sk, T, CH, MC ? 1 + crank : 0);
             wg_seg sg;
             while (walk.next(sk, T, TT, CH, sg)) {
                 const int kt_end = min(KT, sg.c_hi * KTC);
@@ -146,7 +172,13 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
                     mbar_expect_tx(full, C::X_BYTES + C::W_BYTES);
                     tma_weights(wsm(s), &wmap, kt * KS, sg.wt * (WG_BM / 16), full);
                     constexpr int XB = BK < 64 ? BK : 64; // k a token box
-                    for (int h = 0; h < BK / XB; h++) tma_tokens(xs(s) + h * BN * XB * 2, &xmap, kt * BK + h * XB, sg.tt * BN, full);
+                    if constexpr (MC) { // this block's half of the token rows, into both blocks
+                        for (int h = 0; h < BK / XB; h++)
+                            tma_tokens_mc(xs(s) + h * BN * XB * 2 + crank * (BN / 2) * XB * 2, &xmap, kt * BK + h * XB,
+                                          sg.tt * BN + crank * (BN / 2), full, 0x3);
+                    } else {
+                        for (int h = 0; h < BK / XB; h++) tma_tokens(xs(s) + h * BN * XB * 2, &xmap, kt * BK + h * XB, sg.tt * BN, full);
+                    }
                     if (++s == ST) s = 0, ph ^= 1;
                 }
             }
@@ -165,11 +197,14 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
 #pragma unroll
         for (int j = 0; j < BN / 2; j++) acc[j] = 0.0f; // (defined before the first wgmma: a chunk's first step overwrites it)
         int s = 0, ph = 0;
-        auto release = [&](int st) { // stage st may be refilled
+        auto release = [&](int st) { // stage st may be refilled (MC: in both blocks)
             __syncwarp();
-            if (lane == 0) mbar_arrive(empty0 + 8 * st);
+            if (lane == 0) {
+                mbar_arrive(empty0 + 8 * st);
+                if constexpr (MC) mbar_arrive_cluster(empty0 + 8 * st, crank ^ 1);
+            }
         };
-        wg_walk walk(sk, T, CH);
+        wg_walk walk(sk, T, CH, MC ? 1 + crank : 0);
         wg_seg sg;
         while (walk.next(sk, T, TT, CH, sg)) {
             const int n0 = sg.wt * WG_BM + cwarp * 16 + g, t0 = sg.tt * BN + 2 * q;
@@ -253,6 +288,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
         }
         pdl_trigger();
     }
+    if constexpr (MC) cluster_sync(); // no block leaves while the other may still write to it
 }
 
 // Stream-K's split tiles: each output's prefix total (slot j - 1) plus its chunks j.. in order,
@@ -311,15 +347,34 @@ static int weight_map(CUtensorMap *map, const void *w, int N, int K, int bk, int
     return encode(map, 3, w, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_NONE);
 }
 
-template <int BN, int BK, int TS, typename OUT, bool SW>
+template <int BN, int BK, int TS, typename OUT, bool SW, bool MC = false>
 static int wg_launch(OUT *y, const void *x, const void *w, const void *bias, int M, int N, int K, bool sk,
                      const struct gemm_wg_env *env, cudaStream_t s) {
     CUtensorMap xm, wm;
-    if (token_map(&xm, x, M, K, BN, BK) || weight_map(&wm, w, N, K, BK, WG_BM / 16)) return -2;
+    if (token_map(&xm, x, M, K, MC ? BN / 2 : BN, BK) || weight_map(&wm, w, N, K, BK, WG_BM / 16)) return -2;
     const unsigned chunks = (unsigned)((K + GEMM_KC - 1) / GEMM_KC);
     const unsigned tiles = (unsigned)((N + WG_BM - 1) / WG_BM) * (unsigned)((M + BN - 1) / BN);
-    const unsigned grid = sk ? (unsigned)min((size_t)env->sms, (size_t)tiles * chunks) : min(tiles, (unsigned)env->sms);
     const wg_args a = {y, (const __nv_bfloat16 *)bias, M, N, K, env->ws, sk};
+    if constexpr (MC) { // clusters of two, a tile pair each (wg_choose: the weight tiles even, no stream-K),
+        // as many as the device holds at once (a GPC's SMs pair up: fewer than sms / 2 may fit)
+        static int resident = 0;
+        if (!resident) {
+            cudaLaunchConfig_t cfg = {};
+            cfg.gridDim = dim3(2 * (env->sms / 2)), cfg.blockDim = dim3(WG_THREADS), cfg.dynamicSmemBytes = wg_cfg<BN, BK, TS>::SMEM;
+            cudaLaunchAttribute at;
+            at.id = cudaLaunchAttributeClusterDimension;
+            at.val.clusterDim.x = 2, at.val.clusterDim.y = 1, at.val.clusterDim.z = 1;
+            cfg.attrs = &at, cfg.numAttrs = 1;
+            int n = 0;
+            CUDA_CHECK(cudaOccupancyMaxActiveClusters(&n, gemm_wg_kernel<BN, BK, TS, OUT, SW, true>, &cfg));
+            resident = n > 0 ? n : 1;
+        }
+        const unsigned grid = 2 * min(tiles / 2, (unsigned)resident);
+        CUDA_CHECK(cuda_launch_cluster(false, dim3(2, 1, 1), gemm_wg_kernel<BN, BK, TS, OUT, SW, true>, dim3(grid), dim3(WG_THREADS),
+                                       wg_cfg<BN, BK, TS>::SMEM, s, a, xm, wm));
+        return 0;
+    }
+    const unsigned grid = sk ? (unsigned)min((size_t)env->sms, (size_t)tiles * chunks) : min(tiles, (unsigned)env->sms);
     CUDA_CHECK(cuda_launch(gemm_wg_kernel<BN, BK, TS, OUT, SW>, dim3(grid), dim3(WG_THREADS), wg_cfg<BN, BK, TS>::SMEM, s, a, xm, wm));
     if (sk) {
         const size_t outs = (size_t)M * (SW ? N / 2 : N);
@@ -334,6 +389,11 @@ template <int BN, int BK, int TS = 0> static int wg_allow() {
     CUDA_CHECK(cudaFuncSetAttribute(gemm_wg_kernel<BN, BK, TS, __nv_bfloat16, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     CUDA_CHECK(cudaFuncSetAttribute(gemm_wg_kernel<BN, BK, TS, float, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     CUDA_CHECK(cudaFuncSetAttribute(gemm_wg_kernel<BN, BK, TS, __nv_bfloat16, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    if constexpr (BN >= 128 && WG_MC_MIN > 0) {
+        CUDA_CHECK(cudaFuncSetAttribute(gemm_wg_kernel<BN, BK, TS, __nv_bfloat16, false, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        CUDA_CHECK(cudaFuncSetAttribute(gemm_wg_kernel<BN, BK, TS, float, false, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        CUDA_CHECK(cudaFuncSetAttribute(gemm_wg_kernel<BN, BK, TS, __nv_bfloat16, true, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    }
     return 0;
 }
 
@@ -362,7 +422,7 @@ int gemm_wg_init(void) {
 //   1,993; at M 2048 they lost, 958 against 849, and with 64 k a stage, two stages, everywhere).
 struct wg_plan {
     int bn, bk;
-    bool sk;
+    bool sk, mc;
 };
 static wg_plan wg_choose(int M, int N, int K, int sms) {
     const long nt = (N + WG_BM - 1) / WG_BM, t64 = nt * ((M + 63) / 64), t128 = nt * ((M + 127) / 128);
@@ -373,6 +433,8 @@ static wg_plan wg_choose(int M, int N, int K, int sms) {
     pl.sk = 4 * tiles <= sms && chunks > 1 && (size_t)chunks * M * N <= GEMM_WS_FLOATS;
     pl.bk = M <= 64 || M > 4096 || pl.sk ? 128 : 64;
     if (M > WG_T256_MIN && !pl.sk) pl.bn = 256, pl.bk = 32;
+    // WG_MC_MIN (experiment; 0: never): tile pairs sharing their tokens (MC) from that M up
+    pl.mc = WG_MC_MIN > 0 && M >= WG_MC_MIN && !pl.sk && pl.bn >= 128 && nt % 2 == 0 && nt >= 2;
     return pl;
 }
 
@@ -380,6 +442,12 @@ template <typename OUT, bool SW>
 static int wg_gemm(OUT *y, const void *x, const void *w, const void *bias, int M, int N, int K,
                    const struct gemm_wg_env *env, cudaStream_t s) {
     wg_plan pl = wg_choose(M, N, K, env->sms);
+    if constexpr (WG_MC_MIN > 0) {
+        if (pl.mc && pl.bn == 256) return wg_launch<256, 32, 1, OUT, SW, true>(y, x, w, bias, M, N, K, false, env, s);
+        if (pl.mc && pl.bn == 128)
+            return pl.bk == 128 ? wg_launch<128, 128, 0, OUT, SW, true>(y, x, w, bias, M, N, K, false, env, s)
+                                : wg_launch<128, 64, 0, OUT, SW, true>(y, x, w, bias, M, N, K, false, env, s);
+    }
     if (pl.bn == 256) return wg_launch<256, 32, 1, OUT, SW>(y, x, w, bias, M, N, K, false, env, s);
     if (pl.bn == 64) return pl.bk == 128 ? wg_launch<64, 128, 0, OUT, SW>(y, x, w, bias, M, N, K, pl.sk, env, s)
                                          : wg_launch<64, 64, 0, OUT, SW>(y, x, w, bias, M, N, K, pl.sk, env, s);

@@ -21,6 +21,21 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, int parity) {
                      : "r"(bar), "r"(parity)
                      : "memory");
 }
+// an arrival on the mbarrier at the same shared-memory offset as bar in cluster block `rank`
+__device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar, uint32_t rank) {
+    uint32_t r;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(bar), "r"(rank));
+    asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(r) : "memory");
+}
+// every thread of the cluster's blocks here (its shared memory written before, read after)
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ uint32_t cluster_rank() {
+    uint32_t r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+    return r;
+}
 // an arrival on bar once every cp.async this thread issued before has landed (the barrier counts
 // it as one of its expected arrivals: no pending count is added)
 __device__ __forceinline__ void mbar_arrive_cp_async(uint32_t bar) {
