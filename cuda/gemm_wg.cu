@@ -5,7 +5,9 @@
 // weight rows (the wgmma A operand, from registers: a warp's strip of the packed layout is its A
 // fragment, one 16-byte shared load a lane and k block) by the tile's BN tokens (B, from the
 // swizzled stage), one wgmma group in flight while the next is issued. Above M 4096 the tiles are
-// 256 tokens, their running totals in shared memory. The grid is persistent.
+// 256 tokens, their running totals in shared memory. The grid is persistent; from M 2048 its
+// blocks pair up in clusters of two on neighbouring weight tiles, each copying half of the
+// tokens into both (TMA multicast).
 //
 // The sums are gemm.cu's (see its top comment): K in chunks of GEMM_KC, each chunk summed from
 // zero by m64nNk16 steps in k order (bit-equal to mma.m16n8k16 steps: wgmma and mma.sync round
@@ -26,8 +28,8 @@
 
 #define WG_BM 128       // weight rows a tile (two consumer warpgroups of 64)
 #define WG_THREADS 384  // producer warpgroup + two consumers
-#ifndef WG_MC_MIN
-#define WG_MC_MIN 0 // (experiment) tile pairs sharing their tokens from this M up (0: never)
+#ifndef WG_MC_MIN // (a build may set it: scripts/device_pack.sh's VARIANTS)
+#define WG_MC_MIN 2048 // tile pairs sharing their tokens (clusters of two) from this M up (0: never)
 #endif
 
 // BN tokens x BK k a stage: BK / 64 token boxes of 64 k (128-byte swizzled rows) and the weight
@@ -419,7 +421,11 @@ int gemm_wg_init(void) {
 // - 64 k a stage at 64 < M <= 4096 (3-10% faster at M 256-2048 than 128), 128 otherwise;
 // - above M 4096, 256-token tiles of 32 k a stage with the totals in shared memory (run 43, M 8192:
 //   gate|up 3,829 us against 4,152 with 128-token tiles, qkv 830 against 860, down 1,965 against
-//   1,993; at M 2048 they lost, 958 against 849, and with 64 k a stage, two stages, everywhere).
+//   1,993; at M 2048 they lost, 958 against 849, and with 64 k a stage, two stages, everywhere);
+// - from M 2048 (WG_MC_MIN), tile pairs sharing their tokens (MC) where the weight tiles pair up
+//   (runs 63-64: 2-5% faster GEMMs at M 2048 and 8192, gate|up at 2048 819 us against 847, down
+//   378 against 399; slower below, down at M 1024 197 against 179, decode b256 14.06 ms against
+//   13.25 with pairs from M 256).
 struct wg_plan {
     int bn, bk;
     bool sk, mc;
@@ -433,7 +439,6 @@ static wg_plan wg_choose(int M, int N, int K, int sms) {
     pl.sk = 4 * tiles <= sms && chunks > 1 && (size_t)chunks * M * N <= GEMM_WS_FLOATS;
     pl.bk = M <= 64 || M > 4096 || pl.sk ? 128 : 64;
     if (M > WG_T256_MIN && !pl.sk) pl.bn = 256, pl.bk = 32;
-    // WG_MC_MIN (experiment; 0: never): tile pairs sharing their tokens (MC) from that M up
     pl.mc = WG_MC_MIN > 0 && M >= WG_MC_MIN && !pl.sk && pl.bn >= 128 && nt % 2 == 0 && nt >= 2;
     return pl;
 }
