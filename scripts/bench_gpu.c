@@ -28,7 +28,11 @@
 #include "engine/model_config.h"
 #include "engine/util.h"
 
-static void on_event(void *ud, const struct engine_event *ev) { free(ev->text); }
+/* ud: NULL, or an int that a FINISH event's cached prompt tokens go to */
+static void on_event(void *ud, const struct engine_event *ev) {
+    if (ud && ev->type == ENGINE_EVENT_FINISH) *(int *)ud = ev->cached_tokens;
+    free(ev->text);
+}
 
 static int parse_list(const char *s, int *out, int max) {
     int n = 0;
@@ -218,26 +222,34 @@ static int run_decode(struct core *c, const struct bench_opts *o, const int32_t 
     return 0;
 }
 
-/* Each prefill: a prompt of L tokens alone (after a short warm-up prompt), its time */
-static void run_prefill(struct core *c, const struct bench_opts *o, const int32_t *prompt) {
+/* Each prefill: a prompt of L tokens alone (after a short warm-up prompt), its time. Each measured
+ * prompt starts with a token of its own, so that none of its blocks is in the prefix cache (the
+ * decode runs', the warm-up's and the earlier prefills' prompts are prefixes of the same array);
+ * the line says how many prompt tokens the cache held (0 unless the cache is off-limits). */
+static void run_prefill(struct core *c, const struct bench_opts *o, int32_t *prompt, int V) {
     char err[512];
+    const int32_t first = prompt[0];
     for (int k = 0; k < o->n_pre; k++) {
         int L = o->pre[k];
         if (L <= 0) continue;
         struct engine_request r = {prompt, L, greedy(1)};
         /* warm-up on a short prompt, then the measured one */
         struct engine_request w = {prompt, 64, greedy(1)};
+        prompt[0] = first;
         core_add(c, &w, on_event, NULL, NULL, err, sizeof err);
         while (core_has_work(c)) core_step(c);
+        prompt[0] = (int32_t)((first + 1 + k) % V);
+        int cached = -1;
         double t1 = util_now();
-        if (core_add(c, &r, on_event, NULL, NULL, err, sizeof err)) {
+        if (core_add(c, &r, on_event, &cached, NULL, err, sizeof err)) {
             fprintf(stderr, "bench_gpu: %s\n", err);
             continue;
         }
         while (core_has_work(c)) core_step(c);
         double dt = util_now() - t1;
-        printf("prefill %6d tokens: %8.1f ms, %9.1f tokens/s\n", L, dt * 1e3, L / dt);
+        printf("prefill %6d tokens: %8.1f ms, %9.1f tokens/s (%d from the prefix cache)\n", L, dt * 1e3, L / dt, cached);
     }
+    prompt[0] = first;
 }
 
 int main(int argc, char **argv) {
@@ -305,7 +317,7 @@ int main(int argc, char **argv) {
     for (int i = 0; i < n_prompt; i++)
         prompt[i] = (int32_t)(V > 4000 ? 1000 + (i * 7919LL) % (V - 2000) : 3 + (i * 7919LL) % (V - 3));
     int rc = run_decode(c, &o, prompt, warm);
-    if (!rc) run_prefill(c, &o, prompt);
+    if (!rc) run_prefill(c, &o, prompt, V);
     free(prompt);
     core_free(c);
     return rc;
