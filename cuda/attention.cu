@@ -742,7 +742,7 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
     // skipped, giving what it would (p = 0, m and l untouched). (Prefill keeps one straight-line
     // tile body.)
     const bool rows8 = !DEC || nrows > 8;
-    const float sl2 = a.scale * 1.4426950408889634f; // scores in log2 units: exp2f
+    const float sl2 = a.scale * 1.4426950408889634f; // the scale in log2 units (fa_part_softmax: 2^x)
     // the partition being summed (m, l: this thread's part of the row sum; o) and the total
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, M[2] = {-INFINITY, -INFINITY}, L[2] = {0.0f, 0.0f};
     float o[OT][4]; // output tiles d0 + d

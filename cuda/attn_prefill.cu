@@ -12,7 +12,7 @@
 // partition's softmax (the flash kernel's code on the same accumulator layout: a warp's rows
 // 16w + g and + 8, columns 8n + 2q and + 1), then o = P V from registers (wgmma RS, P as its bf16
 // head and remainder, the k16 steps in key order) with V from shared memory as an MN-major
-// operand, in two groups of two tiles.
+// operand, a wgmma group for each 64 head dims over the partition's four tiles.
 // A closed partition's state is merged into the running total (in registers) with the flash
 // kernel's roundings. Every sum is the flash kernel's, in its order, so a row's bits are those
 // of the flash kernel (prefill or decode); keys a warp's rows cannot see add exactly nothing.
@@ -194,7 +194,7 @@ __global__ void __launch_bounds__(PF_THREADS, 1)
         vhi[h] = i;
         vlo[h] = full ? (a.sliding_window > 0 ? i - a.sliding_window + 1 : 0) : i - a.recent + 1;
     }
-    const float sl2 = a.scale * 1.4426950408889634f; // scores in log2 units: exp2f
+    const float sl2 = a.scale * 1.4426950408889634f; // the scale in log2 units (fa_part_softmax: 2^x)
     float m[2], l[2], M[2] = {-INFINITY, -INFINITY}, L[2] = {0.0f, 0.0f};
     // S of the partition (n8 block n: keys 8n ..) and the running total (dims 8d ..)
     float sc[P / 2], O[HD / 2];
@@ -236,7 +236,8 @@ __global__ void __launch_bounds__(PF_THREADS, 1)
     // close_partition and its roundings), by 64 head dims at a time: o[hb] = P V of dims 64 hb ..
     // from registers (wgmma RS m64n64k16, P as its bf16 head and remainder (split_p), each k16 step
     // the head then the remainder, the steps in key order, V an MN-major operand), a group each,
-    // each merged as soon as its group is done (P, o and O fit beside each other without spilling)
+    // each merged as soon as its group is done (P, o and O beside each other: 12 bytes of spills at
+    // head dim 128 on 224 registers; the producer needs its 56 for the row copies)
     uint32_t phi[FA_PT][2][4], plo[FA_PT][2][4]; // [tile][k16 step c]
     float ca[2], cb[2];
     bool mg[2];

@@ -359,7 +359,10 @@ static int wg_launch(OUT *y, const void *x, const void *w, const void *bias, int
     const wg_args a = {y, (const __nv_bfloat16 *)bias, M, N, K, env->ws, sk};
     if constexpr (MC) { // clusters of two, a tile pair each (wg_choose: the weight tiles even, no stream-K),
         // as many as the device holds at once (a GPC's SMs pair up: fewer than sms / 2 may fit)
-        static int resident = 0;
+        static int resident_of[64]; // by device (the same GEMM may run on several)
+        int dev = 0;
+        CUDA_CHECK(cudaGetDevice(&dev));
+        int &resident = resident_of[dev & 63];
         if (!resident) {
             cudaLaunchConfig_t cfg = {};
             cfg.gridDim = dim3(2 * (env->sms / 2)), cfg.blockDim = dim3(WG_THREADS), cfg.dynamicSmemBytes = wg_cfg<BN, BK, TS>::SMEM;

@@ -225,7 +225,7 @@ static int run_decode(struct core *c, const struct bench_opts *o, const int32_t 
 /* Each prefill: a prompt of L tokens alone (after a short warm-up prompt), its time. Each measured
  * prompt starts with a token of its own, so that none of its blocks is in the prefix cache (the
  * decode runs', the warm-up's and the earlier prefills' prompts are prefixes of the same array);
- * the line says how many prompt tokens the cache held (0 unless the cache is off-limits). */
+ * the line says how many prompt tokens the cache held (0; -1 if the request never finished). */
 static void run_prefill(struct core *c, const struct bench_opts *o, int32_t *prompt, int V) {
     char err[512];
     const int32_t first = prompt[0];
