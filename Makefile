@@ -96,7 +96,7 @@ $(BUILD)/duoserve-test-cuda-sampling: tests/cuda/test_cuda_sampling.c $(BUILD)/l
 	$(CC) $(DUO_CFLAGS) $(CFLAGS) -o $@ $< $(BUILD)/libduoserve.a $(LDFLAGS) $(LDLIBS)
 
 # Every unit test binary, then the end-to-end scripts; stops at the first failure.
-test: $(BUILD)/duoserve $(TEST_BIN) $(CUDA_ALL) $(CUDA_TEST)
+test: $(BUILD)/duoserve $(BUILD)/bench_gpu $(TEST_BIN) $(CUDA_ALL) $(CUDA_TEST)
 	@BUILD=$(BUILD) ./tests/run_all.sh $(TEST_BIN)
 
 # Benchmarks (not part of the tests): engine throughput on the CPU, tokenizer speed.
