@@ -4,7 +4,7 @@ of each supported family (bf16 safetensors + config.json, saved by transformers 
 expected.json with HF transformers' greedy ids and top-5 logprobs for prompts of 1 to ~1500
 tokens. Needs torch and transformers (the GPU machine has them; see ../shared/device/README.md):
 
-    python3 scripts/make_reference.py --out tests/fixtures/hf
+    python3 scripts/make_reference.py --out tests/fixtures/hf [--only llama_hd128]
 
 The reference runs in float32 on the CPU (weights upcast exactly from bf16), so the fixtures
 hold the model's math, not one GPU's rounding."""
@@ -45,15 +45,24 @@ def families():
         "qwen2": Qwen2Config(**common, num_attention_heads=4, num_key_value_heads=2,
                              tie_word_embeddings=True, use_sliding_window=False,
                              rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
+        # Llama at head dim 128, GQA 4/1: the real models' head dim, where the CUDA attention runs
+        # its wgmma prefill kernel and the cooperative decode path (the families above are 8-16)
+        "llama_hd128": LlamaConfig(**common, num_attention_heads=4, num_key_value_heads=1, head_dim=128,
+                                   tie_word_embeddings=False,
+                                   rope_parameters={"rope_type": "default", "rope_theta": 500000.0}),
     }
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="tests/fixtures/hf")
+    ap.add_argument("--only", default="", help="these families only (comma-separated; the others keep their files)")
     args = ap.parse_args()
+    only = set(filter(None, args.only.split(",")))
     torch.backends.cuda.matmul.allow_tf32 = False
-    for i, (name, cfg) in enumerate(families().items()):
+    for i, (name, cfg) in enumerate(families().items()):  # (i seeds each family: add new ones last)
+        if only and name not in only:
+            continue
         d = os.path.join(args.out, name)
         os.makedirs(d, exist_ok=True)
         torch.manual_seed(1234 + i)
