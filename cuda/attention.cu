@@ -19,6 +19,7 @@
 #include "cuda/attn_prefill.h"
 #include "cuda/cuda_attention.h"
 #include "cuda/cuda_common.h"
+#include "cuda/hopper.cuh"
 
 #define ATTN_WARPS 4
 #define ATTN_UNROLL 4
@@ -400,7 +401,6 @@ __device__ void fa_merge_cluster(__nv_bfloat16 *out, const struct cuda_attn_args
         fa_store_head(out, a, t, kvh * G + hh, O, L, lane);
     }
 }
-__device__ __forceinline__ void fa_cluster_sync() { cooperative_groups::this_cluster().sync(); }
 
 // A work-sized split (a.unit_T: the step's tokens, one each, and a.unit_X): block u of a 1-D grid
 // is a unit of work. The streaming (token, KV head) pairs come first, one unit each (their work is
@@ -516,8 +516,8 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
     if (z >= z_used) {
         if (clus) {
             pdl_trigger();
-            fa_cluster_sync();
-            fa_cluster_sync();
+            cluster_sync();
+            cluster_sync();
         }
         return;
     }
@@ -1078,14 +1078,14 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
     if (split) { // the token's last block to finish (or fa_merge_kernel) writes the output
         if (nrows > 0) empty_until(min(n_parts, pb));
         if (clus) { // the cluster's first block, from every block's shared memory
-            fa_cluster_sync(); // every state written; every block has read the raw Q
+            cluster_sync(); // every state written; every block has read the raw Q
             if (z == 0) {
                 FA_GT_ANY(52);
                 if (rif) write_q();
                 fa_merge_cluster<(HDP + 31) / 32>(out, a, tb, kvh, G, n_parts, sst);
                 FA_GT_ANY(53);
             }
-            fa_cluster_sync(); // the fold is done: the blocks may leave
+            cluster_sync(); // the fold is done: the blocks may leave
             return;
         }
         if (!a.counters) return;

@@ -30,6 +30,10 @@
 #define PF_THREADS (128 * (PF_WG + 1)) // and the producer's
 #define PF_ROWS 64                     // query rows a consumer warpgroup: 4 units
 
+// tokens a unit (16 query rows: the G heads of each token) and a block (2 x 4 units)
+__host__ __device__ __forceinline__ int pf_unit_tokens(int G) { return G >= 16 ? 1 : 16 / G; }
+__host__ __device__ __forceinline__ int pf_block_tokens(int G) { return pf_unit_tokens(G) * 4 * PF_WG; }
+
 template <int HD> struct pf_cfg {
     static constexpr int Q_BYTES = PF_ROWS * HD * 2;           // a consumer warpgroup's Q rows
     static constexpr int KV_BYTES = CUDA_ATTN_PART * HD * 2;   // a partition's K (or V) rows
@@ -64,8 +68,7 @@ __global__ void __launch_bounds__(PF_THREADS, 1)
     auto v_at = [&](int s) { return base + PF_WG * C::Q_BYTES + (ST + s) * C::KV_BYTES; };
     const uint32_t full0 = base + PF_WG * C::Q_BYTES + 2 * ST * C::KV_BYTES, empty0 = full0 + 8 * ST, qbar = empty0 + 8 * ST;
 
-    const int G = a.n_heads / a.n_kv_heads, TPU = G >= 16 ? 1 : 16 / G;
-    const int CT = TPU * 4 * PF_WG; // tokens a block
+    const int G = a.n_heads / a.n_kv_heads, TPU = pf_unit_tokens(G), CT = pf_block_tokens(G);
     // the block's first token from the list (fa_prefill_plan_kernel), the last blocks (the
     // longest contexts) first; the grid may have a few blocks more than the list
     const int nb = a.pf_list[0], kvh = (int)blockIdx.y;
@@ -395,7 +398,7 @@ bool fa_prefill_wg_takes(const struct cuda_attn_args &a) {
 int fa_prefill_wg(__nv_bfloat16 *out, const __nv_bfloat16 *q, const __nv_bfloat16 *kb, const __nv_bfloat16 *vb, int rs,
                   const struct cuda_attn_args &a, int n_tokens, cudaStream_t st) {
     // the blocks: at most n_tokens, and at most n_tokens / CT + 1 a sequence
-    const int G = a.n_heads / a.n_kv_heads, CT = (G >= 16 ? 1 : 16 / G) * 4 * PF_WG;
+    const int CT = pf_block_tokens(a.n_heads / a.n_kv_heads);
     const int nb = min(n_tokens, (n_tokens + CT - 1) / CT + a.n_seqs);
     CUDA_CHECK(cuda_launch(fa_prefill_plan_kernel, dim3(1), dim3(1024), 0, st, a.seq_start, a.n_seqs, CT, a.pf_list));
     const dim3 grid(nb, a.n_kv_heads), T(PF_THREADS);

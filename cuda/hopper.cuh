@@ -1,6 +1,7 @@
 // hopper.cuh: Hopper (sm_90a) building blocks shared by the wgmma kernels (cuda/gemm_wg.cu,
 // cuda/attn_prefill.cu): shared-memory addresses, mbarriers, and wgmma shared-memory descriptors.
 #pragma once
+#include <cooperative_groups.h>
 #include <stdint.h>
 
 __device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
@@ -28,9 +29,7 @@ __device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar, uint32_t rank)
     asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(r) : "memory");
 }
 // every thread of the cluster's blocks here (its shared memory written before, read after)
-__device__ __forceinline__ void cluster_sync() {
-    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
+__device__ __forceinline__ void cluster_sync() { cooperative_groups::this_cluster().sync(); }
 __device__ __forceinline__ uint32_t cluster_rank() {
     uint32_t r;
     asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
