@@ -787,8 +787,19 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
                 for (int n = 0; n < FA_KT / 8; n++) fa_mma(sc[n], qa[k + 1], b[n][2], b[n][3]);
         }
     };
-    // the mask (an invisible key: -inf)
-    auto tile_mask = [&](int tile, float (&sc)[FA_KT / 8][4]) { fa_tile_mask(sc, tile, qd, vhi, vlo, vse, rows8); };
+    // the mask (an invisible key: -inf), only on a tile that a real row of the warp does not wholly
+    // see: masking a visible key changes nothing, and a padding row (ipos -1) is never read (its
+    // Q is zeros: its scores stay finite). The warp's real rows see every key k0 .. k1 iff k1 <=
+    // the least vhi and (k0 >= the greatest vlo or k1 < vse)
+    int whi = INT_MAX, wlo = INT_MIN;
+    for (int h = 0; h < 2; h++)
+        if (ipos[h] >= 0) whi = min(whi, vhi[h]), wlo = max(wlo, vlo[h]);
+    for (int x = 1; x < 32; x <<= 1)
+        whi = min(whi, __shfl_xor_sync(0xffffffffu, whi, x)), wlo = max(wlo, __shfl_xor_sync(0xffffffffu, wlo, x));
+    auto tile_mask = [&](int tile, float (&sc)[FA_KT / 8][4]) {
+        const int k0 = tile * FA_KT, k1 = k0 + FA_KT - 1;
+        if (!(k1 <= whi && (k0 >= wlo || k1 < vse))) fa_tile_mask(sc, tile, qd, vhi, vlo, vse, rows8);
+    };
     // o += P V for one tile of the partition: P straight from the score registers as the A operand,
     // split into a bf16 head and a bf16 remainder (two MMAs): P keeps ~16 bits, close to the f32
     // reference (P in bf16 alone parted stories260k's greedy ids from the golden file at token 185)
