@@ -180,7 +180,10 @@ __global__ void __launch_bounds__(PF_THREADS, 1)
 
     // consumers: warpgroup w, its warp wq computes unit 4 w + wq
     asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n");
-    const int w = threadIdx.x / 128 - 1, wq = threadIdx.x / 32 % 4, lane = threadIdx.x % 32, g = lane / 4, qd = lane % 4;
+    // (w broadcast from lane 0: a value the compiler knows is warp-uniform can live in uniform
+    // registers, so the Q descriptors built from it need no R2UR before each wgmma)
+    const int w = __shfl_sync(0xffffffffu, (int)threadIdx.x / 128, 0) - 1, wq = threadIdx.x / 32 % 4, lane = threadIdx.x % 32,
+              g = lane / 4, qd = lane % 4;
     const int uw = 4 * w + wq, t0 = tb + uw * TPU, nt = max(0, min(TPU, row_end - t0)), nrows = nt * G;
     const int wt0 = 4 * w * TPU, wnt = max(0, min(4 * TPU, row_end - tb - wt0)); // the warpgroup's tokens
     fa_range mine;
