@@ -174,8 +174,9 @@ __global__ void attn_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *q, const __
 // which rows share its unit or how the prompt was chunked: keys a row cannot see add exactly
 // nothing (p = 0). That keeps greedy outputs identical alone, batched and chunked. Within a
 // partition the arithmetic is every kernel's (attn_common.cuh): S for the partition's tiles, one
-// softmax over them (fa_part_softmax), and o = P V from zero with P as its bf16 head and
-// remainder (split_p), the keys' k16 steps in order; partitions are merged in order (fa_merge_begin / fa_merge_o).
+// softmax over them (fa_part_softmax), and o = P V from zero with P in bf16 (below head dim 64: its
+// bf16 head and remainder, fa_p_split), the keys' k16 steps in order; partitions are merged in
+// order (fa_merge_begin / fa_merge_o).
 // Invisible keys are zero-filled, never read, so stale pool rows cannot inject NaN.
 
 // FA_CLOCKS builds (profiling only; scripts/device_pack.sh makes one): thread 0 of block (0, 0, 0)
@@ -801,23 +802,26 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
         if (!(k1 <= whi && (k0 >= wlo || k1 < vse))) fa_tile_mask(sc, tile, qd, vhi, vlo, vse, rows8);
     };
     // o += P V for one tile of the partition: P straight from the score registers as the A operand,
-    // split into a bf16 head and a bf16 remainder (two MMAs): P keeps ~16 bits, close to the f32
-    // reference (P in bf16 alone parted stories260k's greedy ids from the golden file at token 185)
+    // in bf16 at HDP 64 and 128; below, split into a bf16 head and a bf16 remainder (two MMAs: P
+    // keeps ~16 bits; P in bf16 alone parted stories260k's greedy ids from the golden file at
+    // token 185): fa_p_split
     auto tile_pv = [&](const __nv_bfloat16 *cv, const float (&sc)[FA_KT / 8][4]) {
 #pragma unroll
         for (int c = 0; c < FA_KT / 16; c++) {
+            constexpr bool SP = fa_p_split<HDP>;
             uint32_t ph[4], pl[4];
-            split_p(sc[2 * c][0], sc[2 * c][1], ph[0], pl[0]);
-            split_p(sc[2 * c + 1][0], sc[2 * c + 1][1], ph[2], pl[2]);
+            pack_p<SP>(sc[2 * c][0], sc[2 * c][1], ph[0], pl[0]);
+            pack_p<SP>(sc[2 * c + 1][0], sc[2 * c + 1][1], ph[2], pl[2]);
             if (rows8) {
-                split_p(sc[2 * c][2], sc[2 * c][3], ph[1], pl[1]);
-                split_p(sc[2 * c + 1][2], sc[2 * c + 1][3], ph[3], pl[3]);
+                pack_p<SP>(sc[2 * c][2], sc[2 * c][3], ph[1], pl[1]);
+                pack_p<SP>(sc[2 * c + 1][2], sc[2 * c + 1][3], ph[3], pl[3]);
             } else {
-                ph[1] = pl[1] = ph[3] = pl[3] = 0u; // split_p(0, 0)
+                ph[1] = pl[1] = ph[3] = pl[3] = 0u; // pack_p(0, 0)
             }
             // every V fragment of the 16 keys first, then the head MMAs of this warp's output
             // tiles d0 .. d0 + OT - 1 (pairs dd of them a fragment), then the remainder's (per
-            // output still head then remainder, c in order)
+            // output still head then remainder, c in order; no remainder at HDP 64 and 128:
+            // fa_p_split)
             uint32_t b[OT / 2][4]; // keys c*16 + lane%16, dims (d0/2 + dd)*16 + (lane/16)*8, transposed
 #pragma unroll
             for (int dd = 0; dd < OT / 2; dd++)
@@ -827,10 +831,12 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
                 fa_mma(o[2 * dd], ph, b[dd][0], b[dd][1]);
                 fa_mma(o[2 * dd + 1], ph, b[dd][2], b[dd][3]);
             }
+            if constexpr (SP) {
 #pragma unroll
-            for (int dd = 0; dd < OT / 2; dd++) {
-                fa_mma(o[2 * dd], pl, b[dd][0], b[dd][1]);
-                fa_mma(o[2 * dd + 1], pl, b[dd][2], b[dd][3]);
+                for (int dd = 0; dd < OT / 2; dd++) {
+                    fa_mma(o[2 * dd], pl, b[dd][0], b[dd][1]);
+                    fa_mma(o[2 * dd + 1], pl, b[dd][2], b[dd][3]);
+                }
             }
         }
     };

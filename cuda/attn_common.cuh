@@ -67,12 +67,21 @@ __device__ __forceinline__ void fa_cp16(void *smem, const void *gmem, bool pred)
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(pred ? 16 : 0));
 }
 // Two probabilities as bf16 pairs: head (x rounded) and remainder (x - head, rounded).
-__device__ __forceinline__ void split_p(float x0, float x1, uint32_t &hi, uint32_t &lo) {
+// P V's precision by the padded head dim: at 64 and 128 (the models' heads, where the wgmma
+// prefill kernel runs) P is rounded to bf16, one MMA a k16 step, as FlashAttention does; below,
+// P is its bf16 head and remainder (pack_p<true>, two MMAs: ~16 bits), which keeps stories260k's
+// greedy ids on the golden file (P in bf16 alone parted them at token 185: runs 53-56). Every
+// kernel of a head dim uses the same rule, so their bits stay equal.
+template <int HDP> constexpr bool fa_p_split = HDP < 64;
+// P's bf16 pair (x0, x1), and with fa_p_split its remainder too: the head is the same either way
+template <bool SPLIT> __device__ __forceinline__ void pack_p(float x0, float x1, uint32_t &hi, uint32_t &lo) {
     __nv_bfloat162 h = __floats2bfloat162_rn(x0, x1);
-    float2 hf = __bfloat1622float2(h);
-    __nv_bfloat162 l = __floats2bfloat162_rn(x0 - hf.x, x1 - hf.y);
     hi = *reinterpret_cast<uint32_t *>(&h);
-    lo = *reinterpret_cast<uint32_t *>(&l);
+    if constexpr (SPLIT) {
+        float2 hf = __bfloat1622float2(h);
+        __nv_bfloat162 l = __floats2bfloat162_rn(x0 - hf.x, x1 - hf.y);
+        lo = *reinterpret_cast<uint32_t *>(&l);
+    }
 }
 
 // Adds a partition's softmax state (its rows' max m, full sum l, and o) to a running total (M,

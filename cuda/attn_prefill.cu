@@ -10,8 +10,8 @@
 // computes S = Q K^T (wgmma m64n64k16 on each half of the partition's 128 keys, the head dim in
 // k16 steps in order; every wgmma of a group issued), the mask of each 32-key tile and the
 // partition's softmax (the flash kernel's code on the same accumulator layout: a warp's rows
-// 16w + g and + 8, columns 8n + 2q and + 1), then o = P V from registers (wgmma RS, P as its bf16
-// head and remainder, the k16 steps in key order) with V from shared memory as an MN-major
+// 16w + g and + 8, columns 8n + 2q and + 1), then o = P V from registers (wgmma RS, P in bf16 as
+// the flash kernel has it at these head dims, the k16 steps in key order) with V from shared memory as an MN-major
 // operand, a wgmma group for each 64 head dims over the partition's four tiles.
 // A closed partition's state is merged into the running total (in registers) with the flash
 // kernel's roundings. Every sum is the flash kernel's, in its order, so a row's bits are those
@@ -183,7 +183,10 @@ __global__ void __launch_bounds__(PF_THREADS, 1)
 
     // consumers: warpgroup w, its warp wq computes unit 4 w + wq
     asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n");
-    const int w = threadIdx.x / 128 - 1, wq = threadIdx.x / 32 % 4, lane = threadIdx.x % 32, g = lane / 4, qd = lane % 4;
+    // (w broadcast from lane 0: a value the compiler knows is warp-uniform can live in uniform
+    // registers, so the Q descriptors built from it need no R2UR before each wgmma)
+    const int w = __shfl_sync(0xffffffffu, (int)threadIdx.x / 128, 0) - 1, wq = threadIdx.x / 32 % 4, lane = threadIdx.x % 32,
+              g = lane / 4, qd = lane % 4;
     const int uw = 4 * w + wq, t0 = tb + uw * TPU, nt = max(0, min(TPU, row_end - t0)), nrows = nt * G;
     const int wt0 = 4 * w * TPU, wnt = max(0, min(4 * TPU, row_end - tb - wt0)); // the warpgroup's tokens
     fa_range mine;
@@ -237,10 +240,9 @@ __global__ void __launch_bounds__(PF_THREADS, 1)
     };
     // P V and the merge of the closed partition into the running total (the flash kernel's
     // close_partition and its roundings), by 64 head dims at a time: o[hb] = P V of dims 64 hb ..
-    // from registers (wgmma RS m64n64k16, P as its bf16 head and remainder (split_p), each k16 step
-    // the head then the remainder, the steps in key order, V an MN-major operand), a group each,
-    // each merged as soon as its group is done (P, o and O beside each other: 12 bytes of spills at
-    // head dim 128 on 224 registers; the producer needs its 56 for the row copies)
+    // from registers (wgmma RS m64n64k16, P in bf16 (fa_p_split: no remainder at head dims 64 and
+    // 128), the k16 steps in key order, V an MN-major operand), a group each, each merged as soon
+    // as its group is done
     uint32_t phi[FA_PT][2][4], plo[FA_PT][2][4]; // [tile][k16 step c]
     float ca[2], cb[2];
     bool mg[2];
@@ -251,8 +253,8 @@ __global__ void __launch_bounds__(PF_THREADS, 1)
             for (int c = 0; c < 2; c++) { // n8 blocks 2c and 2c + 1 of tile t
                 const float *x = sc + 16 * t + 8 * c;
                 uint32_t(&h)[4] = phi[t][c], (&r)[4] = plo[t][c];
-                split_p(x[0], x[1], h[0], r[0]), split_p(x[2], x[3], h[1], r[1]);
-                split_p(x[4], x[5], h[2], r[2]), split_p(x[6], x[7], h[3], r[3]);
+                pack_p<fa_p_split<HD>>(x[0], x[1], h[0], r[0]), pack_p<fa_p_split<HD>>(x[2], x[3], h[1], r[1]);
+                pack_p<fa_p_split<HD>>(x[4], x[5], h[2], r[2]), pack_p<fa_p_split<HD>>(x[6], x[7], h[3], r[3]);
             }
 #pragma unroll
         for (int h = 0; h < 2; h++) {
@@ -274,7 +276,7 @@ __global__ void __launch_bounds__(PF_THREADS, 1)
                 for (int c = 0; c < 2; c++) {
                     const uint64_t vd = sw128_mn_desc(v_at(sb) + hb * P * 128 + (t * FA_KT + 16 * c) * 128, P * 128);
                     wgmma_rs_mn<64>(o[hb], phi[t][c], vd, 1);
-                    wgmma_rs_mn<64>(o[hb], plo[t][c], vd, 1);
+                    if constexpr (fa_p_split<HD>) wgmma_rs_mn<64>(o[hb], plo[t][c], vd, 1); // (never: HD 64, 128)
                 }
             wgmma_commit();
         }
