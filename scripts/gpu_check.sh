@@ -53,6 +53,10 @@ invariance() {
         "$B/check_invariance" "tests/fixtures/hf/$m" cuda || rc=1
         "$B/check_invariance" "tests/fixtures/hf/$m" cuda "$pat" 0.5 || rc=1
     done
+    # head dim 128 (the wgmma prefill kernel and the cooperative decode kernel): 2 layers, 1 KV head
+    printf '0.9\n0.1\n' >"$pat.1"
+    "$B/check_invariance" tests/fixtures/hf/llama_hd128 cuda || rc=1
+    "$B/check_invariance" tests/fixtures/hf/llama_hd128 cuda "$pat.1" 0.5 || rc=1
     return $rc
 }
 

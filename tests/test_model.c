@@ -167,6 +167,7 @@ static void test_hf_parity_llama3_gqa_llama3_rope(void **state) { check_hf_famil
 static void test_hf_parity_llama2_mha_linear_rope(void **state) { check_hf_family("llama2"); }
 static void test_hf_parity_mistral_sliding_window(void **state) { check_hf_family("mistral"); }
 static void test_hf_parity_qwen2_bias_tied(void **state) { check_hf_family("qwen2"); }
+static void test_hf_parity_llama_head_dim_128(void **state) { check_hf_family("llama_hd128"); }
 
 /* The same greedy continuation whatever the prefill chunk size. */
 static void test_greedy_ids_identical_across_prefill_chunks(void **state) {
@@ -364,6 +365,7 @@ int main(void) {
         cmocka_unit_test(test_hf_parity_llama2_mha_linear_rope),
         cmocka_unit_test(test_hf_parity_mistral_sliding_window),
         cmocka_unit_test(test_hf_parity_qwen2_bias_tied),
+        cmocka_unit_test(test_hf_parity_llama_head_dim_128),
         cmocka_unit_test(test_greedy_ids_identical_across_prefill_chunks),
         cmocka_unit_test(test_batched_forward_equals_separate_forwards),
         cmocka_unit_test(test_decode_step_matches_full_forward),
