@@ -25,11 +25,14 @@ static uint64_t prefix_salt(const struct core *c) {
 }
 
 /* Attention's speed per FLOP relative to the linear layers' GEMMs, in the scheduler's step cost.
- * Provenance: H200, Llama-3-8B shape, the default (invariant) GEMMs: prefill 2k at ~30,500 tok/s
- * (docs/PERF_NOTES.md run 40: the linear layers at ~430 TFLOP/s) and a 131,072-token prompt in
- * 44.1 s through the server (issue 21), ~40 s of it attention (~113 TFLOP/s): 113 / 430 = 0.26.
- * To be measured again when the attention kernel changes (docs/ARCHITECTURE.md, "Step cost"). */
-#define CORE_ATTN_EFFICIENCY 0.26
+ * Provenance: docs/PERF_NOTES.md run 66 (an H100: the same bf16 tensor-core rate as the H200),
+ * Llama-3-8B shape, the default GEMMs, two prompts alone through the server (bench_long.py's fit
+ * of TTFT = a N + b N^2 / 2 over 65,536 and 131,072 tokens): 28.34 us a token for the linear
+ * layers (2 x 6.98e9 FLOPs: ~493 TFLOP/s) and 1,223 ps a query-key pair (524,288 FLOPs: ~429
+ * TFLOP/s), 0.87; set a little lower, so that a step near the cap errs toward the decodes. (It was
+ * 0.26 with the flash kernel's prefill at ~113 TFLOP/s.) To be measured again when the attention
+ * kernel changes (docs/ARCHITECTURE.md, "Step cost"). */
+#define CORE_ATTN_EFFICIENCY 0.85
 
 /* The scheduler's step cost from the model's shape and head pattern, in token-equivalents (a
  * token's linear layers = 1). FLOPs: the linear layers 2 a weight a token (the LM head, once per
