@@ -28,6 +28,9 @@
 
 #define WG_BM 128       // weight rows a tile (two consumer warpgroups of 64)
 #define WG_THREADS 384  // producer warpgroup + two consumers
+#ifndef WG_GROUP // (a build may set it)
+#define WG_GROUP 16 // tiles mode: weight tiles a group (their token tiles walked together: see wg_walk)
+#endif
 #ifndef WG_MC_MIN // (a build may set it: scripts/device_pack.sh's VARIANTS)
 #define WG_MC_MIN 2048 // tile pairs sharing their tokens (clusters of two) from this M up (0: never)
 #endif
@@ -77,8 +80,13 @@ template <int BN, int BK> __device__ __forceinline__ uint64_t x_desc(uint32_t x,
 struct wg_seg {
     int tile, wt, tt, c_lo, c_hi; // tile = wt * TT + tt
 };
+// Tiles mode walks the tiles in groups of WG_GROUP weight tiles, each group's token tiles outer
+// and its weight tiles inner, so that the blocks at work at once share a few token tiles and a
+// few weight tiles in the L2 (in plain weight-major order they spread over every token tile, and
+// at M 8192 each pass of the grid over one or two weight tiles read all 64 MB of tokens again).
 // MC (tiles mode): the grid's blocks in clusters of two, cluster c taking the tile pairs c, c +
-// clusters, ..., pair i the weight tiles 2 (i / TT) and + 1 (one a block) of token tile i % TT
+// clusters, ..., pair i the weight tiles 2 w and 2 w + 1 (one a block) of a token tile, in
+// groups of WG_GROUP / 2 pairs
 struct wg_walk {
     int u, u1; // stream-K: the next unit and the end of the block's range
     int i;     // tiles mode: the next tile (MC: pair)
@@ -88,17 +96,30 @@ struct wg_walk {
         u = (int)((long long)blockIdx.x * U / gridDim.x), u1 = (int)((long long)(blockIdx.x + 1) * U / gridDim.x);
         i = mc ? blockIdx.x / 2 : blockIdx.x;
     }
+    // item i of NW x TT (weight item, token tile) in groups of GW weight items (GW 0: weight-major)
+    __device__ static void grouped(int i, int NW, int TT, int GW, int &w, int &tt) {
+        if (GW <= 0) {
+            w = i / TT, tt = i % TT;
+            return;
+        }
+        const int g = i / (GW * TT), r = i - g * GW * TT, gs = min(GW, NW - g * GW);
+        tt = r / gs, w = g * GW + r % gs;
+    }
     __device__ bool next(bool sk, int T, int TT, int CH, wg_seg &sg) {
         if (mc) {
             if (i >= T / 2) return false;
-            const int wt = 2 * (i / TT) + mc - 1, tt = i % TT;
+            int w, tt;
+            grouped(i, T / TT / 2, TT, WG_GROUP / 2, w, tt);
+            const int wt = 2 * w + mc - 1;
             sg = {wt * TT + tt, wt, tt, 0, CH};
             i += gridDim.x / 2;
             return true;
         }
         if (!sk) {
             if (i >= T) return false;
-            sg = {i, i / TT, i % TT, 0, CH};
+            int wt, tt;
+            grouped(i, T / TT, TT, WG_GROUP, wt, tt);
+            sg = {wt * TT + tt, wt, tt, 0, CH};
             i += gridDim.x;
             return true;
         }
