@@ -31,6 +31,7 @@
 #ifndef WG_GROUP // (a build may set it)
 #define WG_GROUP 16 // tiles mode: weight tiles a group (their token tiles walked together: see wg_walk)
 #endif
+#define WG_GROUP_MIN 2048 // ... from this M up (below it, weight-major order: decode b256 was 12% slower grouped)
 #ifndef WG_MC_MIN // (a build may set it: scripts/device_pack.sh's VARIANTS)
 #define WG_MC_MIN 2048 // tile pairs sharing their tokens (clusters of two) from this M up (0: never)
 #endif
@@ -80,7 +81,7 @@ template <int BN, int BK> __device__ __forceinline__ uint64_t x_desc(uint32_t x,
 struct wg_seg {
     int tile, wt, tt, c_lo, c_hi; // tile = wt * TT + tt
 };
-// Tiles mode walks the tiles in groups of WG_GROUP weight tiles, each group's token tiles outer
+// Tiles mode from M WG_GROUP_MIN walks the tiles in groups of WG_GROUP weight tiles, each group's token tiles outer
 // and its weight tiles inner, so that the blocks at work at once share a few token tiles and a
 // few weight tiles in the L2 (in plain weight-major order they spread over every token tile, and
 // at M 8192 each pass of the grid over one or two weight tiles read all 64 MB of tokens again).
@@ -91,7 +92,8 @@ struct wg_walk {
     int u, u1; // stream-K: the next unit and the end of the block's range
     int i;     // tiles mode: the next tile (MC: pair)
     int mc;    // MC: 1 + the block's rank in its cluster (0: no clusters)
-    __device__ wg_walk(bool sk, int T, int CH, int mc_ = 0) : mc(mc_) {
+    int gw;    // weight tiles a group (0: weight-major order)
+    __device__ wg_walk(bool sk, int T, int CH, int M, int mc_ = 0) : mc(mc_), gw(M >= WG_GROUP_MIN ? WG_GROUP : 0) {
         const int U = T * CH;
         u = (int)((long long)blockIdx.x * U / gridDim.x), u1 = (int)((long long)(blockIdx.x + 1) * U / gridDim.x);
         i = mc ? blockIdx.x / 2 : blockIdx.x;
@@ -109,7 +111,7 @@ struct wg_walk {
         if (mc) {
             if (i >= T / 2) return false;
             int w, tt;
-            grouped(i, T / TT / 2, TT, WG_GROUP / 2, w, tt);
+            grouped(i, T / TT / 2, TT, gw / 2, w, tt);
             const int wt = 2 * w + mc - 1;
             sg = {wt * TT + tt, wt, tt, 0, CH};
             i += gridDim.x / 2;
@@ -118,7 +120,7 @@ struct wg_walk {
         if (!sk) {
             if (i >= T) return false;
             int wt, tt;
-            grouped(i, T / TT, TT, WG_GROUP, wt, tt);
+            grouped(i, T / TT, TT, gw, wt, tt);
             sg = {wt * TT + tt, wt, tt, 0, CH};
             i += gridDim.x;
             return true;
@@ -183,7 +185,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
         asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
         if (threadIdx.x == 0) {
             int s = 0, ph = 0;
-            wg_walk walk(sk, T, CH, MC ? 1 + crank : 0);
+            wg_walk walk(sk, T, CH, M, MC ? 1 + crank : 0);
             wg_seg sg;
             while (walk.next(sk, T, TT, CH, sg)) {
                 const int kt_end = min(KT, sg.c_hi * KTC);
@@ -227,7 +229,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
                 if constexpr (MC) mbar_arrive_cluster(empty0 + 8 * st, crank ^ 1);
             }
         };
-        wg_walk walk(sk, T, CH, MC ? 1 + crank : 0);
+        wg_walk walk(sk, T, CH, M, MC ? 1 + crank : 0);
         wg_seg sg;
         while (walk.next(sk, T, TT, CH, sg)) {
             const int n0 = sg.wt * WG_BM + cwarp * 16 + g, t0 = sg.tt * BN + 2 * q;
