@@ -28,6 +28,10 @@
 
 #define WG_BM 128       // weight rows a tile (two consumer warpgroups of 64)
 #define WG_THREADS 384  // producer warpgroup + two consumers
+#ifndef WG_GROUP // (a build may set it)
+#define WG_GROUP 16 // tiles mode: weight tiles a group (their token tiles walked together: see wg_walk)
+#endif
+#define WG_GROUP_MIN 2048 // ... from this M up (below it, weight-major order: decode b256 was 12% slower grouped)
 #ifndef WG_MC_MIN // (a build may set it: scripts/device_pack.sh's VARIANTS)
 #define WG_MC_MIN 2048 // tile pairs sharing their tokens (clusters of two) from this M up (0: never)
 #endif
@@ -77,28 +81,47 @@ template <int BN, int BK> __device__ __forceinline__ uint64_t x_desc(uint32_t x,
 struct wg_seg {
     int tile, wt, tt, c_lo, c_hi; // tile = wt * TT + tt
 };
+// Tiles mode from M WG_GROUP_MIN walks the tiles in groups of WG_GROUP weight tiles, each group's token tiles outer
+// and its weight tiles inner, so that the blocks at work at once share a few token tiles and a
+// few weight tiles in the L2 (in plain weight-major order they spread over every token tile, and
+// at M 8192 each pass of the grid over one or two weight tiles read all 64 MB of tokens again).
 // MC (tiles mode): the grid's blocks in clusters of two, cluster c taking the tile pairs c, c +
-// clusters, ..., pair i the weight tiles 2 (i / TT) and + 1 (one a block) of token tile i % TT
+// clusters, ..., pair i the weight tiles 2 w and 2 w + 1 (one a block) of a token tile, in
+// groups of WG_GROUP / 2 pairs
 struct wg_walk {
     int u, u1; // stream-K: the next unit and the end of the block's range
     int i;     // tiles mode: the next tile (MC: pair)
     int mc;    // MC: 1 + the block's rank in its cluster (0: no clusters)
-    __device__ wg_walk(bool sk, int T, int CH, int mc_ = 0) : mc(mc_) {
+    int gw;    // weight tiles a group (0: weight-major order)
+    __device__ wg_walk(bool sk, int T, int CH, int M, int mc_ = 0) : mc(mc_), gw(M >= WG_GROUP_MIN ? WG_GROUP : 0) {
         const int U = T * CH;
         u = (int)((long long)blockIdx.x * U / gridDim.x), u1 = (int)((long long)(blockIdx.x + 1) * U / gridDim.x);
         i = mc ? blockIdx.x / 2 : blockIdx.x;
     }
+    // item i of NW x TT (weight item, token tile) in groups of GW weight items (GW 0: weight-major)
+    __device__ static void grouped(int i, int NW, int TT, int GW, int &w, int &tt) {
+        if (GW <= 0) {
+            w = i / TT, tt = i % TT;
+            return;
+        }
+        const int g = i / (GW * TT), r = i - g * GW * TT, gs = min(GW, NW - g * GW);
+        tt = r / gs, w = g * GW + r % gs;
+    }
     __device__ bool next(bool sk, int T, int TT, int CH, wg_seg &sg) {
         if (mc) {
             if (i >= T / 2) return false;
-            const int wt = 2 * (i / TT) + mc - 1, tt = i % TT;
+            int w, tt;
+            grouped(i, T / TT / 2, TT, gw / 2, w, tt);
+            const int wt = 2 * w + mc - 1;
             sg = {wt * TT + tt, wt, tt, 0, CH};
             i += gridDim.x / 2;
             return true;
         }
         if (!sk) {
             if (i >= T) return false;
-            sg = {i, i / TT, i % TT, 0, CH};
+            int wt, tt;
+            grouped(i, T / TT, TT, gw, wt, tt);
+            sg = {wt * TT + tt, wt, tt, 0, CH};
             i += gridDim.x;
             return true;
         }
@@ -162,7 +185,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
         asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
         if (threadIdx.x == 0) {
             int s = 0, ph = 0;
-            wg_walk walk(sk, T, CH, MC ? 1 + crank : 0);
+            wg_walk walk(sk, T, CH, M, MC ? 1 + crank : 0);
             wg_seg sg;
             while (walk.next(sk, T, TT, CH, sg)) {
                 const int kt_end = min(KT, sg.c_hi * KTC);
@@ -206,7 +229,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
                 if constexpr (MC) mbar_arrive_cluster(empty0 + 8 * st, crank ^ 1);
             }
         };
-        wg_walk walk(sk, T, CH, MC ? 1 + crank : 0);
+        wg_walk walk(sk, T, CH, M, MC ? 1 + crank : 0);
         wg_seg sg;
         while (walk.next(sk, T, TT, CH, sg)) {
             const int n0 = sg.wt * WG_BM + cwarp * 16 + g, t0 = sg.tt * BN + 2 * q;
