@@ -31,6 +31,7 @@
 #ifndef WG_GROUP // (a build may set it)
 #define WG_GROUP 16 // tiles mode: weight tiles a group (their token tiles walked together: see wg_walk)
 #endif
+static_assert(WG_GROUP % 2 == 0, "WG_GROUP / 2 tile pairs a group (MC)");
 #define WG_GROUP_MIN 2048 // ... from this M up (below it, weight-major order: decode b256 was 12% slower grouped)
 #ifndef WG_MC_MIN // (a build may set it: scripts/device_pack.sh's VARIANTS)
 #define WG_MC_MIN 2048 // tile pairs sharing their tokens (clusters of two) from this M up (0: never)
@@ -158,6 +159,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
     gemm_wg_kernel(const wg_args p, const __grid_constant__ CUtensorMap xmap, const __grid_constant__ CUtensorMap wmap) {
     using C = wg_cfg<BN, BK, TS>;
     constexpr int ST = C::STAGES, KS = BK / 16, KTC = GEMM_KC / BK; // k blocks a stage, stages a chunk
+    static_assert(KTC >= 2 && KTC % 2 == 0, "the consumers take a chunk's k tiles in pairs");
     extern __shared__ unsigned char smem_raw[];
     const uint32_t base = (smem_u32(smem_raw) + 1023) & ~1023u;
     auto xs = [&](int s) { return base + s * C::X_BYTES; };
