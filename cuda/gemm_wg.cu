@@ -289,8 +289,9 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
                     for (int j = 0; j < BN / 2; j++) tot(j) += acc[j];
                 } else { // a chunk of a split tile past its prefix: a partial of its own
                     float *part = p.ws + (size_t)c * M * N;
-                    // (TS runs without stream-K: this path's index arithmetic spilled 60 registers there)
-                    if constexpr (!TS) each_out([&](int i) -> float & { return acc[i]; }, [&](int n, int t, float &v) { part[(size_t)t * N + n] = v; });
+                    // (stream-K runs at 128 k a stage, never with TS (wg_choose): compiled there only; its
+                    // index arithmetic spilled 60 registers with TS)
+                    if constexpr (!TS && BK == 128) each_out([&](int i) -> float & { return acc[i]; }, [&](int n, int t, float &v) { part[(size_t)t * N + n] = v; });
                 }
             }
             if (!whole) { // a split tile: the prefix's total out (the fixup kernel adds the rest in chunk order)
@@ -378,6 +379,7 @@ template <int BN, int BK, int TS, typename OUT, bool SW, bool MC = false>
 static int wg_launch(OUT *y, const void *x, const void *w, const void *bias, int M, int N, int K, bool sk,
                      const struct gemm_wg_env *env, cudaStream_t s) {
     CUtensorMap xm, wm;
+    if (sk && BK != 128) return -2; // (the kernel writes stream-K partials at 128 k a stage only)
     if (token_map(&xm, x, M, K, MC ? BN / 2 : BN, BK) || weight_map(&wm, w, N, K, BK, WG_BM / 16)) return -2;
     const unsigned chunks = (unsigned)((K + GEMM_KC - 1) / GEMM_KC);
     const unsigned tiles = (unsigned)((N + WG_BM - 1) / WG_BM) * (unsigned)((M + BN - 1) / BN);
@@ -436,7 +438,8 @@ int gemm_wg_init(void) {
         return -2;
     }
     g_encode = (PFN_cuTensorMapEncodeTiled_v12000)fn;
-    return wg_allow<64, 128>() | wg_allow<64, 64>() | wg_allow<128, 128>() | wg_allow<128, 64>() | wg_allow<256, 32, 1>();
+    return wg_allow<64, 128>() | wg_allow<64, 64>() | wg_allow<128, 128>() | wg_allow<128, 64>() | wg_allow<192, WG_BIG_BK>() |
+           wg_allow<256, 32, 1>();
 }
 
 // The tile and the split for M x N x K (runs 39-40: each Llama-3-8B GEMM alone at M 64..8192):
@@ -466,7 +469,7 @@ static wg_plan wg_choose(int M, int N, int K, int sms) {
     const long tiles = pl.bn == 64 ? t64 : t128, chunks = (K + GEMM_KC - 1) / GEMM_KC;
     pl.sk = 4 * tiles <= sms && chunks > 1 && (size_t)chunks * M * N <= GEMM_WS_FLOATS;
     pl.bk = M <= 64 || M > 4096 || pl.sk ? 128 : 64;
-    if (M > WG_T256_MIN && !pl.sk) pl.bn = 256, pl.bk = 32;
+    if (M > WG_T256_MIN && !pl.sk) pl.bn = WG_BIG_BN, pl.bk = WG_BIG_BN == 256 ? 32 : WG_BIG_BK;
     pl.mc = WG_MC_MIN > 0 && M >= WG_MC_MIN && !pl.sk && pl.bn >= 128 && nt % 2 == 0 && nt >= 2;
     return pl;
 }
@@ -477,11 +480,13 @@ static int wg_gemm(OUT *y, const void *x, const void *w, const void *bias, int M
     wg_plan pl = wg_choose(M, N, K, env->sms);
     if constexpr (WG_MC_MIN > 0) {
         if (pl.mc && pl.bn == 256) return wg_launch<256, 32, 1, OUT, SW, true>(y, x, w, bias, M, N, K, false, env, s);
+        if (pl.mc && pl.bn == 192) return wg_launch<192, WG_BIG_BK, 0, OUT, SW, true>(y, x, w, bias, M, N, K, false, env, s);
         if (pl.mc && pl.bn == 128)
             return pl.bk == 128 ? wg_launch<128, 128, 0, OUT, SW, true>(y, x, w, bias, M, N, K, false, env, s)
                                 : wg_launch<128, 64, 0, OUT, SW, true>(y, x, w, bias, M, N, K, false, env, s);
     }
     if (pl.bn == 256) return wg_launch<256, 32, 1, OUT, SW>(y, x, w, bias, M, N, K, false, env, s);
+    if (pl.bn == 192) return wg_launch<192, WG_BIG_BK, 0, OUT, SW>(y, x, w, bias, M, N, K, false, env, s);
     if (pl.bn == 64) return pl.bk == 128 ? wg_launch<64, 128, 0, OUT, SW>(y, x, w, bias, M, N, K, pl.sk, env, s)
                                          : wg_launch<64, 64, 0, OUT, SW>(y, x, w, bias, M, N, K, pl.sk, env, s);
     return pl.bk == 128 ? wg_launch<128, 128, 0, OUT, SW>(y, x, w, bias, M, N, K, pl.sk, env, s)
