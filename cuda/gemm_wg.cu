@@ -461,6 +461,7 @@ struct wg_plan {
     int bn, bk;
     bool sk, mc;
 };
+static_assert((WG_BIG_BN == 192 && (WG_BIG_BK == 32 || WG_BIG_BK == 64)) || WG_BIG_BN == 256, "the big tiles' kernels built");
 static wg_plan wg_choose(int M, int N, int K, int sms) {
     const long nt = (N + WG_BM - 1) / WG_BM, t64 = nt * ((M + 63) / 64), t128 = nt * ((M + 127) / 128);
     const long w64 = (t64 + sms - 1) / sms, w128 = (t128 + sms - 1) / sms;
