@@ -31,6 +31,7 @@
 #ifndef WG_GROUP // (a build may set it)
 #define WG_GROUP 16 // tiles mode: weight tiles a group (their token tiles walked together: see wg_walk)
 #endif
+static_assert(WG_GROUP % 2 == 0, "WG_GROUP / 2 tile pairs a group (MC)");
 #define WG_GROUP_MIN 2048 // ... from this M up (below it, weight-major order: decode b256 was 12% slower grouped)
 #ifndef WG_MC_MIN // (a build may set it: scripts/device_pack.sh's VARIANTS)
 #define WG_MC_MIN 2048 // tile pairs sharing their tokens (clusters of two) from this M up (0: never)
@@ -158,6 +159,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
     gemm_wg_kernel(const wg_args p, const __grid_constant__ CUtensorMap xmap, const __grid_constant__ CUtensorMap wmap) {
     using C = wg_cfg<BN, BK, TS>;
     constexpr int ST = C::STAGES, KS = BK / 16, KTC = GEMM_KC / BK; // k blocks a stage, stages a chunk
+    static_assert(KTC >= 2 && KTC % 2 == 0, "the consumers take a chunk's k tiles in pairs");
     extern __shared__ unsigned char smem_raw[];
     const uint32_t base = (smem_u32(smem_raw) + 1023) & ~1023u;
     auto xs = [&](int s) { return base + s * C::X_BYTES; };
@@ -213,8 +215,9 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
         const int cw = threadIdx.x / 128 - 1, wq = threadIdx.x / 32 % 4, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
         const int cwarp = cw * 4 + wq; // 0..7
         // PAIR: chunks in pairs on two accumulator sets (below; not with 256-token tiles, whose
-        // totals are in shared memory, nor at 128 x 128 x 128, whose A fragments leave no room)
-        constexpr bool PAIR = !TS && !(BN == 128 && BK == 128);
+        // totals are in shared memory, nor at 192, whose three sets would not fit 240 registers,
+        // nor at 128 x 128 x 128, whose A fragments leave no room)
+        constexpr bool PAIR = !TS && BN <= 128 && !(BN == 128 && BK == 128);
         float acc[BN / 2], acc2[PAIR ? BN / 2 : 1], total[TS ? 1 : BN / 2];
         float *tsm = reinterpret_cast<float *>(const_cast<unsigned char *>(gbase) + ST * (C::X_BYTES + C::W_BYTES) + 2 * ST * 8) +
                      (threadIdx.x - 128);
@@ -478,7 +481,8 @@ int gemm_wg_init(void) {
         return -2;
     }
     g_encode = (PFN_cuTensorMapEncodeTiled_v12000)fn;
-    return wg_allow<64, 128>() | wg_allow<64, 64>() | wg_allow<128, 128>() | wg_allow<128, 64>() | wg_allow<256, 32, 1>();
+    return wg_allow<64, 128>() | wg_allow<64, 64>() | wg_allow<128, 128>() | wg_allow<128, 64>() | wg_allow<192, WG_BIG_BK>() |
+           wg_allow<256, 32, 1>();
 }
 
 // The tile and the split for M x N x K (runs 39-40: each Llama-3-8B GEMM alone at M 64..8192):
@@ -500,6 +504,7 @@ struct wg_plan {
     int bn, bk;
     bool sk, mc;
 };
+static_assert((WG_BIG_BN == 192 && (WG_BIG_BK == 32 || WG_BIG_BK == 64)) || WG_BIG_BN == 256, "the big tiles' kernels built");
 static wg_plan wg_choose(int M, int N, int K, int sms) {
     const long nt = (N + WG_BM - 1) / WG_BM, t64 = nt * ((M + 63) / 64), t128 = nt * ((M + 127) / 128);
     const long w64 = (t64 + sms - 1) / sms, w128 = (t128 + sms - 1) / sms;
@@ -508,7 +513,7 @@ static wg_plan wg_choose(int M, int N, int K, int sms) {
     const long tiles = pl.bn == 64 ? t64 : t128, chunks = (K + GEMM_KC - 1) / GEMM_KC;
     pl.sk = 4 * tiles <= sms && chunks > 1 && (size_t)chunks * M * N <= GEMM_WS_FLOATS;
     pl.bk = M <= 64 || M > 4096 || pl.sk ? 128 : 64;
-    if (M > WG_T256_MIN && !pl.sk) pl.bn = 256, pl.bk = 32;
+    if (M > WG_T256_MIN && !pl.sk) pl.bn = WG_BIG_BN, pl.bk = WG_BIG_BN == 256 ? 32 : WG_BIG_BK;
     pl.mc = WG_MC_MIN > 0 && M >= WG_MC_MIN && !pl.sk && pl.bn >= 128 && nt % 2 == 0 && nt >= 2;
     return pl;
 }
@@ -519,11 +524,13 @@ static int wg_gemm(OUT *y, const void *x, const void *w, const void *bias, int M
     wg_plan pl = wg_choose(M, N, K, env->sms);
     if constexpr (WG_MC_MIN > 0) {
         if (pl.mc && pl.bn == 256) return wg_launch<256, 32, 1, OUT, SW, true>(y, x, w, bias, M, N, K, false, env, s);
+        if (pl.mc && pl.bn == 192) return wg_launch<192, WG_BIG_BK, 0, OUT, SW, true>(y, x, w, bias, M, N, K, false, env, s);
         if (pl.mc && pl.bn == 128)
             return pl.bk == 128 ? wg_launch<128, 128, 0, OUT, SW, true>(y, x, w, bias, M, N, K, false, env, s)
                                 : wg_launch<128, 64, 0, OUT, SW, true>(y, x, w, bias, M, N, K, false, env, s);
     }
     if (pl.bn == 256) return wg_launch<256, 32, 1, OUT, SW>(y, x, w, bias, M, N, K, false, env, s);
+    if (pl.bn == 192) return wg_launch<192, WG_BIG_BK, 0, OUT, SW>(y, x, w, bias, M, N, K, false, env, s);
     if (pl.bn == 64) return pl.bk == 128 ? wg_launch<64, 128, 0, OUT, SW>(y, x, w, bias, M, N, K, pl.sk, env, s)
                                          : wg_launch<64, 64, 0, OUT, SW>(y, x, w, bias, M, N, K, pl.sk, env, s);
     return pl.bk == 128 ? wg_launch<128, 128, 0, OUT, SW>(y, x, w, bias, M, N, K, pl.sk, env, s)

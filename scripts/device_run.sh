@@ -235,11 +235,12 @@ fi
 ktr() { local name=$1; shift; CUDA_INJECTION64_PATH=$B/libktrace.so KTRACE_OUT=$L/kt_$name.txt timeout 100 $B/bench_gpu $M cuda --prefill 0 "$@" > $L/kt_$name.log 2>&1
   grep decode $L/kt_$name.log | sed -E 's/ +/ /g'; python3 scripts/ktrace_report.py $L/kt_$name.txt --top 14 > $L/kt_$name.report 2>&1; head -40 $L/kt_$name.report; xz -T4 $L/kt_$name.txt; }
 if has trace; then
-  # TRACE_RUNS (default "b1 b1_ctx1000 b64"; also b1_ctx131072, made without a prefill): which base traces to take
+  # TRACE_RUNS (default "b1 b1_ctx1000 b64"; also b256, and b1_ctx131072, made without a prefill): which base traces to take
   has_t() { [[ " ${TRACE_RUNS:-b1 b1_ctx1000 b64} " == *" $1 "* ]]; }
   has_t b1 && ktr b1 --decode 1
   has_t b1_ctx1000 && ktr b1_ctx1000 --decode 1 --decode-ctx 1000
   has_t b64 && ktr b64 --decode 64
+  has_t b256 && ktr b256 --decode 256
   has_t b1_ctx131072 && ktr b1_ctx131072 --decode 1 --decode-ctx 131072 --skip-prefill
   # TRACE_AB="name:VAR=v,... ..." (optional): the b1 trace again under each set of switches
   for spec in ${TRACE_AB:-}; do
