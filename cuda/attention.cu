@@ -789,17 +789,11 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
         }
     };
     // the mask (an invisible key: -inf), only on a tile that a real row of the warp does not wholly
-    // see: masking a visible key changes nothing, and a padding row (ipos -1) is never read (its
-    // Q is zeros: its scores stay finite). The warp's real rows see every key k0 .. k1 iff k1 <=
-    // the least vhi and (k0 >= the greatest vlo or k1 < vse)
-    int whi = INT_MAX, wlo = INT_MIN;
-    for (int h = 0; h < 2; h++)
-        if (ipos[h] >= 0) whi = min(whi, vhi[h]), wlo = max(wlo, vlo[h]);
-    for (int x = 1; x < 32; x <<= 1)
-        whi = min(whi, __shfl_xor_sync(0xffffffffu, whi, x)), wlo = max(wlo, __shfl_xor_sync(0xffffffffu, wlo, x));
+    // see: a padding row (ipos -1) is not counted, never read (its Q is zeros: its scores stay finite)
+    fa_warp_sight sight;
+    sight.make(vhi, vlo, ipos[0] >= 0, ipos[1] >= 0);
     auto tile_mask = [&](int tile, float (&sc)[FA_KT / 8][4]) {
-        const int k0 = tile * FA_KT, k1 = k0 + FA_KT - 1;
-        if (!(k1 <= whi && (k0 >= wlo || k1 < vse))) fa_tile_mask(sc, tile, qd, vhi, vlo, vse, rows8);
+        if (!sight.sees_all(tile * FA_KT, tile * FA_KT + FA_KT - 1, vse)) fa_tile_mask(sc, tile, qd, vhi, vlo, vse, rows8);
     };
     // o += P V for one tile of the partition: P straight from the score registers as the A operand,
     // in bf16 at HDP 64 and 128; below, split into a bf16 head and a bf16 remainder (two MMAs: P

@@ -4,6 +4,7 @@
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
+#include <limits.h>
 #include <math.h>
 #include <stdint.h>
 
@@ -151,6 +152,21 @@ __device__ __forceinline__ void kv_put(__nv_bfloat16 *pool, size_t e, __nv_bfloa
     else pool[e] = x;
 }
 
+// The keys that every counted row of a warp sees (counted[h]: this thread's row h counts; the
+// mask test of fa_tile_mask): keys k0 .. k1 are all visible to each of them iff sees_all. Masking
+// can be skipped there (masking a visible key changes nothing). Every lane calls make.
+struct fa_warp_sight {
+    int hi, lo; // the least vhi and the greatest vlo of the counted rows
+    __device__ void make(const int (&vhi)[2], const int (&vlo)[2], bool counted0, bool counted1) {
+        hi = INT_MAX, lo = INT_MIN;
+        if (counted0) hi = min(hi, vhi[0]), lo = max(lo, vlo[0]);
+        if (counted1) hi = min(hi, vhi[1]), lo = max(lo, vlo[1]);
+#pragma unroll
+        for (int x = 1; x < 32; x <<= 1) hi = min(hi, __shfl_xor_sync(0xffffffffu, hi, x)), lo = max(lo, __shfl_xor_sync(0xffffffffu, lo, x));
+    }
+    __device__ bool sees_all(int k0, int k1, int vse) const { return k1 <= hi && (k0 >= lo || k1 < vse); }
+};
+
 // A 32-key tile's scores on the mma accumulator layout (this thread's rows g and g + 8, h = 0 and 1;
 // keys 8n + 2 qd + e), as every attention kernel masks them (the same code, the same bits): row h
 // sees key j iff j <= vhi[h] and (j >= vlo[h] or j < vse), an invisible key -inf (evaluated without
@@ -217,8 +233,7 @@ __device__ __forceinline__ void fa_part_softmax(float (&x)[NT][FA_KT / 8][4], un
                         x[i][n][2 * h + e] = p;
                         sum += p;
                     }
-        mx = ms;
-        m[h] = mx;
+        m[h] = ms;
         l[h] = sum;
     }
 }

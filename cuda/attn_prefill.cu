@@ -217,19 +217,15 @@ __global__ void __launch_bounds__(PF_THREADS, 1)
             wgmma_ss<64>(reinterpret_cast<float(&)[32]>(sc[32 * hc]), sw128_desc(q_at(w) + (kk / 4) * PF_ROWS * 128 + (kk % 4) * 32),
                          sw128_desc(k_at(sb) + (kk / 4) * P * 128 + hc * 64 * 128 + (kk % 4) * 32), kk > 0);
     };
-    // the warp's rows see every key of a partition at keys k0 .. k1 iff k1 <= the least vhi and (k0
-    // >= the greatest vlo or k1 < vse) (a padding row has vhi -1: never)
-    int whi = min(vhi[0], vhi[1]), wlo = max(vlo[0], vlo[1]);
-#pragma unroll
-    for (int x = 1; x < 32; x <<= 1)
-        whi = min(whi, __shfl_xor_sync(0xffffffffu, whi, x)), wlo = max(wlo, __shfl_xor_sync(0xffffffffu, wlo, x));
+    // every row counted (a padding row has vhi -1: then no key is wholly seen)
+    fa_warp_sight sight;
+    sight.make(vhi, vlo, true, true);
     // sc[16 i + 4 n + e]: tile i's sc[n][e] as the flash kernel has it; the mask (only where a key is
     // invisible to a row of the warp: masking a visible key changes nothing) and the softmax, on
     // every tile (one the rows cannot see is all -inf: p = 0, the same bits as a kernel that skips it)
     auto softmax = [&](int p) {
         auto &xp = *reinterpret_cast<float(*)[FA_PT][FA_KT / 8][4]>(sc);
-        const int k0 = p * P, k1 = k0 + P - 1;
-        if (!(k1 <= whi && (k0 >= wlo || k1 < vse))) // (warp-uniform)
+        if (!sight.sees_all(p * P, p * P + P - 1, vse)) // (warp-uniform)
 #pragma unroll
             for (int i = 0; i < FA_PT; i++) fa_tile_mask(xp[i], p * FA_PT + i, qd, vhi, vlo, vse, true);
         fa_part_softmax(xp, (1u << FA_PT) - 1, m, l, true, sl2);
