@@ -214,7 +214,11 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
         asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
         const int cw = threadIdx.x / 128 - 1, wq = threadIdx.x / 32 % 4, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
         const int cwarp = cw * 4 + wq; // 0..7
-        float acc[BN / 2], total[TS ? 1 : BN / 2];
+        // PAIR: chunks in pairs on two accumulator sets (below; not with 256-token tiles, whose
+        // totals are in shared memory, nor at 192, whose three sets would not fit 240 registers,
+        // nor at 128 x 128 x 128, whose A fragments leave no room)
+        constexpr bool PAIR = !TS && BN <= 128 && !(BN == 128 && BK == 128);
+        float acc[BN / 2], acc2[PAIR ? BN / 2 : 1], total[TS ? 1 : BN / 2];
         float *tsm = reinterpret_cast<float *>(const_cast<unsigned char *>(gbase) + ST * (C::X_BYTES + C::W_BYTES) + 2 * ST * 8) +
                      (threadIdx.x - 128);
         auto tot = [&](int i) -> float & { // running total i of this thread
@@ -223,6 +227,8 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
         };
 #pragma unroll
         for (int j = 0; j < BN / 2; j++) acc[j] = 0.0f; // (defined before the first wgmma: a chunk's first step overwrites it)
+#pragma unroll
+        for (int j = 0; j < (PAIR ? BN / 2 : 1); j++) acc2[j] = 0.0f;
         int s = 0, ph = 0;
         auto release = [&](int st) { // stage st may be refilled (MC: in both blocks)
             __syncwarp();
@@ -251,46 +257,84 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
 #pragma unroll
                 for (int j = 0; j < BN / 2; j++) acc[j] = 0.0f;
             }
-            // chunk by chunk; in a chunk, each k tile: its A fragments, its wgmma group, then the
-            // group before it done (one group in flight while the next is issued), so that one's
-            // stage is released. The chunk's sum is read only after the wait for its last group,
-            // on every path (a conditional wait there makes ptxas serialize every wgmma of the
-            // kernel), into total (the prefix's chunks) or a partial.
-            for (int c = sg.c_lo; c < sg.c_hi; c++) {
-                const int k0 = c * KTC, k1 = min(KT, k0 + KTC);
-                int prev = s;
-                // k tiles in pairs, the A fragments of the two in registers of their own: tile kt's are
-                // loaded while kt - 1's group runs, after kt - 2's was waited for
-                uint32_t a0[KS][4], a1[KS][4];
-                auto step = [&](uint32_t(&a)[KS][4], int first) {
-                    mbar_wait(full0 + 8 * s, ph);
-                    const uint4 *wa = reinterpret_cast<const uint4 *>(gbase + (wsm(s) - base) + cwarp * KS * 512) + lane;
-#pragma unroll
-                    for (int kk = 0; kk < KS; kk++) {
-                        const uint4 v = wa[kk * 32];
-                        a[kk][0] = v.x, a[kk][1] = v.y, a[kk][2] = v.z, a[kk][3] = v.w;
-                    }
-                    wgmma_fence();
-#pragma unroll
-                    for (int kk = 0; kk < KS; kk++)
-                        wgmma_rs<BN>(acc, a[kk], x_desc<BN, BK>(xs(s), kk), kk ? 1 : !first);
-                    wgmma_commit();
-                    wgmma_wait<1>(); // the group before is done: its stage may be refilled
-                    if (!first) release(prev);
-                    prev = s;
-                    if (++s == ST) s = 0, ph ^= 1;
-                };
-                for (int kt = k0; kt < k1; kt += 2) step(a0, kt == k0), step(a1, 0);
-                wgmma_wait<0>();
-                wgmma_hold<BN / 2>(acc);
-                release(prev);
+            // A chunk's sum into total (the prefix's chunks) or a partial of its own (a chunk of a split
+            // tile past its prefix), its groups all complete
+            auto finish = [&](int c, float(&ac)[BN / 2]) {
                 if (prefix) {
 #pragma unroll
-                    for (int j = 0; j < BN / 2; j++) tot(j) += acc[j];
-                } else { // a chunk of a split tile past its prefix: a partial of its own
+                    for (int j = 0; j < BN / 2; j++) tot(j) += ac[j];
+                } else {
                     float *part = p.ws + (size_t)c * M * N;
-                    // (TS runs without stream-K: this path's index arithmetic spilled 60 registers there)
-                    if constexpr (!TS) each_out([&](int i) -> float & { return acc[i]; }, [&](int n, int t, float &v) { part[(size_t)t * N + n] = v; });
+                    // (stream-K runs at 128 k a stage, never with TS (wg_choose): compiled there only; its
+                    // index arithmetic spilled 60 registers with TS, and 28 bytes at 64 k a stage)
+                    if constexpr (!TS && BK == 128) each_out([&](int i) -> float & { return ac[i]; }, [&](int n, int t, float &v) { part[(size_t)t * N + n] = v; });
+                }
+            };
+            // each k tile: its A fragments, its wgmma group, then the group before it done (one group
+            // in flight while the next is issued), so that one's stage is released; k tiles in
+            // pairs, the A fragments of the two in registers of their own (tile kt's loaded while
+            // kt - 1's group runs, after kt - 2's was waited for). zero: the chunk's first group
+            // (overwrites ac); rel: a group before it to release
+            int prev = s;
+            uint32_t a0[KS][4], a1[KS][4];
+            auto step = [&](float(&ac)[BN / 2], uint32_t(&a)[KS][4], int zero, bool rel) {
+                mbar_wait(full0 + 8 * s, ph);
+                const uint4 *wa = reinterpret_cast<const uint4 *>(gbase + (wsm(s) - base) + cwarp * KS * 512) + lane;
+#pragma unroll
+                for (int kk = 0; kk < KS; kk++) {
+                    const uint4 v = wa[kk * 32];
+                    a[kk][0] = v.x, a[kk][1] = v.y, a[kk][2] = v.z, a[kk][3] = v.w;
+                }
+                wgmma_fence();
+#pragma unroll
+                for (int kk = 0; kk < KS; kk++) wgmma_rs<BN>(ac, a[kk], x_desc<BN, BK>(xs(s), kk), kk ? 1 : !zero);
+                wgmma_commit();
+                wgmma_wait<1>(); // the group before is done: its stage may be refilled
+                if (rel) release(prev);
+                prev = s;
+                if (++s == ST) s = 0, ph ^= 1;
+            };
+            if constexpr (PAIR) {
+                // Chunks in pairs on two accumulator sets (acc, acc2): the first chunk's sum is added
+                // once the second chunk's first group is in flight, so the tensor cores drain once a
+                // pair, not at every chunk's end. The sums are the same (each chunk from zero, added
+                // in order). (The pair ends drained: ptxas serializes every wgmma of the kernel when
+                // a group is still in flight across the loop's back edge and read after it.)
+                auto chunk = [&](int c, float(&ac)[BN / 2]) { // the chunk's groups after its first
+                    const int k0 = c * KTC, k1 = min(KT, k0 + KTC);
+                    step(ac, a1, 0, true);
+                    for (int kt = k0 + 2; kt < k1; kt += 2) step(ac, a0, 0, true), step(ac, a1, 0, true);
+                };
+                int c = sg.c_lo;
+                for (; c + 1 < sg.c_hi; c += 2) {
+                    step(acc, a0, 1, false);
+                    chunk(c, acc);
+                    step(acc2, a0, 1, true); // (its wait: chunk c is complete)
+                    wgmma_hold<BN / 2>(acc);
+                    finish(c, acc);
+                    chunk(c + 1, acc2);
+                    wgmma_wait<0>();
+                    release(prev);
+                    wgmma_hold<BN / 2>(acc2);
+                    finish(c + 1, acc2);
+                }
+                if (c < sg.c_hi) {
+                    step(acc, a0, 1, false);
+                    chunk(c, acc);
+                    wgmma_wait<0>();
+                    release(prev);
+                    wgmma_hold<BN / 2>(acc);
+                    finish(c, acc);
+                }
+            } else {
+                // chunk by chunk, each drained before its sum is added into the totals
+                for (int c = sg.c_lo; c < sg.c_hi; c++) {
+                    const int k0 = c * KTC, k1 = min(KT, k0 + KTC);
+                    for (int kt = k0; kt < k1; kt += 2) step(acc, a0, kt == k0, kt != k0), step(acc, a1, 0, true);
+                    wgmma_wait<0>();
+                    wgmma_hold<BN / 2>(acc);
+                    release(prev);
+                    finish(c, acc);
                 }
             }
             if (!whole) { // a split tile: the prefix's total out (the fixup kernel adds the rest in chunk order)
@@ -378,6 +422,7 @@ template <int BN, int BK, int TS, typename OUT, bool SW, bool MC = false>
 static int wg_launch(OUT *y, const void *x, const void *w, const void *bias, int M, int N, int K, bool sk,
                      const struct gemm_wg_env *env, cudaStream_t s) {
     CUtensorMap xm, wm;
+    if (sk && BK != 128) return -2; // (the kernel writes stream-K partials at 128 k a stage only)
     if (token_map(&xm, x, M, K, MC ? BN / 2 : BN, BK) || weight_map(&wm, w, N, K, BK, WG_BM / 16)) return -2;
     const unsigned chunks = (unsigned)((K + GEMM_KC - 1) / GEMM_KC);
     const unsigned tiles = (unsigned)((N + WG_BM - 1) / WG_BM) * (unsigned)((M + BN - 1) / BN);
@@ -436,7 +481,8 @@ int gemm_wg_init(void) {
         return -2;
     }
     g_encode = (PFN_cuTensorMapEncodeTiled_v12000)fn;
-    return wg_allow<64, 128>() | wg_allow<64, 64>() | wg_allow<128, 128>() | wg_allow<128, 64>() | wg_allow<256, 32, 1>();
+    return wg_allow<64, 128>() | wg_allow<64, 64>() | wg_allow<128, 128>() | wg_allow<128, 64>() | wg_allow<192, WG_BIG_BK>() |
+           wg_allow<256, 32, 1>();
 }
 
 // The tile and the split for M x N x K (runs 39-40: each Llama-3-8B GEMM alone at M 64..8192):
@@ -458,6 +504,7 @@ struct wg_plan {
     int bn, bk;
     bool sk, mc;
 };
+static_assert((WG_BIG_BN == 192 && (WG_BIG_BK == 32 || WG_BIG_BK == 64)) || WG_BIG_BN == 256, "the big tiles' kernels built");
 static wg_plan wg_choose(int M, int N, int K, int sms) {
     const long nt = (N + WG_BM - 1) / WG_BM, t64 = nt * ((M + 63) / 64), t128 = nt * ((M + 127) / 128);
     const long w64 = (t64 + sms - 1) / sms, w128 = (t128 + sms - 1) / sms;
@@ -466,7 +513,7 @@ static wg_plan wg_choose(int M, int N, int K, int sms) {
     const long tiles = pl.bn == 64 ? t64 : t128, chunks = (K + GEMM_KC - 1) / GEMM_KC;
     pl.sk = 4 * tiles <= sms && chunks > 1 && (size_t)chunks * M * N <= GEMM_WS_FLOATS;
     pl.bk = M <= 64 || M > 4096 || pl.sk ? 128 : 64;
-    if (M > WG_T256_MIN && !pl.sk) pl.bn = 256, pl.bk = 32;
+    if (M > WG_T256_MIN && !pl.sk) pl.bn = WG_BIG_BN, pl.bk = WG_BIG_BN == 256 ? 32 : WG_BIG_BK;
     pl.mc = WG_MC_MIN > 0 && M >= WG_MC_MIN && !pl.sk && pl.bn >= 128 && nt % 2 == 0 && nt >= 2;
     return pl;
 }
@@ -477,11 +524,13 @@ static int wg_gemm(OUT *y, const void *x, const void *w, const void *bias, int M
     wg_plan pl = wg_choose(M, N, K, env->sms);
     if constexpr (WG_MC_MIN > 0) {
         if (pl.mc && pl.bn == 256) return wg_launch<256, 32, 1, OUT, SW, true>(y, x, w, bias, M, N, K, false, env, s);
+        if (pl.mc && pl.bn == 192) return wg_launch<192, WG_BIG_BK, 0, OUT, SW, true>(y, x, w, bias, M, N, K, false, env, s);
         if (pl.mc && pl.bn == 128)
             return pl.bk == 128 ? wg_launch<128, 128, 0, OUT, SW, true>(y, x, w, bias, M, N, K, false, env, s)
                                 : wg_launch<128, 64, 0, OUT, SW, true>(y, x, w, bias, M, N, K, false, env, s);
     }
     if (pl.bn == 256) return wg_launch<256, 32, 1, OUT, SW>(y, x, w, bias, M, N, K, false, env, s);
+    if (pl.bn == 192) return wg_launch<192, WG_BIG_BK, 0, OUT, SW>(y, x, w, bias, M, N, K, false, env, s);
     if (pl.bn == 64) return pl.bk == 128 ? wg_launch<64, 128, 0, OUT, SW>(y, x, w, bias, M, N, K, pl.sk, env, s)
                                          : wg_launch<64, 64, 0, OUT, SW>(y, x, w, bias, M, N, K, pl.sk, env, s);
     return pl.bk == 128 ? wg_launch<128, 128, 0, OUT, SW>(y, x, w, bias, M, N, K, pl.sk, env, s)
