@@ -524,7 +524,7 @@ int cuda_gemm_norm_swiglu(const struct cuda_gemm *g, void *act, void *x_out, con
 const char *cuda_gemm_kind(int M, int N, int K) {
     switch (gemm_path_of(M, N, K)) {
     case GEMM_PLAIN: return "plain kernel";
-    case GEMM_WG: return M <= 64 ? "wgmma 128x64 tiles" : M > WG_T256_MIN ? (WG_BIG_BN == 256 ? "wgmma 128x256 tiles" : "wgmma 128x192 tiles") : "wgmma 128x64|128 tiles";
+    case GEMM_WG: return M <= 64 ? "wgmma 128x64 tiles" : M > WG_T192_MIN ? "wgmma 128x192 tiles" : "wgmma 128x64|128 tiles";
     default: return "weight stream";
     }
 }

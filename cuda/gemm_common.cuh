@@ -10,14 +10,8 @@
 #ifndef GEMM_KC // (a build may set it: scripts/device_pack.sh's VARIANTS)
 #define GEMM_KC 512                 // the K chunk of the summation order (a multiple of every BK)
 #endif
-#ifndef WG_T256_MIN // (likewise)
-#define WG_T256_MIN 4096            // the wgmma tiles are WG_BIG_BN tokens above this M (gemm_wg.cu)
-#endif
-#ifndef WG_BIG_BN // (likewise)
-#define WG_BIG_BN 192 // their tokens there: 192 (totals in registers) or 256 (totals in shared memory)
-#endif
-#ifndef WG_BIG_BK // (likewise)
-#define WG_BIG_BK 64 // and their k a stage at 192 (32 or 64)
+#ifndef WG_T192_MIN // (likewise)
+#define WG_T192_MIN 4096 // above this M the wgmma tiles are 192 tokens of 64 k a stage (gemm_wg.cu)
 #endif
 #define GEMM_WS_FLOATS (16u << 20)  // split-K partials (64 MiB)
 #define GEMM_COUNTERS 65536         // tiles of a split launch

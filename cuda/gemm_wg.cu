@@ -39,15 +39,12 @@ static_assert(WG_GROUP % 2 == 0, "WG_GROUP / 2 tile pairs a group (MC)");
 
 // BN tokens x BK k a stage: BK / 64 token boxes of 64 k (128-byte swizzled rows) and the weight
 // rows' 8 packed 16 x 16 blocks of each of 8 strips
-// (TS: the tile's running totals in shared memory after the stages' barriers, a float a
-// consumer thread and accumulator, so that 256-token tiles fit the registers)
-template <int BN, int BK, int TS = 0> struct wg_cfg {
+template <int BN, int BK> struct wg_cfg {
     static constexpr int X_BYTES = BN * BK * 2;
     static constexpr int W_BYTES = WG_BM / 16 * BK / 16 * 512;
-    static constexpr int T_BYTES = TS ? 256 * BN / 2 * 4 : 0;
-    static constexpr int ROOM = 229376 - T_BYTES;
+    static constexpr int ROOM = 229376;
     static constexpr int STAGES = ROOM / (X_BYTES + W_BYTES) < 8 ? ROOM / (X_BYTES + W_BYTES) : 8;
-    static constexpr size_t SMEM = 1024 + (size_t)STAGES * (X_BYTES + W_BYTES) + 2 * STAGES * 8 + T_BYTES;
+    static constexpr size_t SMEM = 1024 + (size_t)STAGES * (X_BYTES + W_BYTES) + 2 * STAGES * 8;
 };
 
 __device__ __forceinline__ void tma_tokens(uint32_t dst, const CUtensorMap *map, int k, int t, uint32_t bar) {
@@ -154,10 +151,10 @@ struct wg_args {
 // L2 sends the tokens once for two tiles), and a stage is refilled only when both blocks'
 // consumers are done with it (each releases it in both blocks: 16 arrivals). xmap's boxes are
 // then BN / 2 tokens.
-template <int BN, int BK, int TS, typename OUT, bool SW, bool MC = false>
+template <int BN, int BK, typename OUT, bool SW, bool MC = false>
 __global__ void __launch_bounds__(WG_THREADS, 1)
     gemm_wg_kernel(const wg_args p, const __grid_constant__ CUtensorMap xmap, const __grid_constant__ CUtensorMap wmap) {
-    using C = wg_cfg<BN, BK, TS>;
+    using C = wg_cfg<BN, BK>;
     constexpr int ST = C::STAGES, KS = BK / 16, KTC = GEMM_KC / BK; // k blocks a stage, stages a chunk
     static_assert(KTC >= 2 && KTC % 2 == 0, "the consumers take a chunk's k tiles in pairs");
     extern __shared__ unsigned char smem_raw[];
@@ -214,17 +211,11 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
         asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
         const int cw = threadIdx.x / 128 - 1, wq = threadIdx.x / 32 % 4, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
         const int cwarp = cw * 4 + wq; // 0..7
-        // PAIR: chunks in pairs on two accumulator sets (below; not with 256-token tiles, whose
-        // totals are in shared memory, nor at 192, whose three sets would not fit 240 registers,
-        // nor at 128 x 128 x 128, whose A fragments leave no room)
-        constexpr bool PAIR = !TS && BN <= 128 && !(BN == 128 && BK == 128);
-        float acc[BN / 2], acc2[PAIR ? BN / 2 : 1], total[TS ? 1 : BN / 2];
-        float *tsm = reinterpret_cast<float *>(const_cast<unsigned char *>(gbase) + ST * (C::X_BYTES + C::W_BYTES) + 2 * ST * 8) +
-                     (threadIdx.x - 128);
-        auto tot = [&](int i) -> float & { // running total i of this thread
-            if constexpr (TS) return tsm[i * 256];
-            else return total[i];
-        };
+        // PAIR: chunks in pairs on two accumulator sets (below; not at 192 tokens, whose three sets
+        // would not fit 240 registers, nor at 128 x 128 x 128, whose A fragments leave no room)
+        constexpr bool PAIR = BN <= 128 && !(BN == 128 && BK == 128);
+        float acc[BN / 2], acc2[PAIR ? BN / 2 : 1], total[BN / 2];
+        auto tot = [&](int i) -> float & { return total[i]; }; // running total i of this thread
 #pragma unroll
         for (int j = 0; j < BN / 2; j++) acc[j] = 0.0f; // (defined before the first wgmma: a chunk's first step overwrites it)
 #pragma unroll
@@ -252,22 +243,18 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
             };
             const bool whole = sg.c_lo == 0 && sg.c_hi == CH, prefix = sg.c_lo == 0;
 #pragma unroll
-            for (int j = 0; j < BN / 2; j++) tot(j) = 0.0f;
-            if constexpr (TS) { // (acc redefined: not live through the last tile's epilogue)
-#pragma unroll
-                for (int j = 0; j < BN / 2; j++) acc[j] = 0.0f;
-            }
+            for (int j = 0; j < BN / 2; j++) total[j] = 0.0f;
             // A chunk's sum into total (the prefix's chunks) or a partial of its own (a chunk of a split
             // tile past its prefix), its groups all complete
             auto finish = [&](int c, float(&ac)[BN / 2]) {
                 if (prefix) {
 #pragma unroll
-                    for (int j = 0; j < BN / 2; j++) tot(j) += ac[j];
+                    for (int j = 0; j < BN / 2; j++) total[j] += ac[j];
                 } else {
                     float *part = p.ws + (size_t)c * M * N;
-                    // (stream-K runs at 128 k a stage, never with TS (wg_choose): compiled there only; its
-                    // index arithmetic spilled 60 registers with TS, and 28 bytes at 64 k a stage)
-                    if constexpr (!TS && BK == 128) each_out([&](int i) -> float & { return ac[i]; }, [&](int n, int t, float &v) { part[(size_t)t * N + n] = v; });
+                    // (stream-K runs at 128 k a stage (wg_choose): compiled there only; its index
+                    // arithmetic spilled 28 bytes at 64 k a stage, 600 at 192 tokens)
+                    if constexpr (BK == 128) each_out([&](int i) -> float & { return ac[i]; }, [&](int n, int t, float &v) { part[(size_t)t * N + n] = v; });
                 }
             };
             // each k tile: its A fragments, its wgmma group, then the group before it done (one group
@@ -418,7 +405,7 @@ static int weight_map(CUtensorMap *map, const void *w, int N, int K, int bk, int
     return encode(map, 3, w, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_NONE);
 }
 
-template <int BN, int BK, int TS, typename OUT, bool SW, bool MC = false>
+template <int BN, int BK, typename OUT, bool SW, bool MC = false>
 static int wg_launch(OUT *y, const void *x, const void *w, const void *bias, int M, int N, int K, bool sk,
                      const struct gemm_wg_env *env, cudaStream_t s) {
     CUtensorMap xm, wm;
@@ -435,22 +422,22 @@ static int wg_launch(OUT *y, const void *x, const void *w, const void *bias, int
         int &resident = resident_of[dev & 63];
         if (!resident) {
             cudaLaunchConfig_t cfg = {};
-            cfg.gridDim = dim3(2 * (env->sms / 2)), cfg.blockDim = dim3(WG_THREADS), cfg.dynamicSmemBytes = wg_cfg<BN, BK, TS>::SMEM;
+            cfg.gridDim = dim3(2 * (env->sms / 2)), cfg.blockDim = dim3(WG_THREADS), cfg.dynamicSmemBytes = wg_cfg<BN, BK>::SMEM;
             cudaLaunchAttribute at;
             at.id = cudaLaunchAttributeClusterDimension;
             at.val.clusterDim.x = 2, at.val.clusterDim.y = 1, at.val.clusterDim.z = 1;
             cfg.attrs = &at, cfg.numAttrs = 1;
             int n = 0;
-            CUDA_CHECK(cudaOccupancyMaxActiveClusters(&n, gemm_wg_kernel<BN, BK, TS, OUT, SW, true>, &cfg));
+            CUDA_CHECK(cudaOccupancyMaxActiveClusters(&n, gemm_wg_kernel<BN, BK, OUT, SW, true>, &cfg));
             resident = n > 0 ? n : 1;
         }
         const unsigned grid = 2 * min(tiles / 2, (unsigned)resident);
-        CUDA_CHECK(cuda_launch_cluster(false, dim3(2, 1, 1), gemm_wg_kernel<BN, BK, TS, OUT, SW, true>, dim3(grid), dim3(WG_THREADS),
-                                       wg_cfg<BN, BK, TS>::SMEM, s, a, xm, wm));
+        CUDA_CHECK(cuda_launch_cluster(false, dim3(2, 1, 1), gemm_wg_kernel<BN, BK, OUT, SW, true>, dim3(grid), dim3(WG_THREADS),
+                                       wg_cfg<BN, BK>::SMEM, s, a, xm, wm));
         return 0;
     }
     const unsigned grid = sk ? (unsigned)min((size_t)env->sms, (size_t)tiles * chunks) : min(tiles, (unsigned)env->sms);
-    CUDA_CHECK(cuda_launch(gemm_wg_kernel<BN, BK, TS, OUT, SW>, dim3(grid), dim3(WG_THREADS), wg_cfg<BN, BK, TS>::SMEM, s, a, xm, wm));
+    CUDA_CHECK(cuda_launch(gemm_wg_kernel<BN, BK, OUT, SW>, dim3(grid), dim3(WG_THREADS), wg_cfg<BN, BK>::SMEM, s, a, xm, wm));
     if (sk) {
         const size_t outs = (size_t)M * (SW ? N / 2 : N);
         CUDA_CHECK(cuda_launch(gemm_wg_fixup_kernel<OUT, SW>, dim3(cuda_blocks(outs, 256)), dim3(256), 0, s, a, BN, (int)grid));
@@ -458,16 +445,16 @@ static int wg_launch(OUT *y, const void *x, const void *w, const void *bias, int
     return 0;
 }
 
-template <int BN, int BK, int TS = 0> static int wg_allow() {
-    const int smem = (int)wg_cfg<BN, BK, TS>::SMEM;
-    static_assert(wg_cfg<BN, BK, TS>::SMEM <= 232448, "shared memory");
-    CUDA_CHECK(cudaFuncSetAttribute(gemm_wg_kernel<BN, BK, TS, __nv_bfloat16, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    CUDA_CHECK(cudaFuncSetAttribute(gemm_wg_kernel<BN, BK, TS, float, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    CUDA_CHECK(cudaFuncSetAttribute(gemm_wg_kernel<BN, BK, TS, __nv_bfloat16, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+template <int BN, int BK> static int wg_allow() {
+    const int smem = (int)wg_cfg<BN, BK>::SMEM;
+    static_assert(wg_cfg<BN, BK>::SMEM <= 232448, "shared memory");
+    CUDA_CHECK(cudaFuncSetAttribute(gemm_wg_kernel<BN, BK, __nv_bfloat16, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    CUDA_CHECK(cudaFuncSetAttribute(gemm_wg_kernel<BN, BK, float, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    CUDA_CHECK(cudaFuncSetAttribute(gemm_wg_kernel<BN, BK, __nv_bfloat16, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     if constexpr (BN >= 128 && WG_MC_MIN > 0) {
-        CUDA_CHECK(cudaFuncSetAttribute(gemm_wg_kernel<BN, BK, TS, __nv_bfloat16, false, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-        CUDA_CHECK(cudaFuncSetAttribute(gemm_wg_kernel<BN, BK, TS, float, false, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-        CUDA_CHECK(cudaFuncSetAttribute(gemm_wg_kernel<BN, BK, TS, __nv_bfloat16, true, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        CUDA_CHECK(cudaFuncSetAttribute(gemm_wg_kernel<BN, BK, __nv_bfloat16, false, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        CUDA_CHECK(cudaFuncSetAttribute(gemm_wg_kernel<BN, BK, float, false, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        CUDA_CHECK(cudaFuncSetAttribute(gemm_wg_kernel<BN, BK, __nv_bfloat16, true, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     }
     return 0;
 }
@@ -481,8 +468,7 @@ int gemm_wg_init(void) {
         return -2;
     }
     g_encode = (PFN_cuTensorMapEncodeTiled_v12000)fn;
-    return wg_allow<64, 128>() | wg_allow<64, 64>() | wg_allow<128, 128>() | wg_allow<128, 64>() | wg_allow<192, WG_BIG_BK>() |
-           wg_allow<256, 32, 1>();
+    return wg_allow<64, 128>() | wg_allow<64, 64>() | wg_allow<128, 128>() | wg_allow<128, 64>() | wg_allow<192, 64>();
 }
 
 // The tile and the split for M x N x K (runs 39-40: each Llama-3-8B GEMM alone at M 64..8192):
@@ -504,7 +490,6 @@ struct wg_plan {
     int bn, bk;
     bool sk, mc;
 };
-static_assert((WG_BIG_BN == 192 && (WG_BIG_BK == 32 || WG_BIG_BK == 64)) || WG_BIG_BN == 256, "the big tiles' kernels built");
 static wg_plan wg_choose(int M, int N, int K, int sms) {
     const long nt = (N + WG_BM - 1) / WG_BM, t64 = nt * ((M + 63) / 64), t128 = nt * ((M + 127) / 128);
     const long w64 = (t64 + sms - 1) / sms, w128 = (t128 + sms - 1) / sms;
@@ -513,7 +498,7 @@ static wg_plan wg_choose(int M, int N, int K, int sms) {
     const long tiles = pl.bn == 64 ? t64 : t128, chunks = (K + GEMM_KC - 1) / GEMM_KC;
     pl.sk = 4 * tiles <= sms && chunks > 1 && (size_t)chunks * M * N <= GEMM_WS_FLOATS;
     pl.bk = M <= 64 || M > 4096 || pl.sk ? 128 : 64;
-    if (M > WG_T256_MIN && !pl.sk) pl.bn = WG_BIG_BN, pl.bk = WG_BIG_BN == 256 ? 32 : WG_BIG_BK;
+    if (M > WG_T192_MIN && !pl.sk) pl.bn = 192, pl.bk = 64;
     pl.mc = WG_MC_MIN > 0 && M >= WG_MC_MIN && !pl.sk && pl.bn >= 128 && nt % 2 == 0 && nt >= 2;
     return pl;
 }
@@ -523,18 +508,16 @@ static int wg_gemm(OUT *y, const void *x, const void *w, const void *bias, int M
                    const struct gemm_wg_env *env, cudaStream_t s) {
     wg_plan pl = wg_choose(M, N, K, env->sms);
     if constexpr (WG_MC_MIN > 0) {
-        if (pl.mc && pl.bn == 256) return wg_launch<256, 32, 1, OUT, SW, true>(y, x, w, bias, M, N, K, false, env, s);
-        if (pl.mc && pl.bn == 192) return wg_launch<192, WG_BIG_BK, 0, OUT, SW, true>(y, x, w, bias, M, N, K, false, env, s);
+        if (pl.mc && pl.bn == 192) return wg_launch<192, 64, OUT, SW, true>(y, x, w, bias, M, N, K, false, env, s);
         if (pl.mc && pl.bn == 128)
-            return pl.bk == 128 ? wg_launch<128, 128, 0, OUT, SW, true>(y, x, w, bias, M, N, K, false, env, s)
-                                : wg_launch<128, 64, 0, OUT, SW, true>(y, x, w, bias, M, N, K, false, env, s);
+            return pl.bk == 128 ? wg_launch<128, 128, OUT, SW, true>(y, x, w, bias, M, N, K, false, env, s)
+                                : wg_launch<128, 64, OUT, SW, true>(y, x, w, bias, M, N, K, false, env, s);
     }
-    if (pl.bn == 256) return wg_launch<256, 32, 1, OUT, SW>(y, x, w, bias, M, N, K, false, env, s);
-    if (pl.bn == 192) return wg_launch<192, WG_BIG_BK, 0, OUT, SW>(y, x, w, bias, M, N, K, false, env, s);
-    if (pl.bn == 64) return pl.bk == 128 ? wg_launch<64, 128, 0, OUT, SW>(y, x, w, bias, M, N, K, pl.sk, env, s)
-                                         : wg_launch<64, 64, 0, OUT, SW>(y, x, w, bias, M, N, K, pl.sk, env, s);
-    return pl.bk == 128 ? wg_launch<128, 128, 0, OUT, SW>(y, x, w, bias, M, N, K, pl.sk, env, s)
-                        : wg_launch<128, 64, 0, OUT, SW>(y, x, w, bias, M, N, K, pl.sk, env, s);
+    if (pl.bn == 192) return wg_launch<192, 64, OUT, SW>(y, x, w, bias, M, N, K, false, env, s);
+    if (pl.bn == 64) return pl.bk == 128 ? wg_launch<64, 128, OUT, SW>(y, x, w, bias, M, N, K, pl.sk, env, s)
+                                         : wg_launch<64, 64, OUT, SW>(y, x, w, bias, M, N, K, pl.sk, env, s);
+    return pl.bk == 128 ? wg_launch<128, 128, OUT, SW>(y, x, w, bias, M, N, K, pl.sk, env, s)
+                        : wg_launch<128, 64, OUT, SW>(y, x, w, bias, M, N, K, pl.sk, env, s);
 }
 
 int gemm_wg_bf16(__nv_bfloat16 *y, const void *x, const void *w, const void *bias, int M, int N, int K, bool swiglu,
