@@ -32,6 +32,9 @@ NVF="-O3 -g -lineinfo -std=c++17 -gencode arch=compute_90a,code=sm_90a -Xcompile
 for v in ${VARIANTS:-}; do
     name=${v%%:*}; defs=$(echo "${v#*:}" | tr ',' ' ')
     rm -rf build-$name && cp -a build-gpu build-$name
+    # (the copied dependency files name build-gpu's objects: renamed, make rebuilds what a changed
+    # header reaches in the copy too; run 69's variant, a copy without this, kept stale objects)
+    find build-$name -name '*.d' -exec sed -i "s|^build-gpu/|build-$name/|" {} +
     objs=${VARIANT_OBJS:-}
     if [ -z "$objs" ]; then
         for d in $defs; do
