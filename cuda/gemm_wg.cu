@@ -5,7 +5,8 @@
 // weight rows (the wgmma A operand, from registers: a warp's strip of the packed layout is its A
 // fragment, one 16-byte shared load a lane and k block) by the tile's BN tokens (B, from the
 // swizzled stage), one wgmma group in flight while the next is issued. Above M 4096 the tiles are
-// 256 tokens, their running totals in shared memory. The grid is persistent; from M 2048 its
+// 192 tokens of 64 k a stage; at 64 and 128 tokens a tile's chunks go in pairs on two accumulator
+// sets (the tensor cores drain once a pair). The grid is persistent; from M 2048 its
 // blocks pair up in clusters of two on neighbouring weight tiles, each copying half of the
 // tokens into both (TMA multicast).
 //
@@ -479,9 +480,10 @@ int gemm_wg_init(void) {
 //   at M 64, 32 tiles: 17.0 and 51.7 us against 22.0 and 67.0 whole; at 48 tiles, qkv, and at
 //   M 128, whole tiles were faster) and the partials fit;
 // - 64 k a stage at 64 < M <= 4096 (3-10% faster at M 256-2048 than 128), 128 otherwise;
-// - above M 4096, 256-token tiles of 32 k a stage with the totals in shared memory (run 43, M 8192:
-//   gate|up 3,829 us against 4,152 with 128-token tiles, qkv 830 against 860, down 1,965 against
-//   1,993; at M 2048 they lost, 958 against 849, and with 64 k a stage, two stages, everywhere);
+// - above M 4096 (WG_T192_MIN), 192-token tiles of 64 k a stage with the totals in registers (runs
+//   68 and 70, M 8192: gate|up 2,799-2,876 us against 3,485-3,660 with the 256-token tiles of run
+//   43, whose totals sat in shared memory, and 3,089 at 32 k a stage; prefill 8k 33,547 tok/s
+//   against 29,130);
 // - from M 2048 (WG_MC_MIN), tile pairs sharing their tokens (MC) where the weight tiles pair up
 //   (runs 63-64: 2-5% faster GEMMs at M 2048 and 8192, gate|up at 2048 819 us against 847, down
 //   378 against 399; slower below, down at M 1024 197 against 179, decode b256 14.06 ms against
