@@ -313,7 +313,7 @@ fi
 # otherwise. --max-model-len 262,144, past the checkpoint's max_position_embeddings (131,072; the
 # llama3 RoPE scaling does not read it) with DUOSERVE_ALLOW_LONG_MAX_MODEL_LEN=1, so that a
 # 131,072-token prompt and its answer fit. LONG_ALONE / LONG_BESIDE (sizes, comma-separated; - for none) and LONG_RUNS
-# ("name:flag,value,...[:alone sizes, - for none] ...") override; e.g. LONG_RUNS="b3k:--step-cost-budget,3072:-"
+# ("name:flag,value,...[:alone sizes, - for none[:suffix of the duoserve binary]] ...") override; e.g. LONG_RUNS="b3k:--step-cost-budget,3072:-"
 # measures only the ITL check under a larger step budget. LONG_HOLD=N:L:M adds bench_long's --hold (N
 # prompts of L tokens at once, M tokens each: a KV pool proven, issue 24), LONG_TIMEOUT (200 s) bounds
 # each server's measurements, e.g. LONG_RUNS="fp8duo:--kv-cache-dtype,fp8,--duo-pattern,.device/llama3_8b_pattern.tsv,--duo-sparsity,0.5:-"
@@ -322,9 +322,9 @@ if has longprefill; then
   wait_8b
   P8=.device/llama3_8b_pattern.tsv
   for spec in ${LONG_RUNS:-full: duo:--duo-pattern,$P8,--duo-sparsity,0.5}; do
-    IFS=: read -r name flags alone <<< "$spec"
+    IFS=: read -r name flags alone sfx <<< "$spec"
     alone=${alone:-${LONG_ALONE:-65536,131072}}; [ "$alone" = - ] && alone= || alone="--alone $alone"
-    DUOSERVE_ALLOW_LONG_MAX_MODEL_LEN=1 $B/duoserve serve -m $M --max-model-len 262144 --device cuda --port 18434 \
+    DUOSERVE_ALLOW_LONG_MAX_MODEL_LEN=1 $B/duoserve${sfx:-} serve -m $M --max-model-len 262144 --device cuda --port 18434 \
       $(echo "$flags" | tr ',' ' ') > $L/server_long_$name.log 2>&1 &
     pid=$!; ts=$SECONDS
     for _ in $(seq 1 300); do curl -sf http://127.0.0.1:18434/health >/dev/null 2>&1 && break; kill -0 $pid 2>/dev/null || break; sleep 0.5; done
