@@ -16,6 +16,7 @@
 #include <stdlib.h>
 
 #include "cuda/attn_common.cuh"
+#include "cuda/attn_decode.h"
 #include "cuda/attn_prefill.h"
 #include "cuda/cuda_attention.h"
 #include "cuda/cuda_common.h"
@@ -199,23 +200,6 @@ extern "C" int cuda_attention_clocks(long long *out) { return cudaMemcpyFromSymb
 #define FA_GT_ANY(k) do { } while (0)
 #endif
 
-__device__ __forceinline__ void fa_ldsm_x4(uint32_t *r, const void *p) {
-    unsigned s = (unsigned)__cvta_generic_to_shared(p);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s));
-}
-__device__ __forceinline__ void fa_ldsm_x4_t(uint32_t *r, const void *p) {
-    unsigned s = (unsigned)__cvta_generic_to_shared(p);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s));
-}
-// Not volatile: registers only, so the compiler may interleave independent MMAs.
-__device__ __forceinline__ void fa_mma(float *c, const uint32_t *a, uint32_t b0, uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 // HDP: the head dim padded to a multiple of 16 (16, 32, 64 or 128); dims >= head_dim are zero.
 // A block of FA_WARPS warps takes FA_WARPS consecutive units of one sequence and KV head: they
 // share every K/V tile through shared memory (loaded by all threads), each warp computing its
@@ -764,30 +748,9 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
         for (int k = 0; k < HDP / 16; k++) fa_ldsm_x4(qa[k], sq + (lane % 16) * LD + k * 16 + (lane / 16) * 8);
     };
 
-    // One tile's sums, each the same code wherever it runs (prefill's lone warp, the COOP
-    // warps), so a row's bits never depend on the kernel that computed it.
-    // S = Q K^T: 16 rows x FA_KT keys from the tile's K rows ck. The k steps of the FA_KT / 8
-    // key groups are interleaved (each group's own sum still runs k = 0, 16, ... in order), so
-    // consecutive MMAs are independent.
-    auto tile_scores = [&](const __nv_bfloat16 *ck, float (&sc)[FA_KT / 8][4]) {
-#pragma unroll
-        for (int n = 0; n < FA_KT / 8; n++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) sc[n][e] = 0.0f;
-#pragma unroll
-        for (int k = 0; k < HDP / 16; k += 2) {
-            uint32_t b[FA_KT / 8][4]; // keys n*8 + lane%8, dims k*16 + (lane/8)*8: two k16 steps at once
-            const bool two = k + 1 < HDP / 16;
-#pragma unroll
-            for (int n = 0; n < FA_KT / 8; n++)
-                fa_ldsm_x4(b[n], ck + (n * 8 + lane % 8) * LD + k * 16 + (two ? lane / 8 : (lane / 8) % 2) * 8);
-#pragma unroll
-            for (int n = 0; n < FA_KT / 8; n++) fa_mma(sc[n], qa[k], b[n][0], b[n][1]);
-            if (two)
-#pragma unroll
-                for (int n = 0; n < FA_KT / 8; n++) fa_mma(sc[n], qa[k + 1], b[n][2], b[n][3]);
-        }
-    };
+    // one tile's sums (attn_common.cuh: the same code in every kernel, so a row's bits never
+    // depend on the kernel that computed it)
+    auto tile_scores = [&](const __nv_bfloat16 *ck, float (&sc)[FA_KT / 8][4]) { fa_tile_scores<HDP>(qa, ck, sc, lane); };
     // the mask (an invisible key: -inf), only on a tile that a real row of the warp does not wholly
     // see: a padding row (ipos -1) is not counted, never read (its Q is zeros: its scores stay finite)
     fa_warp_sight sight;
@@ -795,45 +758,7 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
     auto tile_mask = [&](int tile, float (&sc)[FA_KT / 8][4]) {
         if (!sight.sees_all(tile * FA_KT, tile * FA_KT + FA_KT - 1, vse)) fa_tile_mask(sc, tile, qd, vhi, vlo, vse, rows8);
     };
-    // o += P V for one tile of the partition: P straight from the score registers as the A operand,
-    // in bf16 at HDP 64 and 128; below, split into a bf16 head and a bf16 remainder (two MMAs: P
-    // keeps ~16 bits; P in bf16 alone parted stories260k's greedy ids from the golden file at
-    // token 185): fa_p_split
-    auto tile_pv = [&](const __nv_bfloat16 *cv, const float (&sc)[FA_KT / 8][4]) {
-#pragma unroll
-        for (int c = 0; c < FA_KT / 16; c++) {
-            constexpr bool SP = fa_p_split<HDP>;
-            uint32_t ph[4], pl[4];
-            pack_p<SP>(sc[2 * c][0], sc[2 * c][1], ph[0], pl[0]);
-            pack_p<SP>(sc[2 * c + 1][0], sc[2 * c + 1][1], ph[2], pl[2]);
-            if (rows8) {
-                pack_p<SP>(sc[2 * c][2], sc[2 * c][3], ph[1], pl[1]);
-                pack_p<SP>(sc[2 * c + 1][2], sc[2 * c + 1][3], ph[3], pl[3]);
-            } else {
-                ph[1] = pl[1] = ph[3] = pl[3] = 0u; // pack_p(0, 0)
-            }
-            // every V fragment of the 16 keys first, then the head MMAs of this warp's output
-            // tiles d0 .. d0 + OT - 1 (pairs dd of them a fragment), then the remainder's (per
-            // output still head then remainder, c in order; no remainder at HDP 64 and 128:
-            // fa_p_split)
-            uint32_t b[OT / 2][4]; // keys c*16 + lane%16, dims (d0/2 + dd)*16 + (lane/16)*8, transposed
-#pragma unroll
-            for (int dd = 0; dd < OT / 2; dd++)
-                fa_ldsm_x4_t(b[dd], cv + (c * 16 + lane % 16) * LD + (d0 / 2 + dd) * 16 + (lane / 16) * 8);
-#pragma unroll
-            for (int dd = 0; dd < OT / 2; dd++) {
-                fa_mma(o[2 * dd], ph, b[dd][0], b[dd][1]);
-                fa_mma(o[2 * dd + 1], ph, b[dd][2], b[dd][3]);
-            }
-            if constexpr (SP) {
-#pragma unroll
-                for (int dd = 0; dd < OT / 2; dd++) {
-                    fa_mma(o[2 * dd], pl, b[dd][0], b[dd][1]);
-                    fa_mma(o[2 * dd + 1], pl, b[dd][2], b[dd][3]);
-                }
-            }
-        }
-    };
+    auto tile_pv = [&](const __nv_bfloat16 *cv, const float (&sc)[FA_KT / 8][4]) { fa_tile_pv<HDP, OT>(o, cv, sc, rows8, d0, lane); };
 
     // split: the states of this warp's rows for partition p (m = -inf: empty), written in order
     const int n_parts = cuda_attn_parts(pos_last); // decode: one token, the unit's
@@ -1333,7 +1258,7 @@ extern "C" int cuda_attention_init(struct cuda_attn_env *env) {
     env->resident[2] = fa_resident<64>(env->sms), env->resident[3] = fa_resident<128>(env->sms);
     env->plain_split = false;
     env->wg_prefill = false; // (the backend sets it from its tuning)
-    if (fa_prefill_wg_init()) return -2;
+    if (fa_prefill_wg_init() || fa_decode_batch_init(env->sms, env->batch_resident)) return -2;
     return 0;
 }
 
@@ -1398,6 +1323,9 @@ __global__ void append_stream_kernel(const __nv_bfloat16 *kb, const __nv_bfloat1
     }
 }
 
+static long g_batch_launches; // (the op test's check that its steps ran in the batch decode kernel)
+extern "C" long cuda_attention_batch_launches(void) { return g_batch_launches; }
+
 extern "C" int cuda_attention(const struct cuda_attn_env *env, void *out, void *qkv, int rs,
                               const struct cuda_attn_args *a, int n_tokens, bool decode, int split,
                               const float *inv_freq, cudaStream_t st) {
@@ -1430,6 +1358,12 @@ extern "C" int cuda_attention(const struct cuda_attn_env *env, void *out, void *
                                            (n_tokens * a->n_kv_heads)));
     }
     const bool clus = Z > 1 && split >= 1 && split <= 3 && decode && env->cluster && a->head_dim > 32;
+    // an unsplit decode step of more units than the flash kernel's resident blocks: the batch
+    // decode kernel's resident blocks walk them (cuda/attn_decode.cu; RoPE and the append before
+    // it). (Such a step leaves no room for a work-sized split's extra units: X is 0 there, one unit
+    // a (token, KV head), the same partitions in the same order.)
+    const bool batch = flash && decode && Z == 1 && fa_decode_batch_takes(*a) &&
+                       (long)n_tokens * a->n_kv_heads > env->resident[hdp_i];
     if (clus) Z = 1 << split;
     // the last flash block of a (token, KV head) merges its states when a counter is there for it
     struct cuda_attn_args fa = *a;
@@ -1444,7 +1378,7 @@ extern "C" int cuda_attention(const struct cuda_attn_env *env, void *out, void *
     if (n_tokens * a->n_kv_heads > a->n_counters) fa.counters = NULL;
     // a decode step's RoPE and append inside the decode kernel (its COOP form: head dims 64 and
     // 128; a split step needs the in-kernel merge, whose block writes the rotated Q back)
-    if (inv_freq && flash && decode && (a->head_dim == 64 || a->head_dim == 128) && (Z == 1 || fa.counters || clus))
+    if (inv_freq && flash && decode && !batch && (a->head_dim == 64 || a->head_dim == 128) && (Z == 1 || fa.counters || clus))
         fa.rope_inv_freq = inv_freq;
     if (inv_freq && !fa.rope_inv_freq) { // RoPE and the retrieval heads' append in one kernel
         if (a->head_dim % 2) return -3;
@@ -1454,7 +1388,11 @@ extern "C" int cuda_attention(const struct cuda_attn_env *env, void *out, void *
     } else if (!inv_freq && a->n_full) {
         CUDA_CHECK(cuda_launch(a->kv_fp8 ? append_full_kernel<true> : append_full_kernel<false>, dim3(n_tokens), dim3(128), 0, st, kb, vb, rs, *a));
     }
-    if (flash && !decode && env->wg_prefill && fa_prefill_wg_takes(fa)) {
+    if (batch) {
+        g_batch_launches++;
+        const int rc = fa_decode_batch(o, q, kb, vb, rs, fa, n_tokens, env->batch_resident[a->head_dim == 64 ? 0 : 1], st);
+        if (rc) return rc;
+    } else if (flash && !decode && env->wg_prefill && fa_prefill_wg_takes(fa)) {
         const int rc = fa_prefill_wg(o, q, kb, vb, rs, fa, n_tokens, st);
         if (rc) return rc;
     } else if (flash) {

@@ -237,3 +237,91 @@ __device__ __forceinline__ void fa_part_softmax(float (&x)[NT][FA_KT / 8][4], un
         l[h] = sum;
     }
 }
+
+__device__ __forceinline__ void fa_ldsm_x4(uint32_t *r, const void *p) {
+    unsigned s = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s));
+}
+__device__ __forceinline__ void fa_ldsm_x4_t(uint32_t *r, const void *p) {
+    unsigned s = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s));
+}
+// Not volatile: registers only, so the compiler may interleave independent MMAs.
+__device__ __forceinline__ void fa_mma(float *c, const uint32_t *a, uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// One tile's sums on mma.sync, each the same code wherever it runs (the flash kernel's lone
+// prefill warp and its COOP decode warps, the batch decode kernel), so a row's bits never depend
+// on the kernel that computed it. Shared-memory rows of HDP + 8 bf16 (conflict-free ldmatrix).
+// S = Q K^T: 16 rows (qa: Q's A fragments) x FA_KT keys from the tile's K rows ck. The k steps of
+// the FA_KT / 8 key groups are interleaved (each group's own sum still runs k = 0, 16, ... in
+// order), so consecutive MMAs are independent.
+template <int HDP>
+__device__ __forceinline__ void fa_tile_scores(const uint32_t (&qa)[HDP / 16][4], const __nv_bfloat16 *ck,
+                                               float (&sc)[FA_KT / 8][4], int lane) {
+    constexpr int LD = HDP + 8;
+#pragma unroll
+    for (int n = 0; n < FA_KT / 8; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) sc[n][e] = 0.0f;
+#pragma unroll
+    for (int k = 0; k < HDP / 16; k += 2) {
+        uint32_t b[FA_KT / 8][4]; // keys n*8 + lane%8, dims k*16 + (lane/8)*8: two k16 steps at once
+        const bool two = k + 1 < HDP / 16;
+#pragma unroll
+        for (int n = 0; n < FA_KT / 8; n++)
+            fa_ldsm_x4(b[n], ck + (n * 8 + lane % 8) * LD + k * 16 + (two ? lane / 8 : (lane / 8) % 2) * 8);
+#pragma unroll
+        for (int n = 0; n < FA_KT / 8; n++) fa_mma(sc[n], qa[k], b[n][0], b[n][1]);
+        if (two)
+#pragma unroll
+            for (int n = 0; n < FA_KT / 8; n++) fa_mma(sc[n], qa[k + 1], b[n][2], b[n][3]);
+    }
+}
+// o += P V for one tile of the partition, for the OT output n8 tiles from d0 (OT even): P straight
+// from the score registers as the A operand, in bf16 at HDP 64 and 128; below, split into a bf16
+// head and a bf16 remainder (two MMAs: P keeps ~16 bits; P in bf16 alone parted stories260k's
+// greedy ids from the golden file at token 185): fa_p_split. !rows8: rows 8-15 are padding.
+template <int HDP, int OT>
+__device__ __forceinline__ void fa_tile_pv(float (&o)[OT][4], const __nv_bfloat16 *cv, const float (&sc)[FA_KT / 8][4],
+                                           bool rows8, int d0, int lane) {
+    constexpr int LD = HDP + 8;
+#pragma unroll
+    for (int c = 0; c < FA_KT / 16; c++) {
+        constexpr bool SP = fa_p_split<HDP>;
+        uint32_t ph[4], pl[4];
+        pack_p<SP>(sc[2 * c][0], sc[2 * c][1], ph[0], pl[0]);
+        pack_p<SP>(sc[2 * c + 1][0], sc[2 * c + 1][1], ph[2], pl[2]);
+        if (rows8) {
+            pack_p<SP>(sc[2 * c][2], sc[2 * c][3], ph[1], pl[1]);
+            pack_p<SP>(sc[2 * c + 1][2], sc[2 * c + 1][3], ph[3], pl[3]);
+        } else {
+            ph[1] = pl[1] = ph[3] = pl[3] = 0u; // pack_p(0, 0)
+        }
+        // every V fragment of the 16 keys first, then the head MMAs of the output tiles d0 ..
+        // d0 + OT - 1 (pairs dd of them a fragment), then the remainder's (per output still head
+        // then remainder, c in order; no remainder at HDP 64 and 128: fa_p_split)
+        uint32_t b[OT / 2][4]; // keys c*16 + lane%16, dims (d0/2 + dd)*16 + (lane/16)*8, transposed
+#pragma unroll
+        for (int dd = 0; dd < OT / 2; dd++)
+            fa_ldsm_x4_t(b[dd], cv + (c * 16 + lane % 16) * LD + (d0 / 2 + dd) * 16 + (lane / 16) * 8);
+#pragma unroll
+        for (int dd = 0; dd < OT / 2; dd++) {
+            fa_mma(o[2 * dd], ph, b[dd][0], b[dd][1]);
+            fa_mma(o[2 * dd + 1], ph, b[dd][2], b[dd][3]);
+        }
+        if constexpr (SP) {
+#pragma unroll
+            for (int dd = 0; dd < OT / 2; dd++) {
+                fa_mma(o[2 * dd], pl, b[dd][0], b[dd][1]);
+                fa_mma(o[2 * dd + 1], pl, b[dd][2], b[dd][3]);
+            }
+        }
+    }
+}

@@ -89,6 +89,7 @@ struct cuda_attn_env {
     int sms;      // the device's SMs (split decode sizing)
     bool cluster; // split decode steps of short contexts may merge in a thread-block cluster
     int resident[4]; // decode kernel blocks the device holds at once, head dims 16, 32, 64, 128
+    int batch_resident[2]; // the batch decode kernel's (cuda/attn_decode.cu), head dims 64, 128
     // BACKEND_CUDA_PLAIN_SPLIT (the op test): long decode steps split each (token, KV head) into
     // the same number of blocks, as when the work-sized split cannot run
     bool plain_split;
@@ -108,6 +109,9 @@ int cuda_attention_init(struct cuda_attn_env *env);
  * spans more than CUDA_ATTN_MERGE_LONG (the launches are a function of n_tokens, split and the
  * layer: CUDA graphs are keyed by them); inv_freq: RoPE q and k first (in place, as cuda_rope),
  * fused with the KV append; NULL: qkv is already rotated */
+/* The decode steps that ran in the batch decode kernel so far (launches or graph captures: the
+ * op test's check that a case took it). */
+long cuda_attention_batch_launches(void);
 int cuda_attention(const struct cuda_attn_env *env, void *out, void *qkv, int row_stride,
                    const struct cuda_attn_args *a, int n_tokens, bool decode, int split, const float *inv_freq,
                    cudaStream_t st);

@@ -548,7 +548,44 @@ struct attn_opts {
     int fp8;           /* 1: fp8 KV pools (KV_DTYPE_FP8_E4M3), the same bytes in both backends, K and V
                         * scales 0.5, 1 and 2 by KV head (fp8_scale) */
     float tol;         /* the output's rtol against the CPU, and tol x vscale its atol (0: 2e-2, 2e-2) */
+    int alone;         /* 1: a decode step of more units than the flash kernel's resident blocks (the
+                        * batch decode kernel, cuda/attn_decode.cu): checked to have run there, and
+                        * sequences 0, n/2 and n - 1 again each alone (the flash kernel) give the same bits */
 };
+
+/* cuda/cuda_attention.h's (a C++ header): the decode steps the batch decode kernel ran so far */
+long cuda_attention_batch_launches(void);
+
+/* attention_case's alone check: the step's GPU runs (want of them) took the batch decode kernel,
+ * and (each) sequences 0, n/2 and n - 1 of bt, each as a step of its own on the GPU from the same
+ * q|k|v rows and pools (the append writes the same rows again), give their rows of og bit for bit */
+static void attention_alone(const struct fwd_batch *bt, const struct attn_layer *Lg, void *qg, void *og, int rs,
+                            long launched, long want, bool each) {
+    const int H = Lg->n_heads, hd = Lg->head_dim, S = bt->n_seqs;
+    const int pick[3] = {0, S / 2, S - 1};
+    size_t differ = 0;
+    enum backend_status st;
+    void *o1 = gpu->ops->alloc(gpu, (size_t)H * hd * 2, &st);
+    float *x = malloc((size_t)H * hd * 4), *y = malloc((size_t)S * H * hd * 4);
+    gpu->ops->download_act(gpu, y, og, (size_t)S * H * hd);
+    for (int k = 0; k < (each ? 3 : 0); k++) {
+        const int s = pick[k], n_blk = bt->block_indptr[s + 1] - bt->block_indptr[s];
+        const int32_t tok = 0, ss[2] = {0, 1}, ip[2] = {0, n_blk};
+        struct fwd_batch b1 = {1, 1, &tok, bt->pos + s, ss, ip, bt->block_ids + bt->block_indptr[s],
+                               bt->stream_slot + s, 0, NULL, NULL, false};
+        gpu->ops->begin_step(gpu, &b1);
+        gpu->ops->attention(gpu, o1, (char *)qg + (size_t)s * rs * 2, rs, Lg);
+        gpu->ops->download_act(gpu, x, o1, (size_t)H * hd);
+        for (int i = 0; i < H * hd; i++) differ += memcmp(&x[i], &y[(size_t)s * H * hd + i], 4) != 0;
+    }
+    const int ok = differ == 0 && launched == want && gpu->ops->sync(gpu) == 0;
+    printf("%-4s   ... in the batch decode kernel: %ld of %ld GPU runs", ok ? "ok" : "FAIL", launched, want);
+    if (each) printf("; sequences 0, %d, %d alone: %zu values differ (want 0)", S / 2, S - 1, differ);
+    printf("\n");
+    ok ? n_pass++ : n_fail++;
+    gpu->ops->free(gpu, o1);
+    free(x), free(y);
+}
 
 /* fp8 pools: the scale of KV head h's K (v = 0) or V (v = 1) */
 static float fp8_scale(int h, int v) {
@@ -722,6 +759,7 @@ static void attention_case(int H, int KV, int hd, int n_stream, int ctx, int T, 
     }
     char what[128];
     void *ic = NULL, *ig = NULL, *q2 = NULL, *o2 = NULL, *kf2 = NULL, *vf2 = NULL, *ks2 = NULL, *vs2 = NULL;
+    const long launches0 = cuda_attention_batch_launches();
     if (o.rope) { /* llama3 RoPE tables; the unfused GPU run gets its own copies of q and the pools */
         struct model_config rc = {.rope_type = ROPE_TYPE_LLAMA3, .rope_theta = 500000.0f, .rope_factor = 8.0f,
                                   .rope_low_freq_factor = 1.0f, .rope_high_freq_factor = 4.0f,
@@ -770,10 +808,12 @@ static void attention_case(int H, int KV, int hd, int n_stream, int ctx, int T, 
         cpu->ops->attention(cpu, oc, qc, rs, &Lc);
         gpu->ops->attention(gpu, og, qg, rs, &Lg);
     }
+    const long launched = cuda_attention_batch_launches() - launches0;
     snprintf(what, sizeof what, "%sattention%s H%d/KV%d hd%d %d streaming, ctx %d, %d x %d tok%s%s", o.rope ? "rope+" : "",
              o.fp8 ? " fp8" : "", H, KV, hd, n_stream, ctx, n_seqs, T, n_stream ? " (sink/recent)" : "",
              o.starts ? " (mixed contexts)" : opt && !o.rope && !o.fp8 ? " (mask edges)" : "");
     compare(what, oc, og, (size_t)TT * H * hd, o.tol > 0 ? o.tol * o.vscale : 2e-2f, o.tol > 0 ? o.tol : 2e-2f);
+    if (o.alone) attention_alone(&bt, &Lg, qg, og, rs, launched, o.rope ? 2 : 1, !o.rope);
     if (gpu_alt && !o.fp8) attention_alt(&bt, &L, q, kf, vf, ks, vs, rs, TT, full_n, slot_n, o.rope, og, qg, kfg);
     if (o.rope) {
         snprintf(what, sizeof what, "  ... q|k rows after the fused RoPE");
@@ -1178,8 +1218,39 @@ static void gemm_bench(void) {
     if (blas) backend_destroy(blas);
 }
 
+/* n decode positions spread over [lo, hi] (lo may be 0: a sequence of one key) */
+static int *spread_starts(int n, int lo, int hi) {
+    int *v = malloc(sizeof *v * (size_t)n);
+    for (int i = 0; i < n; i++) v[i] = lo + (int)(((long)i * 397) % (hi - lo + 1));
+    return v;
+}
+
+/* Decode steps of more (token, KV head) units than the flash kernel's resident blocks (about two
+ * an SM): the batch decode kernel (cuda/attn_decode.cu), against the CPU and, for three sequences
+ * of each step, against the flash kernel's bits alone. */
+static void test_decode_batch(void) {
+    int *one = spread_starts(40, 0, 127), *few = spread_starts(150, 200, 1000), *wide = spread_starts(48, 0, 3000);
+    int *edge = spread_starts(400, 20, 80), *win = spread_starts(40, 1500, 2600);
+    struct attn_opts o = {0, 1.0f, 1.0f, one, 0, 0, 0, 1};
+    attention_case(32, 8, 128, 0, 127, 1, 40, 0, 1, &o); /* one partition each, from a single key */
+    attention_case(32, 8, 128, 3, 127, 1, 40, 16, 64, &o); /* and streaming heads */
+    o.starts = few;
+    attention_case(32, 8, 64, 2, 1000, 1, 100, 4, 40, &o); /* head dim 64, up to 8 partitions */
+    attention_case(64, 8, 128, 4, 1000, 1, 100, 8, 32, &o); /* GQA 8 */
+    attention_case(32, 2, 128, 1, 1000, 1, 150, 16, 64, &o); /* GQA 16: rows 8-15 real */
+    o.starts = wide;
+    attention_case(32, 8, 128, 3, 3000, 1, 48, 16, 64, &o); /* units of 1 to 24 partitions */
+    o.starts = win, o.window = 1000, o.kscale = 3.0f; /* a sliding window: first partitions empty */
+    attention_case(32, 8, 128, 0, 2600, 1, 40, 0, 1, &o);
+    struct attn_opts rope = {0, 1.0f, 1.0f, few, 1, 0, 0, 1}; /* the engine's call: RoPE and the append first */
+    attention_case(32, 8, 128, 3, 1000, 1, 100, 16, 64, &rope);
+    struct attn_opts edges = {16, 0.01f, 8.0f, edge, 0, 0, 0, 1}; /* mask edges: sink, recent, window */
+    attention_case(8, 2, 64, 1, 80, 1, 400, 4, 8, &edges);
+    free(one), free(few), free(wide), free(edge), free(win);
+}
+
 /* every attention case: decode and prefill against the CPU, invariance, mask edges, mixed
- * contexts, the fused RoPE append, cluster merges, the long decode cases */
+ * contexts, the fused RoPE append, cluster merges, the batch decode kernel, the long decode cases */
 static void test_attention_all(void) {
     /* GQA ratios 1, 4, 8; head dims 64 and 128; decode and prefill; contexts to 32k */
     attention_case(8, 8, 64, 0, 1000, 1, 3, 0, 1, NULL);
@@ -1237,6 +1308,7 @@ static void test_attention_all(void) {
     attention_case(32, 2, 128, 0, 200, 1, 3, 0, 1, NULL);
     /* the CUDA-core kernel: head dim 256, GQA 32 */
     attention_case(32, 1, 256, 0, 300, 3, 2, 0, 1, NULL);
+    test_decode_batch();
     test_long_decode();
     test_long_prefill();
     test_attention_fp8();

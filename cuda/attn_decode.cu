@@ -1,0 +1,271 @@
+// attn_decode: the batch decode attention (issues 20 and 22), for decode steps of more (token,
+// KV head) units than the flash kernel's blocks the device holds at once (b33 and up on
+// Llama-3-8B), none split.
+//
+// Why: the flash kernel gives each unit a block. At b256 and a 128-token context (run 68) its
+// decode took 134 us a layer against a 40 us floor: each block pays its metadata round trips
+// before its first K/V load and leaves with nothing in flight, two blocks an SM.
+//
+// Here the device's resident blocks walk the units (unit u = kvh * T + t, KV head major, so a
+// block mixes retrieval and streaming heads; block b takes u = b, b + grid, ..) as one stream of
+// partitions: while a partition's V is summed, the next one's K (of this unit or the next, with
+// the next unit's Q) loads, and its V while the partition closes; the next unit's metadata loads
+// a unit ahead, its block ids a partition ahead. A partition is summed exactly as the flash
+// kernel's cooperative decode sums it (attn_common.cuh: fa_tile_scores, fa_tile_mask,
+// fa_part_softmax, fa_tile_pv; the merge in order with fa_merge_begin / fa_merge_o), so each
+// output has the flash kernel's bits: warp w takes the scores of tile w of the partition into
+// shared memory, then every warp runs the partition's softmax and P V for its quarter of the
+// head dims.
+#include <cuda_bf16.h>
+#include <limits.h>
+#include <stdint.h>
+
+#include "cuda/attn_common.cuh"
+#include "cuda/attn_decode.h"
+#include "cuda/cuda_common.h"
+
+#define DB_WARPS 4 // a warp the scores of each tile of a partition
+static_assert(FA_PT == DB_WARPS, "a warp a tile of the partition");
+static_assert(FA_KT * 4 == 32 * DB_WARPS, "four threads a key row");
+
+template <int HD> struct db_cfg {
+    static constexpr int LD = HD + 8;            // padded smem rows: conflict-free ldmatrix
+    static constexpr int OT = HD / 8 / DB_WARPS; // output n8 tiles a warp (2 or 4)
+    static constexpr size_t KV = (size_t)FA_PT * FA_KT * LD * 2; // a partition's K (or V) rows
+    // K, V, Q (16 rows), then the partition's scores [tile][FA_KT / 8][4][32] f32
+    static constexpr size_t Q_OFF = 2 * KV, XS_OFF = Q_OFF + (size_t)16 * LD * 2;
+    static constexpr size_t BYTES = XS_OFF + (size_t)FA_PT * (FA_KT / 8) * 4 * 32 * 4;
+};
+
+// a unit: token (sequence) t, KV head kvh; base: its block table's start (retrieval heads) or its
+// streaming slot
+struct db_unit {
+    int u, t, kvh, pos, base;
+    bool full;
+    fa_range r;
+};
+// the metadata of unit u (one round trip: both loads at once)
+__device__ __forceinline__ void db_meta(const struct cuda_attn_args &a, int u, int T, int &pos, int &base) {
+    const int kvh = u / T, t = u - kvh * T;
+    pos = a.pos[t];
+    base = kvh < a.n_full ? a.block_indptr[t] : a.stream_slot[t];
+}
+__device__ __forceinline__ db_unit db_make(const struct cuda_attn_args &a, int u, int T, int pos, int base) {
+    db_unit x;
+    x.u = u, x.kvh = u / T, x.t = u - x.kvh * T, x.pos = pos, x.base = base;
+    x.full = x.kvh < a.n_full;
+    x.r.make(a, x.full, pos, pos);
+    return x;
+}
+
+template <int HD>
+__global__ void __launch_bounds__(32 * DB_WARPS) fa_decode_batch_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *q,
+                                                                         const __nv_bfloat16 *kb, const __nv_bfloat16 *vb,
+                                                                         int rs, struct cuda_attn_args a, int T) {
+    using CF = db_cfg<HD>;
+    constexpr int LD = CF::LD, OT = CF::OT;
+    extern __shared__ __align__(16) unsigned char db_raw[];
+    __nv_bfloat16 *sk = reinterpret_cast<__nv_bfloat16 *>(db_raw), *sv = sk + FA_PT * FA_KT * LD;
+    __nv_bfloat16 *sq = reinterpret_cast<__nv_bfloat16 *>(db_raw + CF::Q_OFF);
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, qd = lane % 4;
+    const int kr = tid / 4, part = tid % 4; // key row kr of a tile, every 4th 16-byte chunk from part
+    const int G = a.n_heads / a.n_kv_heads, n_units = T * a.n_kv_heads, stride = (int)gridDim.x;
+    const int d0 = warp * OT; // this warp's first output n8 tile
+    const bool rows8 = G > 8; // (decode: rows 8-15 are padding unless GQA > 8)
+    const float sl2 = a.scale * 1.4426950408889634f;
+    float *xs = reinterpret_cast<float *>(db_raw + CF::XS_OFF) + lane; // [tile][n][e], x 32 lanes
+    if ((int)blockIdx.x >= n_units) return;
+
+    // the pool block of key row kr of each tile of partition p of unit x (0: none)
+    auto fetch_blocks = [&](const db_unit &x, int p, int (&blq)[FA_PT]) {
+#pragma unroll
+        for (int i = 0; i < FA_PT; i++) {
+            const int tile = p * FA_PT + i, j = tile * FA_KT + kr;
+            blq[i] = p >= 0 && x.full && x.r.has(tile) && j <= x.pos ? a.block_ids[x.base + fdiv(j, a.bs_div)] : 0;
+        }
+    };
+    // K (kv 1) or V (kv 2) row kr of a tile of unit x into buffer i: the pool row, or for a
+    // streaming head the step's own row (from q|k|v) or the ring's; zeros past the keys it has
+    // (the flash kernel's load_tile at a decode token)
+    auto load_tile = [&](const db_unit &x, int i, int tile, int blk, int kv) {
+        const int j = tile * FA_KT + kr;
+        const __nv_bfloat16 *src = NULL;
+        const __nv_bfloat16 *zero = kv == 1 ? kb : vb;
+        if (x.full) {
+            if (j <= x.pos)
+                src = (kv == 1 ? a.k_full : a.v_full) + full_pool_row(a, blk, j - fdiv(j, a.bs_div) * a.block_size, x.kvh) * HD;
+        } else if (j == x.pos) {
+            src = zero + (size_t)x.t * rs + (size_t)x.kvh * HD;
+        } else if (j < x.pos && (j < a.sink || j >= x.pos - a.recent)) {
+            const int rr = j < a.sink ? j : a.sink + (j - a.sink) - fdiv(j - a.sink, a.rec_div) * a.recent;
+            src = (kv == 1 ? a.k_stream : a.v_stream) + stream_pool_row(a, x.base, rr, x.kvh - a.n_full) * HD;
+        }
+        __nv_bfloat16 *dst = (kv == 1 ? sk : sv) + (i * FA_KT + kr) * LD;
+        for (int c = part * 8; c < HD; c += 32) fa_cp16(dst + c, src ? src + c : zero, src != NULL);
+    };
+    auto load_part = [&](const db_unit &x, int p, const int (&blq)[FA_PT], int kv) { // one commit group
+        if (p >= 0)
+#pragma unroll
+            for (int i = 0; i < FA_PT; i++)
+                if (x.r.has(p * FA_PT + i)) load_tile(x, i, p * FA_PT + i, blq[i], kv);
+        asm volatile("cp.async.commit_group;\n" ::);
+    };
+    auto load_q = [&](const db_unit &x) { // the G query rows of the unit, zero rows after
+        for (int i = tid; i < 16 * (HD / 8); i += 32 * DB_WARPS) {
+            const int r = i / (HD / 8), c = (i % (HD / 8)) * 8;
+            const bool ok = r < G;
+            fa_cp16(sq + r * LD + c, ok ? q + (size_t)x.t * rs + (size_t)(x.kvh * G + r) * HD + c : q, ok);
+        }
+    };
+
+    // the stream of (unit, partition) items: C / p computed now, L / lp loading next, the metadata
+    // of the unit after L's (npos, nbase) a unit ahead
+    int pos0, base0;
+    db_meta(a, blockIdx.x, T, pos0, base0);
+    db_unit C = db_make(a, blockIdx.x, T, pos0, base0), L = C;
+    int npos = 0, nbase = 0, nu = L.u + stride;
+    if (nu < n_units) db_meta(a, nu, T, npos, nbase);
+    int p = C.r.next_part(-1), lp = p;
+    int blq[FA_PT];
+    fetch_blocks(L, lp, blq);
+    load_q(C);
+    load_part(L, lp, blq, 1); // (with Q's copies)
+    load_part(L, lp, blq, 2);
+    auto advance = [&]() { // L / lp to the next item, its block ids fetched
+        lp = lp >= 0 ? L.r.next_part(lp) : -1;
+        if (lp < 0 && nu < n_units) {
+            L = db_make(a, nu, T, npos, nbase);
+            lp = L.r.next_part(-1);
+            nu += stride;
+            if (nu < n_units) db_meta(a, nu, T, npos, nbase);
+        }
+        fetch_blocks(L, lp, blq);
+    };
+    advance();
+
+    // the compute unit's rows: this thread's g and g + 8, at the token's position (padding: -1);
+    // row h sees key j iff j <= vhi[h] and (j >= vlo[h] or j < vse) (the flash kernel's mask)
+    int vhi[2], vlo[2], vse = 0;
+    fa_warp_sight sight;
+    auto rows_of = [&](const db_unit &x) {
+        int ipos[2];
+        for (int h = 0; h < 2; h++) {
+            const int i = g + 8 * h < G ? x.pos : -1;
+            ipos[h] = i;
+            vhi[h] = i;
+            vlo[h] = x.full ? (a.sliding_window > 0 ? i - a.sliding_window + 1 : 0) : i - a.recent + 1;
+        }
+        vse = x.full ? 0 : a.sink;
+        sight.make(vhi, vlo, ipos[0] >= 0, ipos[1] >= 0);
+    };
+    rows_of(C);
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, M[2] = {-INFINITY, -INFINITY}, L2[2] = {0.0f, 0.0f};
+    float o[OT][4], O[OT][4]; // the partition's sums and the unit's total, this warp's output tiles
+    for (int d = 0; d < OT; d++)
+        for (int e = 0; e < 4; e++) o[d][e] = O[d][e] = 0.0f;
+    uint32_t qa[HD / 16][4];
+    bool fresh = true; // the item is its unit's first: Q into registers
+
+    while (p >= 0) {
+        asm volatile("cp.async.wait_group 1;\n" ::); // K of p (and Q) landed
+        __syncthreads();
+        if (fresh)
+            for (int k = 0; k < HD / 16; k++) fa_ldsm_x4(qa[k], sq + (lane % 16) * LD + k * 16 + (lane / 16) * 8);
+        const int tw = p * FA_PT + warp;
+        if (C.r.has(tw)) {
+            float sc[FA_KT / 8][4];
+            fa_tile_scores<HD>(qa, sk + warp * FA_KT * LD, sc, lane);
+#pragma unroll
+            for (int n = 0; n < FA_KT / 8; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    if (e < 2 || rows8) xs[((warp * (FA_KT / 8) + n) * 4 + e) * 32] = sc[n][e];
+        }
+        asm volatile("cp.async.wait_group 0;\n" ::); // V of p landed
+        __syncthreads(); // every score in the exchange; the K buffers and Q free
+        const bool next_unit = lp >= 0 && L.u != C.u;
+        if (next_unit) load_q(L);
+        load_part(L, lp, blq, 1);
+        // the partition's scores from the exchange, masked; its softmax; P V tile by tile
+        float sp[FA_PT][FA_KT / 8][4];
+        unsigned has = 0;
+#pragma unroll
+        for (int i = 0; i < FA_PT; i++) {
+            const int tile = p * FA_PT + i;
+            if (!C.r.has(tile)) continue;
+            has |= 1u << i;
+#pragma unroll
+            for (int n = 0; n < FA_KT / 8; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) sp[i][n][e] = e < 2 || rows8 ? xs[((i * (FA_KT / 8) + n) * 4 + e) * 32] : 0.0f;
+            if (!sight.sees_all(tile * FA_KT, tile * FA_KT + FA_KT - 1, vse)) fa_tile_mask(sp[i], tile, qd, vhi, vlo, vse, rows8);
+        }
+        fa_part_softmax(sp, has, m, l, rows8, sl2);
+#pragma unroll
+        for (int i = 0; i < FA_PT; i++)
+            if (has >> i & 1) fa_tile_pv<HD, OT>(o, sv + i * FA_KT * LD, sp[i], rows8, d0, lane);
+        __syncthreads(); // every warp done with the V buffers and the exchange
+        load_part(L, lp, blq, 2);
+        // the partition into the unit's total (the flash kernel's close, unsplit)
+        for (int h = 0; h < 2; h++) {
+            float lf = l[h] + __shfl_xor_sync(0xffffffffu, l[h], 1);
+            lf += __shfl_xor_sync(0xffffffffu, lf, 2);
+            float ca, cb;
+            if (fa_merge_begin(M[h], L2[h], m[h], lf, ca, cb))
+                for (int d = 0; d < OT; d++)
+                    for (int e = 2 * h; e < 2 * h + 2; e++) O[d][e] = fa_merge_o(O[d][e], o[d][e], ca, cb);
+            m[h] = -INFINITY, l[h] = 0.0f;
+        }
+        for (int d = 0; d < OT; d++)
+            for (int e = 0; e < 4; e++) o[d][e] = 0.0f;
+        if (lp < 0 || next_unit) { // the unit's last partition: out = O / L
+            for (int h = 0; h < 2; h++) {
+                const int r = g + 8 * h;
+                if (r < G) {
+                    const float inv = 1.0f / L2[h];
+                    __nv_bfloat16 *orow = out + ((size_t)C.t * a.n_heads + (size_t)(C.kvh * G + r)) * HD;
+                    for (int d = 0; d < OT; d++)
+                        *reinterpret_cast<__nv_bfloat162 *>(orow + (d0 + d) * 8 + 2 * qd) =
+                            __floats2bfloat162_rn(O[d][2 * h] * inv, O[d][2 * h + 1] * inv);
+                }
+                M[h] = -INFINITY, L2[h] = 0.0f;
+            }
+            for (int d = 0; d < OT; d++)
+                for (int e = 0; e < 4; e++) O[d][e] = 0.0f;
+        }
+        fresh = next_unit;
+        if (next_unit) {
+            C = L;
+            rows_of(C);
+        }
+        p = lp;
+        if (p >= 0) advance();
+    }
+    asm volatile("cp.async.wait_group 0;\n" ::);
+}
+
+int fa_decode_batch_init(int sms, int resident[2]) {
+    CUDA_CHECK(cudaFuncSetAttribute(fa_decode_batch_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)db_cfg<64>::BYTES));
+    CUDA_CHECK(cudaFuncSetAttribute(fa_decode_batch_kernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)db_cfg<128>::BYTES));
+    int n64 = 0, n128 = 0;
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n64, fa_decode_batch_kernel<64>, 32 * DB_WARPS, db_cfg<64>::BYTES));
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n128, fa_decode_batch_kernel<128>, 32 * DB_WARPS, db_cfg<128>::BYTES));
+    resident[0] = (n64 > 0 ? n64 : 1) * sms, resident[1] = (n128 > 0 ? n128 : 1) * sms;
+    return 0;
+}
+
+bool fa_decode_batch_takes(const struct cuda_attn_args &a) {
+    const int G = a.n_kv_heads > 0 ? a.n_heads / a.n_kv_heads : 0;
+    return (a.head_dim == 64 || a.head_dim == 128) && G >= 1 && G <= 16 && !a.kv_fp8;
+}
+
+int fa_decode_batch(__nv_bfloat16 *out, const __nv_bfloat16 *q, const __nv_bfloat16 *kb, const __nv_bfloat16 *vb,
+                    int rs, const struct cuda_attn_args &a, int n_tokens, int blocks, cudaStream_t st) {
+    const int units = n_tokens * a.n_kv_heads;
+    const dim3 grid((unsigned)(blocks < units ? blocks : units)), T(32 * DB_WARPS);
+    if (a.head_dim == 64)
+        CUDA_CHECK(cuda_launch(fa_decode_batch_kernel<64>, grid, T, db_cfg<64>::BYTES, st, out, q, kb, vb, rs, a, n_tokens));
+    else
+        CUDA_CHECK(cuda_launch(fa_decode_batch_kernel<128>, grid, T, db_cfg<128>::BYTES, st, out, q, kb, vb, rs, a, n_tokens));
+    return 0;
+}
