@@ -388,9 +388,25 @@ int fa_prefill_wg_init(void) {
     return 0;
 }
 
+static bool pf_takes(int head_dim, int G) { return (head_dim == 64 || head_dim == 128) && G >= 1 && G <= 16; }
+
 bool fa_prefill_wg_takes(const struct cuda_attn_args &a) {
-    const int G = a.n_kv_heads > 0 ? a.n_heads / a.n_kv_heads : 0;
-    return (a.head_dim == 64 || a.head_dim == 128) && G >= 1 && G <= 16;
+    return pf_takes(a.head_dim, a.n_kv_heads > 0 ? a.n_heads / a.n_kv_heads : 0);
+}
+
+int fa_prefill_wg_wave(int head_dim, int G, int sms, int *block_tokens) {
+    if (!pf_takes(head_dim, G)) return 0;
+    int per_sm = 0;
+    const cudaError_t e = head_dim == 64 ? cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+                                               &per_sm, fa_prefill_wg_kernel<64>, PF_THREADS, pf_cfg<64>::SMEM)
+                                         : cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+                                               &per_sm, fa_prefill_wg_kernel<128>, PF_THREADS, pf_cfg<128>::SMEM);
+    if (e != cudaSuccess) {
+        cudaGetLastError(); // not a launch's error: no wave model
+        return 0;
+    }
+    *block_tokens = pf_block_tokens(G);
+    return per_sm * sms;
 }
 
 int fa_prefill_wg(__nv_bfloat16 *out, const __nv_bfloat16 *q, const __nv_bfloat16 *kb, const __nv_bfloat16 *vb, int rs,

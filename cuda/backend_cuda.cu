@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cuda/attn_prefill.h"
 #include "cuda/cuda_common.h"
 #include "cuda/cuda_ctx.h"
 
@@ -559,6 +560,15 @@ static int cu_sync(struct backend *b) {
     return e;
 }
 
+/* The wgmma prefill kernel's waves; none when prefill attention runs through the flash kernel
+ * (DUOSERVE_ATTN_WG=0), whose blocks are (token, KV head) pairs. */
+static int cu_prefill_blocks(struct backend *b, int group, int head_dim, int *tokens_per_block) {
+    struct cuda_ctx *c = CTX(b);
+    if (!c->attn_env.wg_prefill) return 0;
+    use_device(c);
+    return fa_prefill_wg_wave(head_dim, group, c->attn_env.sms, tokens_per_block);
+}
+
 /* Also frees a context that backend_cuda_create left half made (NULL handles skipped). */
 static void cu_destroy(struct backend *b) {
     struct cuda_ctx *c = CTX(b);
@@ -622,6 +632,7 @@ static struct backend_ops make_ops(void) {
     o.graph_begin = cuda_graph_begin;
     o.graph_end = cuda_graph_end;
     o.graph_reset = cu_graph_reset;
+    o.prefill_blocks = cu_prefill_blocks;
     o.logits_to = cu_logits_to;
     o.logits_assemble = cu_logits_assemble;
     o.query = cu_query;

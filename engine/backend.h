@@ -188,6 +188,12 @@ struct backend_ops {
     int (*graph_end)(struct backend *b, int key);
     /* optional: drops every captured graph (a buffer they use is about to move) */
     void (*graph_reset)(struct backend *b);
+    /* Optional (NULL on the CPU): the prefill attention's blocks, for the scheduler's step cost. A
+     * block takes *tokens_per_block query tokens of one KV head (GQA group `group`, head_dim) and
+     * walks every key its rows see, so a wave of blocks (the number returned: those that run at
+     * once) takes about as long full as not. 0 when the prefill attention of these heads does not
+     * run in such blocks. */
+    int (*prefill_blocks)(struct backend *b, int group, int head_dim, int *tokens_per_block);
 
     /* Tensor parallelism (engine/model_tp.c, engine/model.c); a backend without them runs one rank only.
      * logits_to: out[n][vocab] (f32, backend memory) = x[n][dim] @ w[vocab][dim]^T, the arithmetic

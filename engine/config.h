@@ -13,7 +13,8 @@ struct engine_config {
     int max_num_batched_tokens; // token budget per step (the prefill chunk), default 2048
     int step_cost_budget;       // while requests decode, a step costs at most what this many prompt tokens
                                 // from position 0 cost (attention over a long prefix counts extra, so a
-                                // prompt's chunks shrink as it grows); 0: max_num_batched_tokens; < 0: no cap
+                                // prompt's chunks shrink as it grows); 0: max_num_batched_tokens, 1.75 x
+                                // that on a backend with prefill waves (a GPU); < 0: no cap
     int max_model_len;          // prompt + output limit, default the model's max_position_embeddings
     int max_queue;              // waiting requests before submit says ENGINE_ERR_QUEUE_FULL, default 1024
     int block_size;             // full-pool block size in tokens, default 16

@@ -34,11 +34,48 @@ static uint64_t prefix_salt(const struct core *c) {
  * kernel changes (docs/ARCHITECTURE.md, "Step cost"). */
 #define CORE_ATTN_EFFICIENCY 0.85
 
+/* The default --step-cost-budget with the wave model, in --max-num-batched-tokens. The waves charge
+ * a chunk at a long prefix for the blocks it leaves idle too, so at 1 x a prompt beside a stream
+ * would get fewer tokens a step than a step's time allows. A model of the steps (run 66's fit,
+ * docs/PERF_NOTES.md "The next run (after runs 68-69)"; unmeasured) gives, for 131,072 tokens of
+ * Llama-3-8B beside a stream on an H100, +4.7% over alone at full attention and +45% at duo 0.5 at
+ * 1 x; +3.7% and +18% at 1.75 x (3,584 tokens at 2048), steps of ~105 ms, within the 150 ms a
+ * stream's token may wait. */
+#define CORE_WAVE_BUDGET 1.75
+
+/* The wave model of the prefill attention, when the backend has one (a GPU): a part for each
+ * layer, its retrieval heads on the busiest rank, whose per_key is that rank's share (a rank does
+ * 1 / tp of the linear layers, so its heads count tp times); the least chunk one wave of the layer
+ * with the most retrieval heads (sched_wave_chunk). -1: out of memory. */
+static int wave_model(struct core *c, struct sched_cost *sc, double per_key) {
+    const struct model_config *k = &c->m->cfg;
+    int L = k->n_layers, tb, h_max = 0;
+    int *heads = malloc(sizeof *heads * (size_t)L);
+    if (!heads) return -1;
+    int wave = model_prefill_waves(c->m, &tb, heads);
+    for (int l = 0; l < L; l++) h_max = heads[l] > h_max ? heads[l] : h_max;
+    if (wave == 0 || h_max == 0) { /* no blocks, or no retrieval heads to run in them */
+        free(heads);
+        return 0;
+    }
+    if (!(c->wave_parts = malloc(sizeof *c->wave_parts * (size_t)L))) {
+        free(heads);
+        return -1;
+    }
+    double share = per_key * model_tp_size(c->m) / ((double)k->n_kv_heads * L);
+    for (int l = 0; l < L; l++) c->wave_parts[l] = (struct sched_wave_part){share * heads[l], heads[l]};
+    free(heads);
+    sc->waves = (struct sched_waves){wave, tb, L, c->wave_parts};
+    sc->min_chunk = sched_wave_chunk(&sc->waves, c->cfg.block_size);
+    return 0;
+}
+
 /* The scheduler's step cost from the model's shape and head pattern, in token-equivalents (a
  * token's linear layers = 1). FLOPs: the linear layers 2 a weight a token (the LM head, once per
  * sampling sequence, left out); attention 4 x head_dim a query head a visible key (QK^T and PV),
- * retrieval heads seeing every earlier key (or the sliding window), streaming heads sink + recent. */
-static void step_cost_model(const struct core *c, struct sched_cost *sc) {
+ * retrieval heads seeing every earlier key (or the sliding window), streaming heads sink + recent;
+ * on a GPU the retrieval heads of a prefill chunk by their waves (wave_model). -1: out of memory. */
+static int step_cost_model(struct core *c, struct sched_cost *sc) {
     const struct model_config *k = &c->m->cfg;
     double qd = (double)k->n_heads * k->head_dim, kd = (double)k->n_kv_heads * k->head_dim;
     double linear = 2.0 * k->n_layers * (k->dim * (qd + 2 * kd) + qd * k->dim + 3.0 * k->dim * k->hidden_dim);
@@ -52,30 +89,38 @@ static void step_cost_model(const struct core *c, struct sched_cost *sc) {
     sc->attn[0] = (struct sched_attn_cost){per_key * (1 - stream_share), k->sliding_window};
     sc->attn[1] = (struct sched_attn_cost){per_key * stream_share, window};
     sc->min_chunk = c->cfg.block_size;
+    if (wave_model(c, sc, per_key) != 0) return -1;
     int n = c->cfg.step_cost_budget;
-    sc->step_budget = n < 0 ? 0 : sched_chunk_cost(sc, 0, n ? n : c->max_batch);
+    if (n == 0) n = sc->waves.wave ? (int)(CORE_WAVE_BUDGET * c->max_batch) : c->max_batch;
+    sc->step_budget = n < 0 ? 0 : sched_chunk_cost(sc, 0, n);
+    return 0;
 }
 
-/* One line on the step cost: what a query-key pair costs, the cap, and the prefill chunks it
- * leaves beside decodes as a prompt grows. */
+/* One line on the step cost: what a query-key pair costs, the prefill waves, the cap, and the
+ * prefill chunks it leaves beside decodes as a prompt grows. */
 static void log_step_cost(const struct core *c, const struct sched_cost *sc) {
     if (sc->step_budget <= 0) {
         elog("info", "step cost: no cap (prefill chunks of --max-num-batched-tokens beside decodes)");
         return;
     }
     static const int at[] = {0, 8192, 32768, 131072, 1048576};
-    char chunks[160];
+    char chunks[160], waves[160] = "";
     size_t o = 0;
     for (size_t i = 0; i < sizeof at / sizeof at[0] && at[i] < c->max_model_len; i++) {
-        int n = sched_chunk_fit(sc, at[i], c->max_batch, sc->step_budget);
-        if (n < sc->min_chunk) n = sc->min_chunk < c->max_batch ? sc->min_chunk : c->max_batch; /* the least */
+        int n = sched_chunk_size(sc, at[i], c->max_batch, sc->step_budget, true);
         o += (size_t)snprintf(chunks + o, sizeof chunks - o, "%s%d at %dk", i ? ", " : "", n, at[i] / 1024);
     }
+    if (sc->waves.wave)
+        snprintf(waves, sizeof waves,
+                 "; a prefill chunk's retrieval heads by waves of %d blocks of %d tokens a KV head, at least one "
+                 "wave (%d tokens)",
+                 sc->waves.wave, sc->waves.block_tokens, sc->min_chunk);
     elog("info",
          "step cost: attention %.3g a query-key pair (a token's linear layers = 1; retrieval heads %.3g, "
-         "streaming %.3g); while requests decode a step costs at most %.0f: prefill chunks of %s tokens of prefix",
-         sc->attn[0].per_key + sc->attn[1].per_key, sc->attn[0].per_key, sc->attn[1].per_key, sc->step_budget,
-         chunks);
+         "streaming %.3g)%s; while requests decode a step costs at most %.0f: prefill chunks of %s tokens of "
+         "prefix",
+         sc->attn[0].per_key + sc->attn[1].per_key, sc->attn[0].per_key, sc->attn[1].per_key, waves,
+         sc->step_budget, chunks);
 }
 
 static int plan_memory(struct core *c, char *err, size_t errlen) {
@@ -127,8 +172,8 @@ static int plan_memory(struct core *c, char *err, size_t errlen) {
     if (caching && kv_cache_enable_prefix_caching(c->kv, prefix_salt(c)) != 0)
         return util_err(err, errlen, "out of memory for the prefix cache");
     struct sched_config sc = {.max_num_seqs = c->cfg.max_num_seqs, .max_batch_tokens = c->max_batch};
-    step_cost_model(c, &sc.cost);
-    if (sched_init(&c->sched, &sc, c->kv) != 0) return util_err(err, errlen, "out of memory");
+    if (step_cost_model(c, &sc.cost) != 0 || sched_init(&c->sched, &sc, c->kv) != 0)
+        return util_err(err, errlen, "out of memory");
     c->stats.kv_capacity_tokens = block_bytes ? (int)(n_blocks * c->cfg.block_size) : 0;
     const struct model_config *mc = &c->m->cfg;
     int n_stream_total = 0;
@@ -383,6 +428,7 @@ void core_free(struct core *c) {
         core_abort_request(c, ((struct core_seq *)q)->req);
     core_reap(c);
     sched_free(&c->sched);
+    free(c->wave_parts);
     kv_cache_delete(c->kv);
     model_free(c->m);
     grammar_cache_free(c->gcache);

@@ -63,6 +63,7 @@ struct core {
     struct tokenizer *tok;
     struct kv_cache *kv;
     struct sched sched;
+    struct sched_wave_part *wave_parts; // [n_layers] the step cost's wave model (sched.cfg.cost.waves), or NULL
     int vocab, max_model_len, max_batch;
     int32_t eos[16];
     int n_eos;

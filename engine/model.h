@@ -113,6 +113,12 @@ int model_kv_cache_init(const struct model *m, struct kv_cache *kv, int block_si
 int model_kv_budget(const struct model *m, int block_size, int sink, int recent, float util, double *budget,
                     char *err, size_t errlen);
 
+/* The prefill attention's waves on this model's backend (backend_ops.prefill_blocks): the blocks
+ * that run at once, 0 when it has none (the CPU), and the tokens a block takes (*block_tokens);
+ * heads[l] (n_layers of them): layer l's retrieval KV heads on the rank that holds the most, whose
+ * blocks the layer waits for (the whole layer's without tensor parallelism). */
+int model_prefill_waves(const struct model *m, int *block_tokens, int *heads);
+
 /* The KV pool geometry of the whole model (all ranks' heads). */
 void model_kv_geometry(const struct model *m, int block_size, int sink, int recent, struct kv_geometry *g);
 

@@ -226,6 +226,22 @@ int model_kv_budget(const struct model *m, int block_size, int sink, int recent,
     return 0;
 }
 
+int model_prefill_waves(const struct model *m, int *block_tokens, int *heads) {
+    const struct backend_ops *op = m->b->ops;
+    *block_tokens = 0;
+    int wave = op->prefill_blocks ? op->prefill_blocks(m->b, m->cfg.n_heads / m->cfg.n_kv_heads, m->cfg.head_dim,
+                                                       block_tokens)
+                                  : 0;
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        heads[l] = 0;
+        for (int r = 0; r < m->sh.size; r++) {
+            int h = rank_model(m, r)->sh.n_full[l];
+            if (h > heads[l]) heads[l] = h;
+        }
+    }
+    return wave > 0 && *block_tokens > 0 ? wave : 0;
+}
+
 int model_load(struct model **out, const char *dir, struct backend *b, int max_tokens, char *err, size_t errlen) {
     return model_load_duo(out, dir, b, max_tokens, NULL, err, errlen);
 }

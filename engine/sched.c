@@ -95,23 +95,80 @@ static double keys_seen(int start, int n, int w) {
     return (double)n1 * a + (double)n1 * (n1 + 1) / 2 + (double)(n - n1) * w;
 }
 
-double sched_chunk_cost(const struct sched_cost *c, int start, int n) {
+/* The linear layers and attn[k] for k >= from. */
+static double flop_cost(const struct sched_cost *c, int start, int n, int from) {
     double cost = n;
-    for (int k = 0; k < 2; k++)
+    for (int k = from; k < 2; k++)
         if (c->attn[k].per_key > 0) cost += c->attn[k].per_key * keys_seen(start, n, c->attn[k].window);
     return cost;
 }
 
+int sched_blocks_span(const struct sched_waves *w, int heads, int n) {
+    if (w->wave <= 0 || heads <= 0 || n <= 0) return n;
+    int64_t tb = w->block_tokens, blocks = (n + tb - 1) / tb * heads, waves = (blocks + w->wave - 1) / w->wave;
+    return (int)(waves * w->wave / heads * tb);
+}
+
+double sched_chunk_cost(const struct sched_cost *c, int start, int n) {
+    const struct sched_waves *w = &c->waves;
+    if (w->wave <= 0) return flop_cost(c, start, n, 0);
+    double cost = flop_cost(c, start, n, 1);
+    for (int i = 0; i < w->n_parts; i++) {
+        const struct sched_wave_part *p = &w->parts[i];
+        if (p->heads > 0 && p->per_key > 0)
+            cost += p->per_key * keys_seen(start, sched_blocks_span(w, p->heads, n), c->attn[0].window);
+    }
+    return cost;
+}
+
+double sched_decode_cost(const struct sched_cost *c, int pos) { return flop_cost(c, pos, 1, 0); }
+
 int sched_chunk_fit(const struct sched_cost *c, int start, int max_n, double cost) {
     if (max_n <= 0 || sched_chunk_cost(c, start, 1) > cost) return 0;
     if (sched_chunk_cost(c, start, max_n) <= cost) return max_n;
-    int lo = 1, hi = max_n; /* the cost grows with n: lo fits, hi does not */
+    int lo = 1, hi = max_n; /* the cost never falls as n grows: lo fits, hi does not */
     while (hi - lo > 1) {
         int mid = lo + (hi - lo) / 2;
         if (sched_chunk_cost(c, start, mid) <= cost) lo = mid;
         else hi = mid;
     }
     return lo;
+}
+
+/* The heads of the part that has the most. */
+static int most_heads(const struct sched_waves *w) {
+    int h = 0;
+    for (int i = 0; i < w->n_parts; i++)
+        if (w->parts[i].heads > h) h = w->parts[i].heads;
+    return h;
+}
+
+int sched_wave_chunk(const struct sched_waves *w, int block_size) {
+    int h = most_heads(w), one = w->wave > 0 && h > 0 ? sched_blocks_span(w, h, 1) / block_size * block_size : 0;
+    return one > block_size ? one : block_size;
+}
+
+/* n tokens cut short by the cost, with the wave model: when they fill less than half of the last
+ * wave they start in the part with the most heads, the tokens of the waves before (a wave costs
+ * about as much nearly empty as full), unless those are fewer than min_chunk. */
+static int wave_back_off(const struct sched_cost *c, int n) {
+    const struct sched_waves *w = &c->waves;
+    int h = most_heads(w);
+    if (w->wave <= 0 || h == 0 || n <= 0) return n;
+    int64_t tb = w->block_tokens, blocks = (n + tb - 1) / tb * h, full = blocks / w->wave;
+    int64_t last = blocks - full * w->wave; /* the last wave's blocks */
+    if (last == 0 || 2 * last >= w->wave) return n;
+    int64_t before = full * w->wave / h * tb;
+    return before > 0 && before >= c->min_chunk ? (int)before : n;
+}
+
+int sched_chunk_size(const struct sched_cost *c, int start, int max_n, double cost, bool first) {
+    if (max_n <= 0) return 0;
+    int n = sched_chunk_fit(c, start, max_n, cost);
+    if (n < max_n) n = wave_back_off(c, n);
+    int least = c->min_chunk > 0 ? c->min_chunk : 1;
+    if (first && n < least) n = least < max_n ? least : max_n;
+    return n;
 }
 
 /* A running sequence with one token to compute: a decode (or a prompt's last token). */
@@ -128,32 +185,31 @@ struct step_left {
 };
 
 /* The tokens of a prefill chunk from start with `remaining` to compute: what the token budget
- * leaves after the decodes still to plan, and while sequences decode what fits in the step's cost
- * (the first chunk of the step gets at least min_chunk: progress). 0: none this step. */
+ * leaves after the decodes still to plan, and while sequences decode the chunk sched_chunk_size
+ * gives in what is left of the step's cost (the first chunk of the step gets at least min_chunk:
+ * progress). 0: none this step. */
 static int chunk_tokens(const struct sched *s, const struct step_left *l, int start, int remaining) {
     int want = l->tokens - l->decodes;
     if (want > remaining) want = remaining;
     if (want <= 0) return 0;
     if (!l->capped) return want;
     const struct sched_cost *c = &s->cfg.cost;
-    int fit = sched_chunk_fit(c, start, want, c->step_budget - l->spent - l->dec_cost);
-    int least = c->min_chunk > 0 ? c->min_chunk : 1;
-    if (!l->chunked && fit < least) fit = least < want ? least : want;
-    return fit;
+    return sched_chunk_size(c, start, want, c->step_budget - l->spent - l->dec_cost, !l->chunked);
 }
 
 /* q, running and not planned, loses its KV: the step no longer keeps room for it. */
 static void preempt_unplanned(struct sched *s, struct step_left *l, struct sched_seq *q) {
     if (is_decode(q)) {
         l->decodes--;
-        l->dec_cost -= sched_chunk_cost(&s->cfg.cost, q->n_computed, 1);
+        l->dec_cost -= sched_decode_cost(&s->cfg.cost, q->n_computed);
     }
     preempt(s, q);
 }
 
 static void plan_take(struct sched *s, struct step_left *l, struct sched_seq *q, int want, bool decode) {
     plan_add(s, q, want);
-    double cost = sched_chunk_cost(&s->cfg.cost, q->n_computed, want);
+    const struct sched_cost *c = &s->cfg.cost;
+    double cost = decode ? sched_decode_cost(c, q->n_computed) : sched_chunk_cost(c, q->n_computed, want);
     l->tokens -= want;
     l->spent += cost;
     if (decode) {
@@ -172,7 +228,7 @@ int sched_step_plan(struct sched *s) {
         struct sched_seq *q = s->running.v[i];
         if (!is_decode(q)) continue;
         l.decodes++;
-        l.dec_cost += sched_chunk_cost(&s->cfg.cost, q->n_computed, 1);
+        l.dec_cost += sched_decode_cost(&s->cfg.cost, q->n_computed);
     }
     l.capped = l.decodes > 0 && s->cfg.cost.step_budget > 0;
     for (int i = 0; i < s->running.n && l.tokens > 0;) {

@@ -17,8 +17,9 @@
  * their cost (struct sched_cost: the linear layers per token plus attention per visible key, which
  * grows with the chunk's prefix), so that the step stays within cost.step_budget and the decodes'
  * inter-token latency stays bounded however long the prompt beside them; the oldest prefill still
- * gets at least cost.min_chunk tokens a step. With nothing decoding, chunks take the whole token
- * budget. Engine thread only. */
+ * gets at least cost.min_chunk tokens a step. On a GPU the retrieval heads' attention of a chunk
+ * costs by the waves of kernel blocks it fills (struct sched_waves), and chunks end at a wave's
+ * end. With nothing decoding, chunks take the whole token budget. Engine thread only. */
 #ifndef DUO_SCHED_H
 #define DUO_SCHED_H
 
@@ -45,14 +46,34 @@ struct sched_seq {
 /* A step's cost model, in token-equivalents (the linear layers' work for one token = 1): a query at
  * position p costs 1 + sum over attn[k] of per_key * min(p + 1, window) (window 0: p + 1, every
  * earlier key). The caller derives the numbers from the model (engine/core_create.c); the
- * scheduler knows nothing of heads or layers. */
+ * scheduler knows no model, only the heads' blocks of the wave model below. */
 struct sched_attn_cost {
     double per_key; // cost of one query against one visible key, for these heads (their share included)
     int window;     // keys a query of these heads sees at most; 0: all earlier keys
 };
 
+/* The wave model of a GPU's prefill attention (backend_ops.prefill_blocks): a chunk's retrieval
+ * heads run in blocks of block_tokens query tokens of one KV head, `wave` blocks at once, each
+ * walking every key its rows see, so a wave takes about as long full as not. A part (a layer)
+ * with `heads` retrieval KV heads runs ceil(n / block_tokens) x heads blocks for a chunk of n
+ * tokens; the chunk is charged the keys of the tokens whose blocks would fill the waves those
+ * start (sched_blocks_span). */
+struct sched_wave_part {
+    double per_key; // the part's share of attn[0].per_key
+    int heads;      // retrieval KV heads (the busiest rank's under tensor parallelism)
+};
+
+struct sched_waves {
+    int wave;         // blocks that run at once; 0: no wave model
+    int block_tokens; // query tokens of one KV head a block takes
+    int n_parts;
+    const struct sched_wave_part *parts; // [n_parts], borrowed: it outlives the scheduler
+};
+
 struct sched_cost {
     struct sched_attn_cost attn[2]; // e.g. retrieval heads (window 0) and streaming heads (sink + recent)
+    struct sched_waves waves;       // when set, a chunk's attn[0] heads cost by their waves (with attn[0]'s
+                                    // window); a decode keeps attn[0]
     double step_budget;             // cap on a step's cost while sequences decode; <= 0: no cap
     int min_chunk;                  // fewest tokens the cap leaves the oldest prefill a step (0: 1)
 };
@@ -107,10 +128,26 @@ void sched_finish(struct sched *s, struct sched_seq *q);
  * parent's blocks, gets a copy of its slot, takes one of the parent's reserved seats. */
 enum kv_status sched_fork(struct sched *s, struct sched_seq *parent, struct sched_seq *child);
 
-/* The cost of computing tokens [start, start + n) of one sequence (its chunk), under c. */
+/* The cost of computing tokens [start, start + n) of one sequence (its chunk), under c; it never
+ * falls as n grows. */
 double sched_chunk_cost(const struct sched_cost *c, int start, int n);
+/* The cost of a decode (one token) at position pos: attn[0] and attn[1], the wave model aside. */
+double sched_decode_cost(const struct sched_cost *c, int pos);
+/* The tokens (>= n) whose blocks would fill the waves that a chunk of n tokens starts in a part of
+ * `heads` retrieval KV heads: floor(waves x wave / heads) x block_tokens, for waves =
+ * ceil(ceil(n / block_tokens) x heads / wave). n itself without a wave model or heads. */
+int sched_blocks_span(const struct sched_waves *w, int heads, int n);
+/* The least chunk worth a step with the wave model: one wave of the part with the most heads, in
+ * whole blocks of block_size tokens (KV blocks), at least block_size (a smaller chunk takes about
+ * as long). block_size without a wave model or heads. */
+int sched_wave_chunk(const struct sched_waves *w, int block_size);
 /* The most tokens (<= max_n) a chunk from start can take within cost; 0 when not even one fits. */
 int sched_chunk_fit(const struct sched_cost *c, int start, int max_n, double cost);
+/* The tokens of a prefill chunk from start within cost, at most max_n: the fit, except that with
+ * the wave model a fit short of max_n that fills less than half of the last wave it starts (in
+ * the part with the most heads) ends at the end of the wave before, when that leaves at least
+ * min_chunk; `first` (the step's first chunk: progress) gets at least min_chunk (or max_n). */
+int sched_chunk_size(const struct sched_cost *c, int start, int max_n, double cost, bool first);
 
 bool sched_has_work(const struct sched *s);
 int sched_num_running(const struct sched *s);

@@ -25,8 +25,9 @@ const struct opt opt_engine[] = {
      "tokens per engine step, the prefill chunk (default 2048; also --prefill-chunk)"},
     {"step-cost-budget", NULL, OPT_INT, E(step_cost_budget), 1, 1 << 24, "N",
      "while requests decode, a step costs at most what N prompt tokens from position 0 cost; attention over a "
-     "long prefix counts extra, so a long prompt's chunks shrink as it grows and decodes beside it keep their "
-     "pace (default: --max-num-batched-tokens)"},
+     "long prefix counts extra (on a GPU by the prefill kernel's waves of blocks), so a long prompt's chunks "
+     "shrink as it grows and decodes beside it keep their pace (default: 1.75 x --max-num-batched-tokens on a "
+     "GPU, 1 x on the CPU)"},
     {"block-size", NULL, OPT_INT, E(block_size), 1, 1024, "N", "KV block size in tokens (default 16)"},
     {"kv-cache-memory", NULL, OPT_BYTES, E(kv_cache_memory), MIB, TIB, "BYTES",
      "memory for both KV pools, e.g. 512MiB or 4G (default: 256MiB on the CPU; on a GPU what "

@@ -324,11 +324,14 @@ static void test_random_walk_with_prefix_cache(void **state) {
 
 /* ---- prefill chunks sized by their cost ---- */
 
-/* The cost of the planned step, summed over its sequences. */
+/* The cost of the planned step, summed over its sequences (a decode: one token left). */
 static double plan_cost(const struct fixture *f) {
     double c = 0;
-    for (int i = 0; i < f->s.plan.n; i++)
-        c += sched_chunk_cost(&f->s.cfg.cost, f->s.plan.seqs[i]->n_computed, f->s.plan.want[i]);
+    for (int i = 0; i < f->s.plan.n; i++) {
+        const struct sched_seq *q = f->s.plan.seqs[i];
+        c += q->n_tokens - q->n_computed == 1 ? sched_decode_cost(&f->s.cfg.cost, q->n_computed)
+                                              : sched_chunk_cost(&f->s.cfg.cost, q->n_computed, f->s.plan.want[i]);
+    }
     return c;
 }
 
@@ -549,6 +552,281 @@ static void test_cost_mixed(void **state) {
     fx_free(&f);
 }
 
+/* ---- the wave model (a GPU's prefill attention in blocks) ---- */
+
+/* An H100's wgmma prefill kernel at GQA 4: 132 blocks at once, 32 tokens of one KV head a block. */
+#define WAVE 132
+#define WAVE_TB 32
+
+static struct sched_waves waves_of(const struct sched_wave_part *parts, int n) {
+    return (struct sched_waves){WAVE, WAVE_TB, n, parts};
+}
+
+/* The tokens whose blocks fill the waves n tokens start in a part of h heads, counted block by
+ * block: ceil(n / TB) blocks a head, the waves those need, then every block a head those waves
+ * hold. */
+static int ref_span(int h, int n) {
+    int per_head = (n + WAVE_TB - 1) / WAVE_TB, waves = 0;
+    while (waves * WAVE < per_head * h) waves++;
+    while ((per_head + 1) * h <= waves * WAVE) per_head++;
+    return per_head * WAVE_TB;
+}
+
+/* A chunk's cost summed query by query: linear layers 1 a token, streaming heads (attn[1]) the
+ * keys each query of the chunk sees, each part's retrieval heads every earlier key of each query
+ * of its span. */
+static double ref_cost(const struct sched_cost *c, int start, int n) {
+    double want = n;
+    for (int p = start; p < start + n; p++) {
+        int seen = c->attn[1].window && c->attn[1].window < p + 1 ? c->attn[1].window : p + 1;
+        want += c->attn[1].per_key * seen;
+    }
+    for (int i = 0; i < c->waves.n_parts; i++) {
+        const struct sched_wave_part *pt = &c->waves.parts[i];
+        if (!pt->heads) continue;
+        for (int p = start; p < start + ref_span(pt->heads, n); p++) want += pt->per_key * (p + 1);
+    }
+    return want;
+}
+
+/* Llama-3-8B's shape: 32 layers; per_key a query-key pair of every head (4.4e-5), a layer's part
+ * its share; heads[l] retrieval KV heads of 8, the rest streaming (sink + recent 320). */
+static struct sched_cost llama8b_cost(struct sched_wave_part *parts, const int *heads) {
+    const double per_key = 4.4e-5;
+    struct sched_cost c = {.attn = {{0, 0}, {0, 320}}};
+    for (int l = 0; l < 32; l++) {
+        parts[l] = (struct sched_wave_part){per_key * heads[l] / (8.0 * 32), heads[l]};
+        c.attn[0].per_key += parts[l].per_key;
+        c.attn[1].per_key += per_key * (8 - heads[l]) / (8.0 * 32);
+    }
+    c.waves = waves_of(parts, 32);
+    c.min_chunk = sched_wave_chunk(&c.waves, 16);
+    return c;
+}
+
+/* The cost of chunks of lens[] tokens from each of starts[] against the sum over their queries,
+ * and from each start never falling as the chunk grows to max_n tokens (the fit's binary search
+ * needs it). */
+static void check_cost(const struct sched_cost *c, const int *starts, int n_starts, const int *lens, int n_lens,
+                       int max_n) {
+    for (int i = 0; i < n_starts; i++) {
+        for (int j = 0; j < n_lens; j++) {
+            double want = ref_cost(c, starts[i], lens[j]);
+            assert_float_equal(sched_chunk_cost(c, starts[i], lens[j]), want, want * 1e-9);
+        }
+        double prev = 0;
+        for (int n = 1; n <= max_n; n++) {
+            double cost = sched_chunk_cost(c, starts[i], n);
+            assert_true(cost >= prev);
+            prev = cost;
+        }
+    }
+}
+
+/* Whether n tokens fill at least half of the last wave they start in a part of h heads. */
+static bool last_wave_half_full(int h, int n) {
+    int last = (n + WAVE_TB - 1) / WAVE_TB * h % WAVE;
+    return last == 0 || 2 * last >= WAVE;
+}
+
+/* The span against blocks counted one by one; the cost against the sum over queries, never
+ * falling as the chunk grows. */
+static void test_wave_span_and_cost(void **state) {
+    (void)state;
+    struct sched_wave_part parts[5] = {{2e-5, 8}, {2e-5, 8}, {1e-5, 3}, {3e-5, 16}, {0, 0}};
+    struct sched_waves w = waves_of(parts, 5);
+    for (int h = 1; h <= 16; h++)
+        for (int n = 1; n <= 2100; n++) assert_int_equal(sched_blocks_span(&w, h, n), ref_span(h, n));
+    assert_int_equal(sched_blocks_span(&w, 8, 1), 512);   /* 16 blocks a head of 132 */
+    assert_int_equal(sched_blocks_span(&w, 8, 513), 1056); /* two waves: 33 blocks a head */
+    assert_int_equal(sched_blocks_span(&w, 0, 77), 77);
+    struct sched_waves none = {0};
+    assert_int_equal(sched_blocks_span(&none, 8, 77), 77);
+    struct sched_cost c = {.attn = {{0, 0}, {4e-5, 320}}, .waves = w};
+    const int starts[] = {0, 100, 8192, 131072}, lens[] = {1, 31, 32, 33, 511, 512, 513, 1000, 1056, 1057, 2048};
+    check_cost(&c, starts, 4, lens, 11, 3000);
+}
+
+/* Llama-3-8B at full attention, 131,072 tokens in: at 1 x (2048) a token costs its whole wave,
+ * more than the budget, so the chunk is the least, one wave; at 1.75 x one wave fits and two do
+ * not, so the chunk is the wave; the FLOP model takes chunks there that leave their last wave part
+ * empty. At every budget the chunk there fills at least half of its last wave. */
+static void test_wave_chunks_fill_waves_at_long_prefix(void **state) {
+    (void)state;
+    struct sched_wave_part parts[32];
+    int heads[32];
+    for (int l = 0; l < 32; l++) heads[l] = 8;
+    struct sched_cost c = llama8b_cost(parts, heads), flops = c;
+    flops.waves.wave = 0;
+    flops.min_chunk = 16;
+    const int at = 131072;
+    for (int k = 0; k < 2; k++) {
+        c.step_budget = sched_chunk_cost(&c, 0, k ? 3584 : 2048);
+        if (k) assert_true(ref_cost(&c, at, 512) <= c.step_budget && ref_cost(&c, at, 513) > c.step_budget);
+        else assert_true(ref_cost(&c, at, 1) > c.step_budget);
+        assert_int_equal(sched_chunk_size(&c, at, 2048, c.step_budget, true), 512);
+        flops.step_budget = sched_chunk_cost(&flops, 0, k ? 3584 : 2048);
+        int fl = sched_chunk_size(&flops, at, 2048, flops.step_budget, true);
+        assert_true(fl > 16 && ref_span(8, fl) > fl);
+    }
+    for (int b = 2048; b <= 16384; b += 256) {
+        c.step_budget = sched_chunk_cost(&c, 0, b);
+        int n = sched_chunk_size(&c, at, 8192, c.step_budget, true);
+        assert_true(n == 512 || (n > 512 && sched_chunk_cost(&c, at, n) <= c.step_budget));
+        assert_true(last_wave_half_full(8, n));
+    }
+}
+
+/* A query at position p under the FLOP model below: its linear layers, every earlier key at 3e-3,
+ * at most 40 keys at 5e-3. */
+static double flop_query(int p) { return 1 + 3e-3 * (p + 1) + 5e-3 * (p + 1 < 40 ? p + 1 : 40); }
+
+/* Without the wave model the cost is the FLOP model's, query by query; with it, a decode keeps
+ * the FLOP cost; the chunk size is the fit, or min_chunk for the step's first chunk. */
+static void test_wave_none_is_flop_cost(void **state) {
+    (void)state;
+    struct sched_wave_part parts[2] = {{1e-3, 8}, {2e-3, 4}};
+    struct sched_cost c = {.attn = {{3e-3, 0}, {5e-3, 40}}, .waves = {0, WAVE_TB, 2, parts}, .min_chunk = 16};
+    for (int start = 0; start < 3000; start += 277)
+        for (int n = 1; n < 700; n += 37) {
+            double want = 0;
+            for (int p = start; p < start + n; p++) want += flop_query(p);
+            assert_float_equal(sched_chunk_cost(&c, start, n), want, want * 1e-9);
+            assert_float_equal(sched_decode_cost(&c, start), flop_query(start), 1e-9);
+        }
+    assert_int_equal(sched_wave_chunk(&c.waves, 16), 16);
+    for (int start = 0; start < 3000; start += 300)
+        for (double cost = 1; cost < 5000; cost *= 1.9) {
+            int fit = sched_chunk_fit(&c, start, 500, cost);
+            assert_int_equal(sched_chunk_size(&c, start, 500, cost, false), fit);
+            assert_int_equal(sched_chunk_size(&c, start, 500, cost, true), fit < 16 ? 16 : fit);
+            assert_int_equal(sched_chunk_size(&c, start, 10, cost, true), 10); /* the least, cut to what is left */
+        }
+    c.waves.wave = WAVE;
+    for (int pos = 0; pos < 200000; pos += 9999) assert_float_equal(sched_decode_cost(&c, pos), flop_query(pos), 1e-9);
+}
+
+/* The least chunk is one wave of the part with the most heads in whole KV blocks, at least one
+ * block; a chunk the cost cuts short in the first half of a wave ends the wave before, unless
+ * that is below the least chunk or the cost did not cut it. */
+static void test_wave_least_chunk_and_back_off(void **state) {
+    (void)state;
+    struct sched_wave_part parts[3] = {{1e-5, 2}, {1e-5, 8}, {1e-5, 5}};
+    struct sched_waves w = waves_of(parts, 3);
+    assert_int_equal(sched_wave_chunk(&w, 16), WAVE / 8 * WAVE_TB);
+    w.n_parts = 1;
+    assert_int_equal(sched_wave_chunk(&w, 16), WAVE / 2 * WAVE_TB);
+    parts[0].heads = 5; /* 26 blocks a head: 832 tokens, 816 in blocks of 48 */
+    assert_int_equal(sched_wave_chunk(&w, 16), 832);
+    assert_int_equal(sched_wave_chunk(&w, 48), 816);
+    parts[0].heads = 0;
+    assert_int_equal(sched_wave_chunk(&w, 16), 16);
+    struct sched_waves tiny = {4, 8, 1, &parts[1]}; /* a wave holds half a block a head: 8 tokens */
+    assert_int_equal(sched_wave_chunk(&tiny, 16), 16);
+    parts[0].heads = 2;
+
+    struct sched_cost c = {.attn = {{3e-5, 0}, {0, 0}}, .waves = waves_of(parts, 3)};
+    c.min_chunk = sched_wave_chunk(&c.waves, 16);
+    const int at = 32768;
+    /* the least: the step's first chunk gets a wave however little is left (or what the prompt has) */
+    assert_int_equal(sched_chunk_size(&c, at, 2048, 1.0, true), 512);
+    assert_int_equal(sched_chunk_size(&c, at, 300, 1.0, true), 300);
+    assert_int_equal(sched_chunk_size(&c, at, 2048, 1.0, false), 0);
+    /* the cost cuts the chunk at n0 (it grows with every token); the 8-head part decides */
+    int n0s[] = {600, 700, 800, 1056, 1100, 1600, 2000};
+    for (size_t i = 0; i < sizeof n0s / sizeof *n0s; i++) {
+        int n0 = n0s[i], blocks = (n0 + WAVE_TB - 1) / WAVE_TB * 8, full = blocks / WAVE, last = blocks % WAVE;
+        int want = last && 2 * last < WAVE ? full * WAVE / 8 * WAVE_TB : n0;
+        double cost = sched_chunk_cost(&c, at, n0);
+        assert_int_equal(sched_chunk_fit(&c, at, 4096, cost), n0);
+        assert_int_equal(sched_chunk_size(&c, at, 4096, cost, false), want);
+        /* not cut by the cost: kept whole */
+        assert_int_equal(sched_chunk_size(&c, at, n0, 1e12, false), n0);
+    }
+    assert_int_equal(sched_chunk_size(&c, at, 4096, sched_chunk_cost(&c, at, 600), false), 512);
+    c.min_chunk = 1024; /* the wave before would be below the least chunk: kept */
+    assert_int_equal(sched_chunk_size(&c, at, 4096, sched_chunk_cost(&c, at, 600), false), 600);
+    assert_int_equal(sched_chunk_size(&c, at, 4096, sched_chunk_cost(&c, at, 1100), true), 1056);
+}
+
+/* Streaming heads by layer (DuoAttention): layers with 0, 2, 4, 6 or 8 retrieval heads; a layer
+ * with none adds nothing, the streaming heads keep their window's cost, the least chunk is a wave
+ * of the layer with the most, and chunks still fill their last wave at least half there. */
+static void test_wave_streaming_heads_by_layer(void **state) {
+    (void)state;
+    struct sched_wave_part parts[32];
+    int heads[32];
+    for (int l = 0; l < 32; l++) heads[l] = 2 * (l % 5); /* 0, 2, 4, 6, 8, ... */
+    struct sched_cost c = llama8b_cost(parts, heads);
+    assert_int_equal(c.min_chunk, 512);
+    const int starts[] = {0, 200, 5000, 131072}, lens[] = {1, 100, 512, 700, 1056, 2000};
+    check_cost(&c, starts, 4, lens, 6, 2500);
+    /* the layers without retrieval heads left out: the same cost */
+    struct sched_wave_part some[32];
+    struct sched_cost d = c;
+    d.waves.n_parts = 0;
+    for (int l = 0; l < 32; l++)
+        if (heads[l]) some[d.waves.n_parts++] = parts[l];
+    d.waves.parts = some;
+    for (int n = 1; n < 3000; n += 97)
+        assert_float_equal(sched_chunk_cost(&d, 70000, n), sched_chunk_cost(&c, 70000, n), 1e-9);
+    /* half the heads streaming in every layer: a wave is 33 blocks a head */
+    for (int l = 0; l < 32; l++) heads[l] = 4;
+    c = llama8b_cost(parts, heads);
+    assert_int_equal(c.min_chunk, WAVE / 4 * WAVE_TB);
+    for (int l = 0; l < 32; l++) heads[l] = 2 * (l % 5);
+    c = llama8b_cost(parts, heads);
+    for (int b = 2048; b <= 8192; b += 512) {
+        c.step_budget = sched_chunk_cost(&c, 0, b);
+        for (int at = 16384; at <= 262144; at *= 2) {
+            int n = sched_chunk_size(&c, at, 8192, c.step_budget, true);
+            assert_true(n >= 512 && last_wave_half_full(8, n));
+            assert_true(n == 512 || sched_chunk_cost(&c, at, n) <= c.step_budget);
+        }
+    }
+}
+
+/* A long prompt beside a decode under the wave model, in a cache of 4-token blocks: a wave is 3
+ * blocks of 4 tokens for each of 4 heads (12 tokens); every chunk is at least one wave, within
+ * the cost (the decode charged its FLOPs), and fills at least half of its last wave unless it
+ * ends the prompt or takes the token budget. */
+static void test_wave_chunks_beside_decode(void **state) {
+    (void)state;
+    struct sched_wave_part part = {0.02, 4};
+    struct sched_cost cost = {.attn = {{0.02, 0}, {0, 0}}, .waves = {12, 4, 1, &part}};
+    cost.min_chunk = sched_wave_chunk(&cost.waves, BS);
+    assert_int_equal(cost.min_chunk, 12);
+    cost.step_budget = sched_chunk_cost(&cost, 0, 32);
+    struct fixture f;
+    fx_init_cost(&f, 256, 0, 8, 64, &cost);
+    struct sched_seq *d = seq_make(3), *l = seq_make(600);
+    sched_add(&f.s, d);
+    assert_int_equal(sched_step_plan(&f.s), 1);
+    run_plan_decode(&f);
+    sched_add(&f.s, l);
+    int steps = 0, shrank = 0;
+    while (l->n_computed < 600) {
+        assert_int_equal(sched_step_plan(&f.s), 2);
+        assert_int_equal(plan_want(&f, d), 1);
+        int c = plan_want(&f, l), left = l->n_tokens - l->n_computed;
+        assert_true(c >= (left < 12 ? left : 12) && c <= left && c <= 63);
+        double dec = 1 + 0.02 * (d->n_computed + 1);
+        assert_float_equal(plan_cost(&f), dec + sched_chunk_cost(&cost, l->n_computed, c), 1e-9);
+        assert_true(plan_cost(&f) <= cost.step_budget || c == (left < 12 ? left : 12));
+        if (c < left && c < 63) {
+            int blocks = (c + 3) / 4 * 4, last = blocks % 12;
+            assert_true(last == 0 || 2 * last >= 12);
+        }
+        shrank += c == 12;
+        run_plan_decode(&f);
+        assert_true(++steps < 1000);
+    }
+    assert_true(shrank > 10); /* at a long prefix one wave a step */
+    seq_drop(&f, d);
+    seq_drop(&f, l);
+    fx_free(&f);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fcfs_and_chunked_prefill),
@@ -562,6 +840,12 @@ int main(void) {
         cmocka_unit_test(test_cost_alone_takes_token_budget),
         cmocka_unit_test(test_cost_progress_guaranteed),
         cmocka_unit_test(test_cost_mixed),
+        cmocka_unit_test(test_wave_span_and_cost),
+        cmocka_unit_test(test_wave_chunks_fill_waves_at_long_prefix),
+        cmocka_unit_test(test_wave_none_is_flop_cost),
+        cmocka_unit_test(test_wave_least_chunk_and_back_off),
+        cmocka_unit_test(test_wave_streaming_heads_by_layer),
+        cmocka_unit_test(test_wave_chunks_beside_decode),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -638,6 +638,52 @@ static void test_tp_kv_budget_takes_the_tightest_rank(void **state) {
     free(pat);
 }
 
+/* The prefill waves (model_prefill_waves): none on the CPU; with a backend that has them, asked
+ * for the model's GQA group and head dim, and each layer's retrieval heads on the busiest rank
+ * (a layer's odd head makes one rank's blocks the ones the layer waits for). */
+static int fake_group, fake_head_dim;
+static int fake_prefill_blocks(struct backend *b, int group, int head_dim, int *tokens_per_block) {
+    fake_group = group;
+    fake_head_dim = head_dim;
+    *tokens_per_block = 32;
+    return 132;
+}
+
+static void test_tp_prefill_waves_busiest_rank(void **state) {
+    /* llama2: 2 layers of 4 KV heads (group 1, head dim 16); retrieval heads: 3 in layer 0, 1 in layer 1 */
+    const uint8_t st[8] = {0, 0, 1, 0, 1, 0, 1, 1};
+    const int retrieval[2] = {3, 1};
+    for (int n = 1; n <= 4; n *= 2) {
+        struct model *m = load_tp("tests/fixtures/hf/llama2", n, st, false, 16);
+        int tb = -1, heads[2];
+        assert_int_equal(model_prefill_waves(m, &tb, heads), 0);
+        const struct backend_ops *cpu = m->b->ops;
+        struct backend_ops ops = *cpu;
+        ops.prefill_blocks = fake_prefill_blocks;
+        m->b->ops = &ops;
+        assert_int_equal(model_prefill_waves(m, &tb, heads), 132);
+        m->b->ops = cpu;
+        assert_int_equal(tb, 32);
+        assert_int_equal(fake_group, 1);
+        assert_int_equal(fake_head_dim, 16);
+        for (int l = 0; l < 2; l++) assert_int_equal(heads[l], (retrieval[l] + n - 1) / n);
+        free_tp(m);
+    }
+    /* llama3: 8 query heads on 2 KV heads (group 4), no pattern: one KV head a rank of 2 */
+    struct model *m = load_tp("tests/fixtures/hf/llama3", 2, NULL, false, 16);
+    const struct backend_ops *cpu = m->b->ops;
+    struct backend_ops ops = *cpu;
+    ops.prefill_blocks = fake_prefill_blocks;
+    m->b->ops = &ops;
+    int tb, heads[2];
+    assert_int_equal(model_prefill_waves(m, &tb, heads), 132);
+    m->b->ops = cpu;
+    assert_int_equal(fake_group, 4);
+    assert_int_equal(heads[0], 1);
+    assert_int_equal(heads[1], 1);
+    free_tp(m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_comm_threads_collectives),
@@ -652,6 +698,7 @@ int main(void) {
         cmocka_unit_test(test_tp_refuses_indivisible_shapes),
         cmocka_unit_test(test_tp_kv_pools_per_rank),
         cmocka_unit_test(test_tp_kv_budget_takes_the_tightest_rank),
+        cmocka_unit_test(test_tp_prefill_waves_busiest_rank),
     };
     return cmocka_run_group_tests_name("tensor parallelism", tests, NULL, NULL);
 }
