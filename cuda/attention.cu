@@ -644,7 +644,7 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
                 step_row = true;
             }
         } else if (j < a.sink || j >= pos0 - a.recent) {
-            const int rr = j < a.sink ? j : a.sink + (j - a.sink) - fdiv(j - a.sink, a.rec_div) * a.recent; // stream_off's
+            const int rr = stream_ring_row(a, j);
             size_t off = stream_pool_row(a, sslot, rr, kvh - a.n_full) * HD;
             kp = a.k_stream + off;
             vp = a.v_stream + off;

@@ -27,6 +27,10 @@ __device__ __forceinline__ size_t full_pool_row(const struct cuda_attn_args &a, 
 __device__ __forceinline__ size_t stream_pool_row(const struct cuda_attn_args &a, int slot, int r, int h) {
     return ((size_t)slot * (a.sink + a.recent) + (size_t)r) * a.n_stream + (size_t)h;
 }
+// the ring row r of position p in a streaming slot (a.rec_div: the divisor of a.recent)
+__device__ __forceinline__ int stream_ring_row(const struct cuda_attn_args &a, int p) {
+    return p < a.sink ? p : a.sink + (p - a.sink) - fdiv(p - a.sink, a.rec_div) * a.recent;
+}
 
 // The tiles a query range [pf, pl] sees: [lo0, hi0] then [lo1, hi1] (retrieval heads: from the
 // sliding window's start, else 0, to pl; streaming heads: the sink's, then the recent window's)

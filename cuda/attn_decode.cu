@@ -90,18 +90,18 @@ __global__ void __launch_bounds__(32 * DB_WARPS) fa_decode_batch_kernel(__nv_bfl
     auto load_tile = [&](const db_unit &x, int i, int tile, int blk, int kv) {
         const int j = tile * FA_KT + kr;
         const __nv_bfloat16 *src = NULL;
-        const __nv_bfloat16 *zero = kv == 1 ? kb : vb;
+        const __nv_bfloat16 *step = kv == 1 ? kb : vb; // the step's K or V rows (also a zero-fill's dummy address)
         if (x.full) {
             if (j <= x.pos)
                 src = (kv == 1 ? a.k_full : a.v_full) + full_pool_row(a, blk, j - fdiv(j, a.bs_div) * a.block_size, x.kvh) * HD;
         } else if (j == x.pos) {
-            src = zero + (size_t)x.t * rs + (size_t)x.kvh * HD;
+            src = step + (size_t)x.t * rs + (size_t)x.kvh * HD;
         } else if (j < x.pos && (j < a.sink || j >= x.pos - a.recent)) {
-            const int rr = j < a.sink ? j : a.sink + (j - a.sink) - fdiv(j - a.sink, a.rec_div) * a.recent;
+            const int rr = stream_ring_row(a, j);
             src = (kv == 1 ? a.k_stream : a.v_stream) + stream_pool_row(a, x.base, rr, x.kvh - a.n_full) * HD;
         }
         __nv_bfloat16 *dst = (kv == 1 ? sk : sv) + (i * FA_KT + kr) * LD;
-        for (int c = part * 8; c < HD; c += 32) fa_cp16(dst + c, src ? src + c : zero, src != NULL);
+        for (int c = part * 8; c < HD; c += 32) fa_cp16(dst + c, src ? src + c : step, src != NULL);
     };
     auto load_part = [&](const db_unit &x, int p, const int (&blq)[FA_PT], int kv) { // one commit group
         if (p >= 0)

@@ -127,7 +127,7 @@ __global__ void __launch_bounds__(PF_THREADS, 1)
                         vp = vb + off;
                     }
                 } else if (j < a.sink || j >= pos0 - a.recent) {
-                    const int rr = j < a.sink ? j : a.sink + (j - a.sink) - fdiv(j - a.sink, a.rec_div) * a.recent;
+                    const int rr = stream_ring_row(a, j);
                     pe = stream_pool_row(a, sslot, rr, kvh - a.n_full) * HD;
                     pk = a.k_stream, pv = a.v_stream;
                 }

@@ -109,12 +109,12 @@ int cuda_attention_init(struct cuda_attn_env *env);
  * spans more than CUDA_ATTN_MERGE_LONG (the launches are a function of n_tokens, split and the
  * layer: CUDA graphs are keyed by them); inv_freq: RoPE q and k first (in place, as cuda_rope),
  * fused with the KV append; NULL: qkv is already rotated */
-/* The decode steps that ran in the batch decode kernel so far (launches or graph captures: the
- * op test's check that a case took it). */
-long cuda_attention_batch_launches(void);
 int cuda_attention(const struct cuda_attn_env *env, void *out, void *qkv, int row_stride,
                    const struct cuda_attn_args *a, int n_tokens, bool decode, int split, const float *inv_freq,
                    cudaStream_t st);
+/* The decode steps that ran in the batch decode kernel so far (launches or graph captures: the
+ * op test's check that a case took it). */
+long cuda_attention_batch_launches(void);
 #ifdef __cplusplus
 }
 #endif

@@ -553,7 +553,8 @@ struct attn_opts {
                         * sequences 0, n/2 and n - 1 again each alone (the flash kernel) give the same bits */
 };
 
-/* cuda/cuda_attention.h's (a C++ header): the decode steps the batch decode kernel ran so far */
+/* cuda/cuda_attention.h's (it needs the CUDA headers, which this file is built without): the
+ * decode steps the batch decode kernel ran so far */
 long cuda_attention_batch_launches(void);
 
 /* attention_case's alone check: the step's GPU runs (want of them) took the batch decode kernel,
