@@ -2,7 +2,7 @@
  * by the engine), decode ms/token at several batch sizes, prefill tokens/s at several lengths.
  *
  *   build/bench_gpu MODEL_DIR [cuda|cpu] [--decode 1,8,64,256] [--decode-ctx 128] [--runs BxCTX,..]
- *                   [--steps 64] [--skip-prefill] [--prefill 2048,32768] [--gemm cublas] [--tp N]
+ *                   [--steps 64] [--skip-prefill] [--mixed L] [--prefill 2048,32768] [--gemm cublas] [--tp N]
  *                   [--load-format dummy]
  *                   [--duo-pattern FILE --duo-sparsity S] [--gpu-memory-utilization F]
  *
@@ -16,8 +16,13 @@
  * makes the context without a prefill (a benchmark-only hook, engine/core_bench.h): one-token
  * prompts, then decode-ctx - 1 positions of KV cache that were never computed (zeros in a fresh
  * pool), so contexts up to 1,048,576 take no prefill time; decode costs the same whatever the
- * K/V values. Prefill: one request of L tokens with max_tokens 1, token budget L (one step, or
- * chunks of 8192). */
+ * K/V values. --mixed L: after each decode run's timed steps, a prompt of L tokens (max_tokens 1,
+ * missing the prefix cache) joins the B decoding sequences, and the steps until it finishes (each a
+ * mixed step: a chunk of it beside the B decodes, as the scheduler sizes them) are timed; one line
+ * a run: "mixed batch B, context x, prompt L: N steps, M ms/step (decode alone D ms/step; C from
+ * the prefix cache)", D the run's decode-only time just before, C the prompt tokens the cache held
+ * (0). Prefill: one request of L tokens with max_tokens 1, token budget L (one step, or chunks
+ * of 8192). */
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -91,6 +96,7 @@ static int parse_runs(const char *s, int (*out)[2], int max) {
 struct bench_opts {
     const char *model, *dev, *gemm, *load_format, *pattern, *kv_dtype;
     int dec[16], n_dec, pre[16], n_pre, runs[32][2], n_runs, dctx, tp, steps;
+    int mixed; // --mixed L: a prompt of L tokens beside each decode run (0: none)
     float sparsity, util;
     bool skip;
 };
@@ -110,6 +116,7 @@ static int parse_opts(int argc, char **argv, struct bench_opts *o) {
             return 2;
         }
         if (!strcmp(argv[i], "--steps")) o->steps = atoi(argv[i + 1]);
+        if (!strcmp(argv[i], "--mixed")) o->mixed = atoi(argv[i + 1]);
         if (!strcmp(argv[i], "--prefill")) o->n_pre = parse_list(argv[i + 1], o->pre, 16);
         if (!strcmp(argv[i], "--gemm")) o->gemm = argv[i + 1];
         if (!strcmp(argv[i], "--tp")) o->tp = atoi(argv[i + 1]);
@@ -123,7 +130,17 @@ static int parse_opts(int argc, char **argv, struct bench_opts *o) {
     if (!o->n_runs)
         for (int i = 0; i < o->n_dec; i++) o->runs[o->n_runs][0] = o->dec[i], o->runs[o->n_runs++][1] = o->dctx;
     if (o->steps < 1) o->steps = 1;
+    if (o->mixed < 0) o->mixed = 0;
     return 0;
+}
+
+/* The most steps a --mixed prompt of L tokens is given (the scheduler gives the oldest prefill at
+ * least min_chunk tokens a step, a KV block of 16 or more), and the tokens a decode run's
+ * sequences generate at most: the prefill's, the warm-up and timed steps', and with --mixed those
+ * steps' and one more, so that all of them still decode when the prompt finishes. */
+static int mixed_steps(int L) { return L / 16 + 16; }
+static int decode_tokens(const struct bench_opts *o, int warm) {
+    return o->steps + warm + 2 + (o->mixed ? mixed_steps(o->mixed) + 1 : 0);
 }
 
 /* BENCH_PROFILE: per-op times at batch 1 on this model's shapes, then each GEMM at decode and
@@ -183,16 +200,68 @@ static void profile_ops(struct core *c) {
     }
 }
 
+/* --mixed, after decode run k's timed steps (B sequences decoding at context x, ms_decode a step):
+ * a prompt of L tokens (max_tokens 1) joins them, its first token one that no earlier prompt had
+ * (nor run_prefill's), so that the prefix cache misses, and the steps until it finishes are timed
+ * (at most mixed_steps(L); "[unfinished]" when it took more, and it is aborted). */
+static void run_mixed(struct core *c, const struct bench_opts *o, int32_t *prompt, int V, int k, int B, int x,
+                      double ms_decode) {
+    char err[512];
+    const int L = o->mixed, max_steps = mixed_steps(L);
+    const int32_t first = prompt[0];
+    struct engine_request r = {prompt, L, greedy(1)};
+    prompt[0] = (int32_t)((first + 1 + o->n_pre + k) % V); /* run_prefill's are first + 1 .. first + n_pre */
+    int cached = -1, n = 0;
+    struct core_request *req;
+    int rc = core_add(c, &r, on_event, &cached, &req, err, sizeof err);
+    prompt[0] = first;
+    if (rc) {
+        fprintf(stderr, "bench_gpu: --mixed %d: %s\n", L, err);
+        return;
+    }
+    double t1 = util_now();
+    while (cached < 0 && n < max_steps) {
+        core_step(c);
+        n++;
+    }
+    double dt = util_now() - t1;
+    const bool finished = cached >= 0;
+    if (!finished) core_abort(c, req); /* (its FINISH event, into cached, comes now) */
+    printf("mixed batch %4d, context %5d, prompt %6d: %4d steps, %7.2f ms/step (decode alone %7.2f ms/step; %d from "
+           "the prefix cache)%s\n",
+           B, x, L, n, dt / n * 1e3, ms_decode, finished ? cached : -1, finished ? "" : " [unfinished]");
+    fflush(stdout);
+}
+
+/* Aborts those of the n requests that have not finished (fin[i] < 0: no FINISH event yet, so the
+ * request is still there), so that no event of theirs comes after fin is gone. */
+static void abort_unfinished(struct core *c, struct core_request **reqs, const int *fin, int n) {
+    for (int i = 0; i < n; i++)
+        if (fin[i] < 0) core_abort(c, reqs[i]);
+}
+
 /* Each decode run: B sequences at context x (prefilled, or made without a prefill with
- * --skip-prefill), then steps timed steps. 0, or 1 after the message. */
-static int run_decode(struct core *c, const struct bench_opts *o, const int32_t *prompt, int warm) {
+ * --skip-prefill), then steps timed steps, then with --mixed the mixed steps (run_mixed), after
+ * which the B sequences are aborted. 0, or 1 after the message. */
+static int run_decode(struct core *c, const struct bench_opts *o, int32_t *prompt, int V, int warm) {
     char err[512];
     for (int k = 0; k < o->n_runs; k++) {
         int B = o->runs[k][0], x = o->runs[k][1], plen = o->skip ? 1 : x, steps = o->steps;
+        /* each request, and its FINISH event's count (-1 before it): unfinished ones may be aborted */
+        struct core_request **reqs = malloc(sizeof *reqs * (size_t)B);
+        int *fin = malloc(sizeof *fin * (size_t)B);
+        if (!reqs || !fin) {
+            fprintf(stderr, "bench_gpu: out of memory\n");
+            free(reqs), free(fin);
+            return 1;
+        }
         for (int i = 0; i < B; i++) {
-            struct engine_request r = {prompt + i, plen, greedy(steps + warm + 2)};
-            if (core_add(c, &r, on_event, NULL, NULL, err, sizeof err)) {
+            struct engine_request r = {prompt + i, plen, greedy(decode_tokens(o, warm))};
+            fin[i] = -1;
+            if (core_add(c, &r, on_event, &fin[i], &reqs[i], err, sizeof err)) {
                 fprintf(stderr, "bench_gpu: %s\n", err);
+                abort_unfinished(c, reqs, fin, i);
+                free(reqs), free(fin);
                 return 1;
             }
         }
@@ -202,6 +271,8 @@ static int run_decode(struct core *c, const struct bench_opts *o, const int32_t 
         if (o->skip) { /* the context without its prefill, then steps at it until its graph is captured */
             if (core_bench_skip_context(c, x - 1, err, sizeof err) != B) {
                 fprintf(stderr, "bench_gpu: --skip-prefill at context %d, batch %d: %s\n", x, B, err);
+                abort_unfinished(c, reqs, fin, B);
+                free(reqs), free(fin);
                 return 1;
             }
             for (int s = 0; s < warm; s++) core_step(c);
@@ -217,7 +288,12 @@ static int run_decode(struct core *c, const struct bench_opts *o, const int32_t 
                (s1.sample_seconds - s0.sample_seconds) / steps * 1e3, o->skip ? " [skipped prefill]" : "");
         fflush(stdout);
         print_fa_clocks();
+        if (o->mixed) {
+            run_mixed(c, o, prompt, V, k, B, x, dt / steps * 1e3);
+            abort_unfinished(c, reqs, fin, B); /* (they have tokens left: decode_tokens) */
+        }
         while (core_has_work(c)) core_step(c);
+        free(reqs), free(fin);
     }
     return 0;
 }
@@ -255,17 +331,17 @@ static void run_prefill(struct core *c, const struct bench_opts *o, int32_t *pro
 int main(int argc, char **argv) {
     if (argc < 2) {
         fprintf(stderr, "usage: %s MODEL_DIR [cuda|cpu] [--decode 1,8,64,256] [--decode-ctx 128] [--runs BxCTX,..] "
-                        "[--steps 64] [--skip-prefill] [--prefill 2048,32768] [--duo-pattern FILE --duo-sparsity S] "
-                        "[--kv-cache-dtype auto|bf16|fp8]\n",
+                        "[--steps 64] [--skip-prefill] [--mixed L] [--prefill 2048,32768] "
+                        "[--duo-pattern FILE --duo-sparsity S] [--kv-cache-dtype auto|bf16|fp8]\n",
                 argv[0]);
         return 2;
     }
     struct bench_opts o;
     if (parse_opts(argc, argv, &o)) return 2;
     const int warm = 2; /* decode steps before the timed ones (--skip-prefill) */
-    /* the prompt array: every prefill, and a prefilled context for each sequence of a batch (sequence
-     * i's prompt starts at i); --max-model-len: those and their tokens (skipped contexts: core_bench
-     * makes room) */
+    /* the prompt array: every prefill (--mixed's too), and a prefilled context for each sequence of a
+     * batch (sequence i's prompt starts at i); --max-model-len: those and their tokens (skipped
+     * contexts: core_bench makes room); seats: the largest batch, and the --mixed prompt beside it */
     struct model_config mc;
     char err[512];
     int max_b = 1, n_prompt = 64,
@@ -279,10 +355,16 @@ int main(int argc, char **argv) {
         }
         max_b = B > max_b ? B : max_b;
         if (B + 1 > n_prompt) n_prompt = B + 1;
+        if ((o.skip ? 1 : x) + decode_tokens(&o, warm) > max_len) max_len = (o.skip ? 1 : x) + decode_tokens(&o, warm);
         if (o.skip) continue;
         if (x + B > n_prompt) n_prompt = x + B;
-        if (x + o.steps + warm + 2 > max_len) max_len = x + o.steps + warm + 2;
     }
+    if (o.mixed > BENCH_MAX_CTX) {
+        fprintf(stderr, "bench_gpu: --mixed %d: prompts go up to %d\n", o.mixed, BENCH_MAX_CTX);
+        return 2;
+    }
+    if (o.mixed > n_prompt) n_prompt = o.mixed;
+    if (o.mixed + 2 > max_len) max_len = o.mixed + 2;
     for (int k = 0; k < o.n_pre; k++) {
         if (o.pre[k] > BENCH_MAX_CTX) {
             fprintf(stderr, "bench_gpu: prefill %d: prompts go up to %d\n", o.pre[k], BENCH_MAX_CTX);
@@ -291,7 +373,7 @@ int main(int argc, char **argv) {
         if (o.pre[k] > n_prompt) n_prompt = o.pre[k];
         if (o.pre[k] + 2 > max_len) max_len = o.pre[k] + 2;
     }
-    struct engine_config cfg = {.model_dir = o.model, .device = o.dev, .gemm = o.gemm, .max_num_seqs = max_b,
+    struct engine_config cfg = {.model_dir = o.model, .device = o.dev, .gemm = o.gemm, .max_num_seqs = max_b + (o.mixed > 0),
                                 .max_num_batched_tokens = 8192, .max_model_len = max_len,
                                 .tensor_parallel_size = o.tp, .load_format = o.load_format, .duo_pattern = o.pattern,
                                 .duo_sparsity = o.sparsity, .gpu_memory_utilization = o.util, .kv_cache_dtype = o.kv_dtype,
@@ -316,7 +398,7 @@ int main(int argc, char **argv) {
     }
     for (int i = 0; i < n_prompt; i++)
         prompt[i] = (int32_t)(V > 4000 ? 1000 + (i * 7919LL) % (V - 2000) : 3 + (i * 7919LL) % (V - 3));
-    int rc = run_decode(c, &o, prompt, warm);
+    int rc = run_decode(c, &o, prompt, V, warm);
     if (!rc) run_prefill(c, &o, prompt, V);
     free(prompt);
     core_free(c);
