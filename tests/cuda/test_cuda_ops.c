@@ -688,7 +688,7 @@ static void attention_alt(const struct fwd_batch *bt, const struct attn_layer *L
 
 static void attention_case(int H, int KV, int hd, int n_stream, int ctx, int T, int n_seqs, int sink, int recent,
                            const struct attn_opts *opt) {
-    struct attn_opts o = opt ? *opt : (struct attn_opts){0, 1.0f, 1.0f, NULL, 0, 0, 0};
+    struct attn_opts o = opt ? *opt : (struct attn_opts){.kscale = 1.0f, .vscale = 1.0f};
     int bs = 16, n_full = KV - n_stream;
     /* sequence s: T tokens from position starts[s] (or ctx - 7 s), in blocks ip[s] .. ip[s + 1] */
     int32_t *ip = malloc(4 * (n_seqs + 1));
@@ -888,8 +888,9 @@ static struct backend *other_split_backend(void) {
 static void test_long_decode(void) {
     gpu_alt = other_split_backend();
     if (!gpu_alt) return;
-    struct attn_opts sharp = {0, 3.0f, 1.0f, NULL, 0, 0, 0}, win = {3000, 3.0f, 1.0f, NULL, 0, 0, 0};
-    struct attn_opts fused = {0, 3.0f, 1.0f, NULL, 1, 0, 0};
+    struct attn_opts sharp = {.kscale = 3.0f, .vscale = 1.0f};
+    struct attn_opts win = {.window = 3000, .kscale = 3.0f, .vscale = 1.0f};
+    struct attn_opts fused = {.kscale = 3.0f, .vscale = 1.0f, .rope = 1};
     attention_case(32, 8, 128, 0, 32768, 1, 1, 0, 1, &sharp);     /* GQA 4 at 32k */
     attention_case(32, 4, 128, 0, 131072, 1, 1, 0, 1, &sharp);    /* GQA 8 at 128k */
     attention_case(32, 8, 128, 4, 131072, 1, 1, 64, 256, &sharp); /* half the KV heads streaming */
@@ -901,7 +902,7 @@ static void test_long_decode(void) {
     attention_case(32, 8, 128, 0, 3000, 1, 1, 0, 1, &fused);      /* 24 partitions: merged in the decode kernel */
     attention_case(32, 8, 128, 4, 65536, 1, 2, 64, 256, &fused);  /* the long merges write the rotated Q */
     static const int mixed[4] = {1000, 32768, 131072, 1048576};
-    struct attn_opts mix = {0, 3.0f, 1.0f, mixed, 0, 0, 0};
+    struct attn_opts mix = {.kscale = 3.0f, .vscale = 1.0f, .starts = mixed};
     attention_case(16, 2, 128, 1, 1048576, 1, 4, 64, 256, &mix); /* 1k, 32k, 128k and 1M in one step */
     backend_destroy(gpu_alt);
     gpu_alt = NULL;
@@ -914,7 +915,7 @@ static void test_long_decode(void) {
  * longer than a partition). Keys scaled by 3, as the long decode cases. Short chunks: the CPU
  * reference is one thread: ~20 s here in all). */
 static void test_long_prefill(void) {
-    struct attn_opts sharp = {0, 3.0f, 1.0f, NULL, 0, 0, 0};
+    struct attn_opts sharp = {.kscale = 3.0f, .vscale = 1.0f};
     attention_case(32, 8, 128, 0, 32765, 8, 1, 0, 1, &sharp);      /* GQA 4 at 32k */
     attention_case(32, 4, 128, 2, 16389, 24, 2, 64, 256, &sharp);  /* GQA 8, streaming, two sequences */
     attention_case(16, 4, 64, 1, 24581, 16, 2, 16, 64, &sharp);    /* head dim 64 */
@@ -929,15 +930,17 @@ static void test_long_prefill(void) {
  * (split and merged), the fused RoPE decode and the RoPE append, a long work-sized split, and the
  * CUDA-core kernel (head dim 256, GQA 32). */
 static void test_attention_fp8(void) {
-    struct attn_opts f8 = {0, 1.0f, 1.0f, NULL, 0, 1, 0}, f8rope = {0, 1.0f, 1.0f, NULL, 1, 1, 0};
-    struct attn_opts f8sharp = {0, 3.0f, 1.0f, NULL, 0, 1, 0};
+    struct attn_opts f8 = {.kscale = 1.0f, .vscale = 1.0f, .fp8 = 1};
+    struct attn_opts f8rope = {.kscale = 1.0f, .vscale = 1.0f, .rope = 1, .fp8 = 1};
+    struct attn_opts f8sharp = {.kscale = 3.0f, .vscale = 1.0f, .fp8 = 1};
     /* Tight cases, where a value rounded or decoded wrongly (an e4m3 step is 6-12%) cannot hide in
      * the average: keys near zero (equal weights), values past e4m3's range (x / scale beyond 448:
      * saturated), and masks that leave each query one key (a window of 1: its own row, appended and
      * read back from the pool) or two (a sink of 1 and a recent window of 1: key 0 from the pool, and
      * its own row from q|k|v). The output is then a mean of one or two decoded values, to bf16
      * (within 0.5%, and 10 absolute: an e4m3 step of a value past 80 is more). */
-    struct attn_opts one = {1, 1e-3f, 2000.0f, NULL, 0, 1, 5e-3f}, two = {0, 1e-3f, 2000.0f, NULL, 0, 1, 5e-3f};
+    struct attn_opts one = {.window = 1, .kscale = 1e-3f, .vscale = 2000.0f, .fp8 = 1, .tol = 5e-3f};
+    struct attn_opts two = {.kscale = 1e-3f, .vscale = 2000.0f, .fp8 = 1, .tol = 5e-3f};
     attention_case(16, 4, 128, 0, 300, 1, 2, 0, 1, &one);   /* decode, retrieval heads */
     attention_case(16, 4, 128, 0, 300, 40, 2, 0, 1, &one);  /* prefill (wgmma) */
     attention_case(8, 2, 16, 0, 100, 20, 2, 0, 1, &one);    /* prefill (flash) */
@@ -1232,7 +1235,7 @@ static int *spread_starts(int n, int lo, int hi) {
 static void test_decode_batch(void) {
     int *one = spread_starts(40, 0, 127), *few = spread_starts(150, 200, 1000), *wide = spread_starts(48, 0, 3000);
     int *edge = spread_starts(400, 20, 80), *win = spread_starts(40, 1500, 2600);
-    struct attn_opts o = {0, 1.0f, 1.0f, one, 0, 0, 0, 1};
+    struct attn_opts o = {.kscale = 1.0f, .vscale = 1.0f, .starts = one, .alone = 1};
     attention_case(32, 8, 128, 0, 127, 1, 40, 0, 1, &o); /* one partition each, from a single key */
     attention_case(32, 8, 128, 3, 127, 1, 40, 16, 64, &o); /* and streaming heads */
     o.starts = few;
@@ -1243,9 +1246,11 @@ static void test_decode_batch(void) {
     attention_case(32, 8, 128, 3, 3000, 1, 48, 16, 64, &o); /* units of 1 to 24 partitions */
     o.starts = win, o.window = 1000, o.kscale = 3.0f; /* a sliding window: first partitions empty */
     attention_case(32, 8, 128, 0, 2600, 1, 40, 0, 1, &o);
-    struct attn_opts rope = {0, 1.0f, 1.0f, few, 1, 0, 0, 1}; /* the engine's call: RoPE and the append first */
+    /* the engine's call: RoPE and the append first */
+    struct attn_opts rope = {.kscale = 1.0f, .vscale = 1.0f, .starts = few, .rope = 1, .alone = 1};
     attention_case(32, 8, 128, 3, 1000, 1, 100, 16, 64, &rope);
-    struct attn_opts edges = {16, 0.01f, 8.0f, edge, 0, 0, 0, 1}; /* mask edges: sink, recent, window */
+    /* mask edges: sink, recent, window */
+    struct attn_opts edges = {.window = 16, .kscale = 0.01f, .vscale = 8.0f, .starts = edge, .alone = 1};
     attention_case(8, 2, 64, 1, 80, 1, 400, 4, 8, &edges);
     free(one), free(few), free(wide), free(edge), free(win);
 }
@@ -1280,19 +1285,19 @@ static void test_attention_all(void) {
     attention_invariance(16, 2, 128, 1, 5030, 30, 9, 4, 300, 0);
     /* mask edges against the CPU: keys near-equal in score, values large, so one key more or less
      * at the sink, recent or window boundary moves the output far past the tolerance */
-    struct attn_opts edges = {16, 0.01f, 8.0f, NULL, 0, 0, 0};
+    struct attn_opts edges = {.window = 16, .kscale = 0.01f, .vscale = 8.0f};
     attention_case(8, 2, 64, 1, 40, 1, 2, 4, 8, &edges);
     attention_case(8, 2, 64, 1, 20, 24, 2, 4, 8, &edges);
     attention_case(8, 4, 128, 2, 3, 40, 1, 6, 10, &edges);
     /* a decode step mixing short and long contexts (the split path with 1 to 5 partitions a
      * token), and a sink longer than a partition */
     static const int mixed[3] = {100, 1500, 5000};
-    struct attn_opts mix = {0, 1.0f, 1.0f, mixed, 0, 0, 0};
+    struct attn_opts mix = {.kscale = 1.0f, .vscale = 1.0f, .starts = mixed};
     attention_case(32, 8, 128, 3, 5000, 1, 3, 16, 64, &mix);
     attention_case(16, 4, 64, 2, 3000, 1, 2, 1100, 200, NULL);
     /* RoPE fused with the KV append (the engine's path on the GPU): decode and a prefill chunk,
      * with and without streaming heads */
-    struct attn_opts fused = {0, 1.0f, 1.0f, NULL, 1, 0, 0};
+    struct attn_opts fused = {.kscale = 1.0f, .vscale = 1.0f, .rope = 1};
     attention_case(32, 8, 128, 0, 2000, 1, 3, 0, 1, &fused);
     attention_case(32, 8, 128, 3, 700, 100, 2, 16, 64, &fused);
     attention_case(14, 2, 64, 1, 300, 33, 3, 4, 40, &fused);
@@ -1300,7 +1305,7 @@ static void test_attention_all(void) {
      * heads, head dim 64, and a split step over contexts of 1 to 5 partitions */
     attention_case(32, 8, 128, 3, 100, 1, 2, 16, 64, &fused);
     attention_case(14, 2, 64, 1, 300, 1, 3, 4, 40, &fused);
-    struct attn_opts fused_mix = {0, 1.0f, 1.0f, mixed, 1, 0, 0};
+    struct attn_opts fused_mix = {.kscale = 1.0f, .vscale = 1.0f, .starts = mixed, .rope = 1};
     attention_case(32, 8, 128, 3, 5000, 1, 3, 16, 64, &fused_mix);
     /* split decode steps merged in a thread-block cluster: 2 partitions (a cluster of 2), 4
      * partitions with GQA 8 (4), and GQA 16 (four heads a merging warp) */
