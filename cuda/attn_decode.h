@@ -1,7 +1,6 @@
 /* attn_decode: the batch decode attention (cuda/attn_decode.cu), called by cuda_attention
  * (cuda/attention.cu) for decode steps of more (token, KV head) units than the flash kernel's
- * blocks the device holds at once, and for a mixed step's leading one-row sequences when their
- * units fill the SMs. C++ (CUDA sources) only. */
+ * blocks the device holds at once. C++ (CUDA sources) only. */
 #ifndef DUO_ATTN_DECODE_H
 #define DUO_ATTN_DECODE_H
 
@@ -15,14 +14,10 @@
 int fa_decode_batch_init(int sms, int resident[2]);
 /* Whether the kernel takes these heads and pools: head dims 64 and 128, GQA groups up to 16, bf16. */
 bool fa_decode_batch_takes(const struct cuda_attn_args &a);
-/* The attention of a step's first n_tokens rows, token t being sequence t's only row (a decode
- * step, or a mixed step's leading one-row sequences: the rows after are left alone; q|k|v rows of
- * row_stride rs, rotated, the retrieval heads' K/V of the step appended to the full pool before;
- * a's divisors set as the flash kernel's) by `blocks` resident blocks that walk the n_tokens x
- * n_kv_heads units, or with a.unit_T set (a work-sized split of a decode step: a.ws, a.part_off
- * and the long-merge list after a.counters ready) runs of the units' partitions, whose split
- * (token, KV head) pairs it lists for fa_merge_long_kernel, which must run after it; each output
- * the flash kernel's bits. 0, or -2. */
+/* A decode step's attention (token t is sequence t's only row; q|k|v rows of row_stride rs,
+ * rotated, the retrieval heads' K/V of the step appended to the full pool before; a's divisors
+ * set as the flash kernel's) by `blocks` resident blocks that walk the n_tokens x n_kv_heads
+ * units; each output the flash kernel's bits. 0, or -2. */
 int fa_decode_batch(__nv_bfloat16 *out, const __nv_bfloat16 *q, const __nv_bfloat16 *kb, const __nv_bfloat16 *vb,
                     int rs, const struct cuda_attn_args &a, int n_tokens, int blocks, cudaStream_t st);
 

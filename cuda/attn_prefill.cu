@@ -332,7 +332,6 @@ __global__ void __launch_bounds__(PF_THREADS, 1)
 
 // The block list of a step (the wgmma kernel's grid): list[0] = the count, then the first token
 // of each block of CT tokens, each sequence's blocks from its first token, the sequences in order.
-// seq_start may be a tail of the step's (its sequences from s0 on): the tokens stay the step's.
 // One block of threads: the sequences in chunks of its size, their blocks' offsets by a scan, then
 // the chunk's entries written by every thread (a binary search for each entry's sequence).
 __global__ void fa_prefill_plan_kernel(const int32_t *seq_start, int n_seqs, int CT, int32_t *list) {
@@ -411,12 +410,11 @@ int fa_prefill_wg_wave(int head_dim, int G, int sms, int *block_tokens) {
 }
 
 int fa_prefill_wg(__nv_bfloat16 *out, const __nv_bfloat16 *q, const __nv_bfloat16 *kb, const __nv_bfloat16 *vb, int rs,
-                  const struct cuda_attn_args &a, int n_tokens, int s0, cudaStream_t st) {
-    // the blocks of sequences s0 ..: at most n_tokens, and at most n_tokens / CT + 1 a sequence; the
-    // list holds their first tokens (absolute: the kernel indexes the step's arrays by them)
-    const int CT = pf_block_tokens(a.n_heads / a.n_kv_heads), ns = a.n_seqs - s0;
-    const int nb = min(n_tokens, (n_tokens + CT - 1) / CT + ns);
-    CUDA_CHECK(cuda_launch(fa_prefill_plan_kernel, dim3(1), dim3(1024), 0, st, a.seq_start + s0, ns, CT, a.pf_list));
+                  const struct cuda_attn_args &a, int n_tokens, cudaStream_t st) {
+    // the blocks: at most n_tokens, and at most n_tokens / CT + 1 a sequence
+    const int CT = pf_block_tokens(a.n_heads / a.n_kv_heads);
+    const int nb = min(n_tokens, (n_tokens + CT - 1) / CT + a.n_seqs);
+    CUDA_CHECK(cuda_launch(fa_prefill_plan_kernel, dim3(1), dim3(1024), 0, st, a.seq_start, a.n_seqs, CT, a.pf_list));
     const dim3 grid(nb, a.n_kv_heads), T(PF_THREADS);
     static_assert(pf_cfg<128>::SMEM <= 232448 && pf_cfg<64>::SMEM <= 232448, "shared memory");
     const bool f8 = a.kv_fp8 != 0;

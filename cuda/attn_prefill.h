@@ -17,11 +17,9 @@ bool fa_prefill_wg_takes(const struct cuda_attn_args &a);
  * query tokens of one KV head a block takes for GQA group G (*block_tokens); 0 when it does not
  * take these heads or the occupancy query fails. */
 int fa_prefill_wg_wave(int head_dim, int G, int sms, int *block_tokens);
-/* The attention of the rows of a step's sequences s0 .. a.n_seqs - 1, n_tokens rows in all (q|k|v
- * rows of row_stride rs, indexed by the step's tokens: the rows before s0's are left alone; a's
- * divisors set as the flash kernel's), the K/V of the step appended to the full pool before; 0, or
- * -2. s0 = 0: the whole step. */
+/* The attention of a step's n_tokens rows (q|k|v rows of row_stride rs; a's divisors set as the
+ * flash kernel's), the K/V of the step appended to the full pool before; 0, or -2. */
 int fa_prefill_wg(__nv_bfloat16 *out, const __nv_bfloat16 *q, const __nv_bfloat16 *kb, const __nv_bfloat16 *vb, int rs,
-                  const struct cuda_attn_args &a, int n_tokens, int s0, cudaStream_t st);
+                  const struct cuda_attn_args &a, int n_tokens, cudaStream_t st);
 
 #endif

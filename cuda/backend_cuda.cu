@@ -288,12 +288,9 @@ static int cu_begin_step(struct backend *b, const struct fwd_batch *bt) {
     }
     /* decode steps split attention only when a context spans partitions (the result is the same
      * either way; short contexts skip the merge kernel) */
-    size_t n_one = 0; /* the leading sequences of one row each: token t is sequence t for t < n_one */
-    if (bt->seq_start[0] == 0)
-        while (n_one < S && bt->seq_start[n_one + 1] - bt->seq_start[n_one] == 1) n_one++;
-    bool one_each = T == S && n_one == S; /* every sequence exactly one token (not merely T == S) */
+    bool one_each = T == S && bt->seq_start[0] == 0; /* every sequence exactly one token (not merely T == S) */
+    for (size_t s = 0; one_each && s < S; s++) one_each = bt->seq_start[s + 1] - bt->seq_start[s] == 1;
     c->decode_step = one_each;
-    c->n_one = (int)n_one;
     c->split_decode = !one_each || (size_t)h[off[7] + T] == T ? 0 : max_parts <= 2 ? 1 : max_parts <= 4 ? 2
                       : max_parts <= 8 ? 3 : max_parts <= CUDA_ATTN_MERGE_LONG ? 4 : 5;
     c->step_parts = (size_t)h[off[7] + T];
@@ -363,8 +360,7 @@ static void attention(struct backend *b, void *out, void *qkv, int row_stride, c
                                c->pos, c->tok_seq, c->seq_start, c->indptr, c->blocks, c->slots,
                                c->part_off, c->attn_ws, c->attn_ws_floats, c->attn_counters, ATTN_COUNTERS, NULL,
                                {0, 0}, {0, 0}, {0, 0}, {0, 0}, 0, 0, 0, // (the rest: cuda_attention's)
-                               L->kv_dtype == KV_DTYPE_FP8_E4M3, L->k_scale, L->v_scale, c->n_seqs, c->pf_list,
-                               c->n_one};
+                               L->kv_dtype == KV_DTYPE_FP8_E4M3, L->k_scale, L->v_scale, c->n_seqs, c->pf_list};
     if (a.kv_fp8 && (!a.k_scale || !a.v_scale)) { // (the engine gives every fp8 layer its scales)
         if (!c->err) c->err = BACKEND_ERR_ARG;
         return;

@@ -56,9 +56,6 @@ struct cuda_attn_args {
     // a count, then the first token of each block; n_tokens + 1 ints, device)
     int n_seqs;
     int32_t *pf_list;
-    // the step's first n_one sequences have one row each (token t is sequence t for t < n_one): a
-    // mixed step (decode false) may run those in the batch decode kernel
-    int n_one;
 };
 
 /* Keys are summed in partitions of this many absolute positions, each from an empty softmax
@@ -109,16 +106,14 @@ int cuda_attention_init(struct cuda_attn_env *env);
  * block's warps share the token); split: and some token spans more than one partition (they may
  * then run in parallel): 1, 2, 3 when every token spans at most 2, 4, 8 partitions (a cluster
  * of that many blocks, where the step splits), 4 when some token spans more, 5 when some token
- * spans more than CUDA_ATTN_MERGE_LONG (a decode step's launches are a function of n_tokens, split
- * and the layer: CUDA graphs are keyed by them; a mixed step's depend on a->n_one too, and are
- * never captured: model.c captures decode steps only); not decode (a step with a prefill chunk): a->n_one leading
- * one-row sequences may run in the batch decode kernel, the others in the prefill kernel; inv_freq:
- * RoPE q and k first (in place, as cuda_rope), fused with the KV append; NULL: qkv is already rotated */
+ * spans more than CUDA_ATTN_MERGE_LONG (the launches are a function of n_tokens, split and the
+ * layer: CUDA graphs are keyed by them); inv_freq: RoPE q and k first (in place, as cuda_rope),
+ * fused with the KV append; NULL: qkv is already rotated */
 int cuda_attention(const struct cuda_attn_env *env, void *out, void *qkv, int row_stride,
                    const struct cuda_attn_args *a, int n_tokens, bool decode, int split, const float *inv_freq,
                    cudaStream_t st);
-/* The steps that ran (decode steps) or began (a mixed step's one-row sequences) in the batch decode
- * kernel so far (launches or graph captures: the op test's check that a case took it). */
+/* The decode steps that ran in the batch decode kernel so far (launches or graph captures: the
+ * op test's check that a case took it). */
 long cuda_attention_batch_launches(void);
 #ifdef __cplusplus
 }

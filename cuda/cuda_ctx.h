@@ -68,7 +68,6 @@ struct cuda_ctx {
     size_t attn_part_floats; // the largest layer's partition states a token position (heads x (head dim + 2))
     size_t step_parts;       // this step's partitions (part_off's total)
     int n_tokens, n_seqs, n_logits;
-    int n_one; // the step's leading sequences of one row each (token t = sequence t): cuda_attn_args.n_one
     float *d_logits;
     size_t logits_cap;
     float *d_tmp; // f32 staging for upload/download of activations

@@ -279,10 +279,6 @@ static void fail_batch(struct core *c, int n, const char *during) {
 int core_step(struct core *c) {
     int n = sched_step_plan(&c->sched), T = c->sched.plan.n_tokens;
     if (n == 0) return 0;
-    /* one-token sequences first: the CUDA backend runs their attention in its batch decode kernel,
-     * which takes them as the step's first sequences (token t = sequence t). Everything below (the
-     * batch arrays, the logits rows, sched_step_done) follows the plan in this order. */
-    sched_plan_one_token_first(&c->sched);
     const int *want = c->sched.plan.want;
     /* batch arrays */
     int n_blk = 0, row = 0, n_logits = 0;

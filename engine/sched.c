@@ -287,23 +287,6 @@ int sched_step_plan(struct sched *s) {
     return p->n;
 }
 
-int sched_plan_one_token_first(struct sched *s) {
-    struct sched_plan *p = &s->plan;
-    int k = 0; /* entries [0, k) want one token, [k, i) more (in a step: the few prefill chunks) */
-    for (int i = 0; i < p->n; i++) {
-        if (p->want[i] != 1) continue;
-        if (i > k) { /* entry i moves to k, the chunks between shift up by one */
-            struct sched_seq *q = p->seqs[i];
-            memmove(p->seqs + k + 1, p->seqs + k, sizeof *p->seqs * (size_t)(i - k));
-            memmove(p->want + k + 1, p->want + k, sizeof *p->want * (size_t)(i - k));
-            p->seqs[k] = q;
-            p->want[k] = 1;
-        }
-        k++;
-    }
-    return k;
-}
-
 void sched_step_done(struct sched *s) {
     for (int i = 0; i < s->plan.n; i++) {
         struct sched_seq *q = s->plan.seqs[i];

@@ -115,9 +115,6 @@ int sched_add(struct sched *s, struct sched_seq *q);
 /* Plans the next step (admitting and preempting as needed); the plan lives in s->plan until the
  * next call. Returns the number of sequences in it (0: nothing to do). */
 int sched_step_plan(struct sched *s);
-/* Reorders the plan so that the sequences computing one token come first, the others after them,
- * each group in its order (a stable partition). Returns how many compute one token. */
-int sched_plan_one_token_first(struct sched *s);
 /* After the planned step ran: each planned sequence computed its tokens (its full blocks join the
  * prefix cache). */
 void sched_step_done(struct sched *s);

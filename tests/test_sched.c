@@ -141,50 +141,6 @@ static void test_fcfs_and_chunked_prefill(void **state) {
     fx_free(&f);
 }
 
-/* sched_plan_one_token_first: the plan's one-token entries (decodes, a one-token prompt) move to
- * the front and its chunks after them, each group in the plan's order; the step then runs as
- * planned (every sequence computes its tokens). */
-static void test_plan_one_token_first(void **state) {
-    (void)state;
-    struct fixture f;
-    fx_init(&f, 64, 0, 8, 64);
-    struct sched_seq *a = seq_make(3), *b = seq_make(20), *c = seq_make(3), *d = seq_make(1), *e = seq_make(7);
-    sched_add(&f.s, a);
-    sched_add(&f.s, b);
-    sched_add(&f.s, c);
-    assert_int_equal(sched_step_plan(&f.s), 3);
-    run_plan(&f);
-    a->n_tokens++; /* a and c decode; b has 5 more tokens to compute (a chunk) */
-    c->n_tokens++;
-    b->n_tokens += 5;
-    sched_add(&f.s, d); /* a one-token prompt, then a prompt of 7, both admitted this step */
-    sched_add(&f.s, e);
-    assert_int_equal(sched_step_plan(&f.s), 5);
-    struct sched_seq *planned[5] = {a, b, c, d, e}, *ordered[5] = {a, c, d, b, e};
-    const int want[5] = {1, 1, 1, 5, 7};
-    for (int i = 0; i < 5; i++) assert_ptr_equal(f.s.plan.seqs[i], planned[i]);
-    assert_int_equal(sched_plan_one_token_first(&f.s), 3);
-    for (int i = 0; i < 5; i++) {
-        assert_ptr_equal(f.s.plan.seqs[i], ordered[i]);
-        assert_int_equal(f.s.plan.want[i], want[i]);
-    }
-    assert_int_equal(f.s.plan.n, 5);
-    assert_int_equal(f.s.plan.n_tokens, 15);
-    assert_int_equal(sched_plan_one_token_first(&f.s), 3); /* already in order: unchanged */
-    for (int i = 0; i < 5; i++) assert_ptr_equal(f.s.plan.seqs[i], ordered[i]);
-    run_plan(&f);
-    struct sched_seq *all[5] = {a, b, c, d, e};
-    for (int i = 0; i < 5; i++) assert_int_equal(all[i]->n_computed, all[i]->n_tokens);
-    check_counts(&f, all, 5);
-    /* a plan of decodes alone stays as it is */
-    for (int i = 0; i < 5; i++) all[i]->n_tokens++;
-    assert_int_equal(sched_step_plan(&f.s), 5);
-    assert_int_equal(sched_plan_one_token_first(&f.s), 5);
-    for (int i = 0; i < 5; i++) assert_ptr_equal(f.s.plan.seqs[i], all[i]);
-    for (int i = 0; i < 5; i++) seq_drop(&f, all[i]);
-    fx_free(&f);
-}
-
 static void test_seats_and_queue_state(void **state) {
     (void)state;
     struct fixture f;
@@ -874,7 +830,6 @@ static void test_wave_chunks_beside_decode(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fcfs_and_chunked_prefill),
-        cmocka_unit_test(test_plan_one_token_first),
         cmocka_unit_test(test_seats_and_queue_state),
         cmocka_unit_test(test_preemption_newest_first),
         cmocka_unit_test(test_fork_shares_and_copies_on_write),

@@ -548,13 +548,9 @@ struct attn_opts {
     int fp8;           /* 1: fp8 KV pools (KV_DTYPE_FP8_E4M3), the same bytes in both backends, K and V
                         * scales 0.5, 1 and 2 by KV head (fp8_scale) */
     float tol;         /* the output's rtol against the CPU, and tol x vscale its atol (0: 2e-2, 2e-2) */
-    int alone;         /* 1: a decode step the batch decode kernel (cuda/attn_decode.cu) takes (more
-                        * units than the flash kernel's resident blocks, or a work-sized split):
-                        * checked to have run there, and sequences 0, n/2 and n - 1 again each alone
-                        * (the flash kernel, or the batch kernel's split) give the same bits */
-    const int *lens;   /* when set: sequence s computes lens[s] tokens in the step (not T); a mixed step
-                        * (one-token sequences first, enough of them to fill the SMs, then chunks) is
-                        * checked as attention_mixed_alone says (bf16 pools, no RoPE) */
+    int alone;         /* 1: a decode step of more units than the flash kernel's resident blocks (the
+                        * batch decode kernel, cuda/attn_decode.cu): checked to have run there, and
+                        * sequences 0, n/2 and n - 1 again each alone (the flash kernel) give the same bits */
 };
 
 /* cuda/cuda_attention.h's (it needs the CUDA headers, which this file is built without): the
@@ -588,53 +584,6 @@ static void attention_alone(const struct fwd_batch *bt, const struct attn_layer 
     if (each) printf("; sequences 0, %d, %d alone: %zu values differ (want 0)", S / 2, S - 1, differ);
     printf("\n");
     ok ? n_pass++ : n_fail++;
-    gpu->ops->free(gpu, o1);
-    free(x), free(y);
-}
-
-/* attention_case's mixed-step checks (opts.lens; bf16 pools, no RoPE): the step (one GPU run) took
- * the batch decode kernel for its leading one-token sequences, and each of sequences 0, n/2 and
- * n - 1 of those alone (a decode step: the flash kernel) gives its rows of og bit for bit
- * (attention_alone); each later sequence (a chunk) alone, a step of its rows only (the wgmma
- * prefill kernel) from fresh pools as the step found them (kf .. vs: the step's append rewrote
- * ring rows that a chunk's first rows still see; each sequence has its own blocks and slot), gives
- * its rows of og bit for bit. */
-static void attention_mixed_alone(const struct fwd_batch *bt, const struct attn_layer *Lg, void *qg, void *og, int rs,
-                                  long launched, const float *kf, const float *vf, const float *ks, const float *vs,
-                                  size_t full_n, size_t slot_n) {
-    const int H = Lg->n_heads, hd = Lg->head_dim, S = bt->n_seqs, TT = bt->n_tokens;
-    int n_one = 0;
-    while (n_one < S && bt->seq_start[n_one + 1] - bt->seq_start[n_one] == 1) n_one++;
-    struct fwd_batch ones = *bt; /* the one-token sequences: token t is sequence t */
-    ones.n_tokens = ones.n_seqs = n_one;
-    attention_alone(&ones, Lg, qg, og, rs, launched, 1, true);
-    enum backend_status st;
-    struct attn_layer L = *Lg;
-    void **pools[4] = {&L.k_full, &L.v_full, &L.k_stream, &L.v_stream};
-    const float *src[4] = {kf, vf, ks, vs};
-    for (int i = 0; i < 4; i++) {
-        const size_t n = (i < 2 ? full_n : slot_n) + 1;
-        *pools[i] = gpu->ops->alloc(gpu, n * 2, &st);
-        gpu->ops->upload_act(gpu, *pools[i], src[i], n);
-    }
-    void *o1 = gpu->ops->alloc(gpu, (size_t)TT * H * hd * 2, &st);
-    float *x = malloc((size_t)TT * H * hd * 4), *y = malloc((size_t)TT * H * hd * 4);
-    gpu->ops->download_act(gpu, y, og, (size_t)TT * H * hd);
-    size_t differ = 0;
-    for (int s = n_one; s < S; s++) {
-        const int t0 = bt->seq_start[s], n = bt->seq_start[s + 1] - t0, ib = bt->block_indptr[s];
-        const int32_t ss[2] = {0, n}, ip[2] = {0, bt->block_indptr[s + 1] - ib};
-        struct fwd_batch b1 = {n, 1, bt->tokens + t0, bt->pos + t0, ss, ip, bt->block_ids + ib, bt->stream_slot + s,
-                               0, NULL, NULL, false};
-        gpu->ops->begin_step(gpu, &b1);
-        gpu->ops->attention(gpu, o1, (char *)qg + (size_t)t0 * rs * 2, rs, &L);
-        gpu->ops->download_act(gpu, x, o1, (size_t)n * H * hd);
-        for (size_t i = 0; i < (size_t)n * H * hd; i++) differ += memcmp(&x[i], &y[(size_t)t0 * H * hd + i], 4) != 0;
-    }
-    const int ok = differ == 0 && gpu->ops->sync(gpu) == 0;
-    printf("%-4s   ... its %d chunks each alone: %zu values differ (want 0)\n", ok ? "ok" : "FAIL", S - n_one, differ);
-    ok ? n_pass++ : n_fail++;
-    for (int i = 0; i < 4; i++) gpu->ops->free(gpu, *pools[i]);
     gpu->ops->free(gpu, o1);
     free(x), free(y);
 }
@@ -741,20 +690,15 @@ static void attention_case(int H, int KV, int hd, int n_stream, int ctx, int T, 
                            const struct attn_opts *opt) {
     struct attn_opts o = opt ? *opt : (struct attn_opts){.kscale = 1.0f, .vscale = 1.0f};
     int bs = 16, n_full = KV - n_stream;
-    /* sequence s: lens[s] (or T) tokens from position starts[s] (or ctx - 7 s), rows ss[s] .., in
-     * blocks ip[s] .. ip[s + 1] */
-    int32_t *ip = malloc(4 * (n_seqs + 1)), *ss = malloc(4 * (n_seqs + 1));
-    ip[0] = ss[0] = 0;
-    for (int s = 0; s < n_seqs; s++) {
-        const int n = o.lens ? o.lens[s] : T;
-        ip[s + 1] = ip[s] + ((o.starts ? o.starts[s] : ctx - s * 7) + n + bs - 1) / bs;
-        ss[s + 1] = ss[s] + n;
-    }
+    /* sequence s: T tokens from position starts[s] (or ctx - 7 s), in blocks ip[s] .. ip[s + 1] */
+    int32_t *ip = malloc(4 * (n_seqs + 1));
+    ip[0] = 0;
+    for (int s = 0; s < n_seqs; s++) ip[s + 1] = ip[s] + ((o.starts ? o.starts[s] : ctx - s * 7) + T + bs - 1) / bs;
     int NB = ip[n_seqs];
     size_t full_n = (size_t)NB * bs * n_full * hd, slot_n = (size_t)n_seqs * (sink + recent) * n_stream * hd;
     float *kf = rand_bf16(full_n + 1, o.kscale), *vf = rand_bf16(full_n + 1, o.vscale);
     float *ks = rand_bf16(slot_n + 1, o.kscale), *vs = rand_bf16(slot_n + 1, o.vscale);
-    int TT = ss[n_seqs];
+    int TT = T * n_seqs;
     int rs = (H + 2 * KV) * hd;
     float *q = rand_bf16((size_t)TT * rs, 1.0f), *z = calloc((size_t)TT * H * hd, 4);
     for (int t = 0; t < TT; t++) /* this step's K and V parts of each q|k|v row */
@@ -793,12 +737,14 @@ static void attention_case(int H, int KV, int hd, int n_stream, int ctx, int T, 
         ids[i] = ids[j];
         ids[j] = t;
     }
-    int32_t *toks = calloc(TT, 4), *pos = malloc(4 * TT), *slots = malloc(4 * n_seqs);
+    int32_t *toks = calloc(TT, 4), *pos = malloc(4 * TT), *ss = malloc(4 * (n_seqs + 1)), *slots = malloc(4 * n_seqs);
     for (int s = 0; s < n_seqs; s++) {
         int start = o.starts ? o.starts[s] : ctx - s * 7; /* sequences of different lengths */
+        ss[s] = s * T;
         slots[s] = n_seqs - 1 - s;
-        for (int i = 0; i < ss[s + 1] - ss[s]; i++) pos[ss[s] + i] = start + i;
+        for (int i = 0; i < T; i++) pos[s * T + i] = start + i;
     }
+    ss[n_seqs] = TT;
     struct fwd_batch bt = {TT, n_seqs, toks, pos, ss, ip, ids, slots, 0, NULL, NULL, false};
     batch_both(&bt);
     struct attn_layer L = {.n_heads = H, .n_kv_heads = KV, .head_dim = hd, .n_full = n_full, .n_stream = n_stream,
@@ -812,7 +758,7 @@ static void attention_case(int H, int KV, int hd, int n_stream, int ctx, int T, 
         Lc.k_scale = scc[0], Lc.v_scale = scc[1], Lg.k_scale = scg[0], Lg.v_scale = scg[1];
         L.k_scale = Lg.k_scale, L.v_scale = Lg.v_scale; /* (the second GPU run's) */
     }
-    char what[160];
+    char what[128];
     void *ic = NULL, *ig = NULL, *q2 = NULL, *o2 = NULL, *kf2 = NULL, *vf2 = NULL, *ks2 = NULL, *vs2 = NULL;
     const long launches0 = cuda_attention_batch_launches();
     if (o.rope) { /* llama3 RoPE tables; the unfused GPU run gets its own copies of q and the pools */
@@ -864,15 +810,11 @@ static void attention_case(int H, int KV, int hd, int n_stream, int ctx, int T, 
         gpu->ops->attention(gpu, og, qg, rs, &Lg);
     }
     const long launched = cuda_attention_batch_launches() - launches0;
-    char shape[48];
-    if (o.lens) snprintf(shape, sizeof shape, "mixed step of %d seqs, %d tok", n_seqs, TT);
-    else snprintf(shape, sizeof shape, "%d x %d tok", n_seqs, T);
-    snprintf(what, sizeof what, "%sattention%s H%d/KV%d hd%d %d streaming, ctx %d, %s%s%s", o.rope ? "rope+" : "",
-             o.fp8 ? " fp8" : "", H, KV, hd, n_stream, ctx, shape, n_stream ? " (sink/recent)" : "",
+    snprintf(what, sizeof what, "%sattention%s H%d/KV%d hd%d %d streaming, ctx %d, %d x %d tok%s%s", o.rope ? "rope+" : "",
+             o.fp8 ? " fp8" : "", H, KV, hd, n_stream, ctx, n_seqs, T, n_stream ? " (sink/recent)" : "",
              o.starts ? " (mixed contexts)" : opt && !o.rope && !o.fp8 ? " (mask edges)" : "");
     compare(what, oc, og, (size_t)TT * H * hd, o.tol > 0 ? o.tol * o.vscale : 2e-2f, o.tol > 0 ? o.tol : 2e-2f);
     if (o.alone) attention_alone(&bt, &Lg, qg, og, rs, launched, o.rope ? 2 : 1, !o.rope);
-    if (o.lens && !o.rope && !o.fp8) attention_mixed_alone(&bt, &Lg, qg, og, rs, launched, kf, vf, ks, vs, full_n, slot_n);
     if (gpu_alt && !o.fp8) attention_alt(&bt, &L, q, kf, vf, ks, vs, rs, TT, full_n, slot_n, o.rope, og, qg, kfg);
     if (o.rope) {
         snprintf(what, sizeof what, "  ... q|k rows after the fused RoPE");
@@ -936,21 +878,19 @@ static struct backend *other_split_backend(void) {
 }
 
 /* Decode steps at long contexts (issue 22): the work-sized split spreads the retrieval heads'
- * partitions over units (past CUDA_ATTN_MERGE_LONG partitions at head dims 64 and 128: the batch
- * decode kernel's resident blocks walk them, its split pairs merged by the long-merge kernel;
- * checked to have run there, and three sequences of each step alone give the same bits); each
- * case also under the plain split (the flash kernel), for the same bits. Keys are scaled by 3, so
- * that a few hundred keys carry each softmax and the outputs stay far from zero at any length: a
- * partition lost or counted twice moves them past the tolerance. Contexts 16k to 1M (a 1M token
- * beside 1k, 32k and 128k ones), batches of 1 to 150 tokens, GQA 4, 8 and 16, head dims 64 and
- * 128, streaming heads, a sliding window, and the fused RoPE (whose rotated Q the long merges write
- * back). */
+ * partitions over units, merged by the last unit of a (token, KV head) or, past
+ * CUDA_ATTN_MERGE_LONG partitions, by the long-merge kernel; each case also under the plain split,
+ * for the same bits. Keys are scaled by 3, so that a few hundred keys carry each softmax and the
+ * outputs stay far from zero at any length: a partition lost or counted twice moves them past the
+ * tolerance. Contexts 16k to 1M (a 1M token beside 1k, 32k and 128k ones), batches of 1 to 150
+ * tokens, GQA 4, 8 and 16, head dims 64 and 128, streaming heads, a sliding window, and the fused
+ * RoPE (whose rotated Q the long merges write back). */
 static void test_long_decode(void) {
     gpu_alt = other_split_backend();
     if (!gpu_alt) return;
-    struct attn_opts sharp = {.kscale = 3.0f, .vscale = 1.0f, .alone = 1};
-    struct attn_opts win = {.window = 3000, .kscale = 3.0f, .vscale = 1.0f, .alone = 1};
-    struct attn_opts fused = {.kscale = 3.0f, .vscale = 1.0f, .rope = 1, .alone = 1};
+    struct attn_opts sharp = {.kscale = 3.0f, .vscale = 1.0f};
+    struct attn_opts win = {.window = 3000, .kscale = 3.0f, .vscale = 1.0f};
+    struct attn_opts fused = {.kscale = 3.0f, .vscale = 1.0f, .rope = 1};
     attention_case(32, 8, 128, 0, 32768, 1, 1, 0, 1, &sharp);     /* GQA 4 at 32k */
     attention_case(32, 4, 128, 0, 131072, 1, 1, 0, 1, &sharp);    /* GQA 8 at 128k */
     attention_case(32, 8, 128, 4, 131072, 1, 1, 64, 256, &sharp); /* half the KV heads streaming */
@@ -959,11 +899,10 @@ static void test_long_decode(void) {
     attention_case(16, 2, 128, 0, 40000, 1, 2, 0, 1, &win);       /* the first partitions out of the window */
     attention_case(32, 2, 128, 0, 20000, 1, 1, 0, 1, &sharp);     /* GQA 16 */
     attention_case(16, 4, 64, 1, 60000, 1, 2, 16, 64, &sharp);    /* head dim 64 */
-    struct attn_opts fused24 = {.kscale = 3.0f, .vscale = 1.0f, .rope = 1}; /* (split 4: the flash kernel's) */
-    attention_case(32, 8, 128, 0, 3000, 1, 1, 0, 1, &fused24);    /* 24 partitions: merged in the decode kernel */
+    attention_case(32, 8, 128, 0, 3000, 1, 1, 0, 1, &fused);      /* 24 partitions: merged in the decode kernel */
     attention_case(32, 8, 128, 4, 65536, 1, 2, 64, 256, &fused);  /* the long merges write the rotated Q */
     static const int mixed[4] = {1000, 32768, 131072, 1048576};
-    struct attn_opts mix = {.kscale = 3.0f, .vscale = 1.0f, .starts = mixed, .alone = 1};
+    struct attn_opts mix = {.kscale = 3.0f, .vscale = 1.0f, .starts = mixed};
     attention_case(16, 2, 128, 1, 1048576, 1, 4, 64, 256, &mix); /* 1k, 32k, 128k and 1M in one step */
     backend_destroy(gpu_alt);
     gpu_alt = NULL;
@@ -1316,30 +1255,8 @@ static void test_decode_batch(void) {
     free(one), free(few), free(wide), free(edge), free(win);
 }
 
-/* Mixed steps (prefill chunks beside decodes; the engine puts the one-token sequences first): 48
- * one-token sequences at contexts of 1 to 24 partitions (the batch decode kernel: 48 x 8 KV heads
- * fill the SMs), then three chunks (the wgmma prefill kernel from the 49th sequence on): one mid-
- * block behind a 1005-token prefix, one from position 0, one behind 2043 tokens; retrieval heads
- * alone, streaming heads (a chunk longer than the recent window), and head dim 64. Against the
- * CPU, and bit for bit against each kind of sequence alone (attention_mixed_alone). */
-static void test_mixed_step(void) {
-    enum { N_ONE = 48, N_CHUNK = 3, N = N_ONE + N_CHUNK };
-    int *one = spread_starts(N_ONE, 0, 3000), starts[N], lens[N];
-    static const int chunk_start[N_CHUNK] = {1005, 0, 2043}, chunk_len[N_CHUNK] = {100, 37, 33};
-    for (int s = 0; s < N; s++) {
-        starts[s] = s < N_ONE ? one[s] : chunk_start[s - N_ONE];
-        lens[s] = s < N_ONE ? 1 : chunk_len[s - N_ONE];
-    }
-    struct attn_opts o = {.kscale = 1.0f, .vscale = 1.0f, .starts = starts, .lens = lens};
-    attention_case(32, 8, 128, 0, 3000, 0, N, 0, 1, &o);
-    attention_case(32, 8, 128, 3, 3000, 0, N, 16, 64, &o); /* streaming heads */
-    attention_case(32, 8, 64, 2, 3000, 0, N, 4, 40, &o);   /* head dim 64 */
-    free(one);
-}
-
 /* every attention case: decode and prefill against the CPU, invariance, mask edges, mixed
- * contexts, the fused RoPE append, cluster merges, the batch decode kernel, mixed steps, the long
- * decode cases */
+ * contexts, the fused RoPE append, cluster merges, the batch decode kernel, the long decode cases */
 static void test_attention_all(void) {
     /* GQA ratios 1, 4, 8; head dims 64 and 128; decode and prefill; contexts to 32k */
     attention_case(8, 8, 64, 0, 1000, 1, 3, 0, 1, NULL);
@@ -1398,7 +1315,6 @@ static void test_attention_all(void) {
     /* the CUDA-core kernel: head dim 256, GQA 32 */
     attention_case(32, 1, 256, 0, 300, 3, 2, 0, 1, NULL);
     test_decode_batch();
-    test_mixed_step();
     test_long_decode();
     test_long_prefill();
     test_attention_fp8();
