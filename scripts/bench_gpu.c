@@ -348,14 +348,14 @@ int main(int argc, char **argv) {
         max_len = model_config_load(&mc, o.model, err, sizeof err) == 0 && mc.max_pos < BENCH_MIN_LEN ? mc.max_pos
                                                                                                       : BENCH_MIN_LEN;
     for (int i = 0; i < o.n_runs; i++) {
-        int B = o.runs[i][0], x = o.runs[i][1];
+        int B = o.runs[i][0], x = o.runs[i][1], len = (o.skip ? 1 : x) + decode_tokens(&o, warm);
         if (x > BENCH_MAX_CTX) {
             fprintf(stderr, "bench_gpu: batch %d at context %d: contexts go up to %d\n", B, x, BENCH_MAX_CTX);
             return 2;
         }
         max_b = B > max_b ? B : max_b;
         if (B + 1 > n_prompt) n_prompt = B + 1;
-        if ((o.skip ? 1 : x) + decode_tokens(&o, warm) > max_len) max_len = (o.skip ? 1 : x) + decode_tokens(&o, warm);
+        if (len > max_len) max_len = len; /* the prompt and every token it decodes */
         if (o.skip) continue;
         if (x + B > n_prompt) n_prompt = x + B;
     }
