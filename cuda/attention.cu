@@ -255,15 +255,6 @@ __device__ __forceinline__ void fa_store_head(__nv_bfloat16 *out, const struct c
     }
 }
 
-// Partition states in a.ws: slot ((part_off[t] + p) * n_heads + head) * (HD + 2) = {m, l, o[HD]}.
-__device__ __forceinline__ float *fa_state(const struct cuda_attn_args &a, int t, int p, int head) {
-    return a.ws + ((size_t)(a.part_off[t] + p) * a.n_heads + head) * (a.head_dim + 2);
-}
-// Whether a decode step's partitions go through the workspace (else block z = 0 does it all).
-// (parts_total: part_off[n_tokens], the step's partition states a head)
-__device__ __forceinline__ bool fa_split_fits_n(const struct cuda_attn_args &a, int parts_total) {
-    return (size_t)parts_total * a.n_heads * (a.head_dim + 2) <= a.ws_floats;
-}
 __device__ __forceinline__ bool fa_split_fits(const struct cuda_attn_args &a, int n_tokens) {
     return fa_split_fits_n(a, a.part_off[n_tokens]);
 }
@@ -1362,8 +1353,12 @@ extern "C" int cuda_attention(const struct cuda_attn_env *env, void *out, void *
     // decode kernel's resident blocks walk them (cuda/attn_decode.cu; RoPE and the append before
     // it). (Such a step leaves no room for a work-sized split's extra units: X is 0 there, one unit
     // a (token, KV head), the same partitions in the same order.)
-    const bool batch = flash && decode && Z == 1 && fa_decode_batch_takes(*a) &&
-                       (long)n_tokens * a->n_kv_heads > env->resident[hdp_i];
+    // A work-sized split past CUDA_ATTN_MERGE_LONG partitions (split 5) goes there too (its
+    // resident blocks walk runs of partitions, split pairs merged after it by fa_merge_long_kernel;
+    // shorter ones keep the flash kernel's fused RoPE and in-kernel merges)
+    const bool bwork = work && split >= 5 && fa_decode_batch_takes(*a);
+    const bool batch = bwork || (flash && decode && Z == 1 && fa_decode_batch_takes(*a) &&
+                                 (long)n_tokens * a->n_kv_heads > env->resident[hdp_i]);
     if (clus) Z = 1 << split;
     // the last flash block of a (token, KV head) merges its states when a counter is there for it
     struct cuda_attn_args fa = *a;
@@ -1392,6 +1387,11 @@ extern "C" int cuda_attention(const struct cuda_attn_env *env, void *out, void *
         g_batch_launches++;
         const int rc = fa_decode_batch(o, q, kb, vb, rs, fa, n_tokens, env->batch_resident[a->head_dim == 64 ? 0 : 1], st);
         if (rc) return rc;
+        if (bwork && a->n_full > 0) { // the split pairs' merges (a warp each head and 32 dims)
+            const long items = (long)a->n_full * n_tokens * G * ((a->head_dim + 31) / 32);
+            CUDA_CHECK(cuda_launch_pdl(true, fa_merge_long_kernel, dim3((unsigned)min(items, 8L * env->sms)), dim3(32), 0,
+                                       st, o, (__nv_bfloat16 *)qkv, rs, fa));
+        }
     } else if (flash && !decode && env->wg_prefill && fa_prefill_wg_takes(fa)) {
         const int rc = fa_prefill_wg(o, q, kb, vb, rs, fa, n_tokens, st);
         if (rc) return rc;

@@ -32,6 +32,16 @@ __device__ __forceinline__ int stream_ring_row(const struct cuda_attn_args &a, i
     return p < a.sink ? p : a.sink + (p - a.sink) - fdiv(p - a.sink, a.rec_div) * a.recent;
 }
 
+// Partition states in a.ws: slot ((part_off[t] + p) * n_heads + head) * (HD + 2) = {m, l, o[HD]}.
+__device__ __forceinline__ float *fa_state(const struct cuda_attn_args &a, int t, int p, int head) {
+    return a.ws + ((size_t)(a.part_off[t] + p) * a.n_heads + head) * (a.head_dim + 2);
+}
+// Whether a decode step's partitions go through the workspace (else block z = 0 does it all).
+// (parts_total: part_off[n_tokens], the step's partition states a head)
+__device__ __forceinline__ bool fa_split_fits_n(const struct cuda_attn_args &a, int parts_total) {
+    return (size_t)parts_total * a.n_heads * (a.head_dim + 2) <= a.ws_floats;
+}
+
 // The tiles a query range [pf, pl] sees: [lo0, hi0] then [lo1, hi1] (retrieval heads: from the
 // sliding window's start, else 0, to pl; streaming heads: the sink's, then the recent window's)
 struct fa_range {

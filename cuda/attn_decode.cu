@@ -1,6 +1,7 @@
 // attn_decode: the batch decode attention (issues 20 and 22), for decode steps of more (token,
 // KV head) units than the flash kernel's blocks the device holds at once (b33 and up on
-// Llama-3-8B), none split.
+// Llama-3-8B), none split; and for the decode steps of long contexts (a work-sized split: the
+// units are runs of a (token, KV head)'s partitions).
 //
 // Why: the flash kernel gives each unit a block. At b256 and a 128-token context (run 68) its
 // decode took 134 us a layer against a 40 us floor: each block pays its metadata round trips
@@ -16,6 +17,16 @@
 // output has the flash kernel's bits: warp w takes the scores of tile w of the partition into
 // shared memory, then every warp runs the partition's softmax and P V for its quarter of the
 // head dims.
+//
+// A work-sized split (a.unit_T: long contexts, issue 22): the streaming (token, KV head) pairs
+// are a unit each (their work is sink and recent), then each retrieval KV head's partitions are
+// spread over T + X units, token t getting a share in proportion to its partitions (fa_unit_of's
+// rule), X chosen so that the blocks walk DB_UNITS_BLOCK units each on average: short units, so
+// that blocks that drew streaming units (or short contexts) take their share of the long ones
+// and no SM idles while the retrieval heads' keys are read. A unit of a (token, KV head) that
+// several units share writes each partition's state (fa_state) instead of merging it;
+// fa_merge_long_kernel (attention.cu) folds them in order after the kernel, the same fold as the
+// registers' (the same bits).
 #include <cuda_bf16.h>
 #include <limits.h>
 #include <stdint.h>
@@ -25,6 +36,9 @@
 #include "cuda/cuda_common.h"
 
 #define DB_WARPS 4 // a warp the scores of each tile of a partition
+#ifndef DB_UNITS_BLOCK // (a build may set it: scripts/device_pack.sh's VARIANTS)
+#define DB_UNITS_BLOCK 4 // a work-sized split's units a block, on average
+#endif
 static_assert(FA_PT == DB_WARPS, "a warp a tile of the partition");
 static_assert(FA_KT * 4 == 32 * DB_WARPS, "four threads a key row");
 
@@ -37,25 +51,89 @@ template <int HD> struct db_cfg {
     static constexpr size_t BYTES = XS_OFF + (size_t)FA_PT * (FA_KT / 8) * 4 * 32 * 4;
 };
 
-// a unit: token (sequence) t, KV head kvh; base: its block table's start (retrieval heads) or its
-// streaming slot
+// A unit's metadata: unit u is token (sequence) t and KV head kvh, and of the k units of that
+// (token, KV head) the j-th; pos and base (its block table's start, or its streaming slot) loaded
+struct db_meta {
+    int u, t, kvh, j, k, pos, base;
+};
+// a unit as the walk computes it: its partitions [pa, pb) (split: its states go to the workspace,
+// else the whole (token, KV head) is this unit's and it writes the output); active: it has work
 struct db_unit {
-    int u, t, kvh, pos, base;
-    bool full;
+    int u, t, kvh, pos, base, pv0, pa, pb;
+    bool full, split, active;
     fa_range r;
 };
-// the metadata of unit u (one round trip: both loads at once)
-__device__ __forceinline__ void db_meta(const struct cuda_attn_args &a, int u, int T, int &pos, int &base) {
-    const int kvh = u / T, t = u - kvh * T;
-    pos = a.pos[t];
-    base = kvh < a.n_full ? a.block_indptr[t] : a.stream_slot[t];
+// Unit u's metadata (every thread of the block, the same values). Plain: u = kvh T + t, one unit
+// a (token, KV head). Work-sized (work, X, P = part_off[T]): fa_unit_of's numbering, streaming
+// pairs first, then T + X units a retrieval KV head, token t's share from S(t) = t + floor(X
+// part_off[t] / P) (found by each warp: 32 tokens a round trip)
+__device__ __forceinline__ db_meta db_load(const struct cuda_attn_args &a, int u, int T, bool work, int X, int P) {
+    db_meta m;
+    m.u = u, m.j = 0, m.k = 1;
+    if (!work) {
+        m.kvh = u / T, m.t = u - m.kvh * T;
+    } else if (u < a.n_stream * T) {
+        m.kvh = a.n_full + u / T, m.t = u % T;
+    } else {
+        const int v = u - a.n_stream * T, per = T + X, r = v % per;
+        m.kvh = v / per;
+        if (T == 1) {
+            m.t = 0, m.j = r, m.k = per;
+        } else if (X == 0) {
+            m.t = r;
+        } else {
+            const int lane = threadIdx.x % 32;
+            m.t = 0;
+            for (int t0 = 0; t0 < T; t0 += 32) {
+                const int t = t0 + lane;
+                int s0 = 0, s1 = 0;
+                if (t < T) {
+                    s0 = t + (int)((long long)X * a.part_off[t] / P);
+                    s1 = t + 1 + (int)((long long)X * a.part_off[t + 1] / P);
+                }
+                const unsigned hit = __ballot_sync(0xffffffffu, t < T && s0 <= r && r < s1);
+                if (hit) { // S increases (k_t >= 1): exactly one token's range holds r
+                    const int src = __ffs(hit) - 1;
+                    m.t = __shfl_sync(0xffffffffu, t, src);
+                    m.j = r - __shfl_sync(0xffffffffu, s0, src);
+                    m.k = __shfl_sync(0xffffffffu, s1 - s0, src);
+                    break;
+                }
+            }
+        }
+    }
+    m.pos = a.pos[m.t];
+    m.base = m.kvh < a.n_full ? a.block_indptr[m.t] : a.stream_slot[m.t];
+    return m;
 }
-__device__ __forceinline__ db_unit db_make(const struct cuda_attn_args &a, int u, int T, int pos, int base) {
+// The unit of metadata m (fits: the step's partition states fit the workspace). A retrieval
+// (token, KV head) of w partitions from pv0 (the first its window sees) shared by k units: unit j
+// takes the j-th of k near-equal runs (fa_unit_of's); unsplit (one unit, or no room for the
+// states), its last unit takes them all.
+__device__ __forceinline__ db_unit db_make(const struct cuda_attn_args &a, const db_meta &m, bool fits) {
     db_unit x;
-    x.u = u, x.kvh = u / T, x.t = u - x.kvh * T, x.pos = pos, x.base = base;
+    x.u = m.u, x.t = m.t, x.kvh = m.kvh, x.pos = m.pos, x.base = m.base;
     x.full = x.kvh < a.n_full;
-    x.r.make(a, x.full, pos, pos);
+    x.r.make(a, x.full, x.pos, x.pos);
+    x.pv0 = x.full && a.sliding_window > 0 ? max(0, x.pos - a.sliding_window + 1) / CUDA_ATTN_PART : 0;
+    x.pa = 0, x.pb = INT_MAX, x.split = false, x.active = true;
+    if (x.full && m.k > 1) {
+        const int w = cuda_attn_parts(x.pos) - x.pv0;
+        x.split = min(m.k, w) > 1 && fits;
+        if (x.split) {
+            x.pa = x.pv0 + (int)((long long)m.j * w / m.k);
+            x.pb = x.pv0 + (int)((long long)(m.j + 1) * w / m.k);
+            x.active = x.pa < x.pb;
+        } else {
+            x.active = m.j == m.k - 1;
+        }
+    }
     return x;
+}
+// unit x's next partition after p (-1: from its first) with tiles to sum, or -1
+__device__ __forceinline__ int db_next(const db_unit &x, int p) {
+    const int q = x.r.next_part(max(p, x.pa - 1));
+    return q >= x.pb ? -1 : q;
 }
 
 template <int HD>
@@ -69,12 +147,19 @@ __global__ void __launch_bounds__(32 * DB_WARPS) fa_decode_batch_kernel(__nv_bfl
     __nv_bfloat16 *sq = reinterpret_cast<__nv_bfloat16 *>(db_raw + CF::Q_OFF);
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, qd = lane % 4;
     const int kr = tid / 4, part = tid % 4; // key row kr of a tile, every 4th 16-byte chunk from part
-    const int G = a.n_heads / a.n_kv_heads, n_units = T * a.n_kv_heads, stride = (int)gridDim.x;
+    const int G = a.n_heads / a.n_kv_heads, stride = (int)gridDim.x;
+    // a work-sized split: X units a retrieval KV head beyond one a token (at most one a partition)
+    const bool work = a.unit_T > 0;
+    const int P = work ? a.part_off[T] : 0;
+    const bool fits = work && fa_split_fits_n(a, P);
+    const int X = work && a.n_full > 0
+                      ? max(0, min((DB_UNITS_BLOCK * stride - a.n_stream * T) / a.n_full - T, P - T))
+                      : 0;
+    const int n_units = work ? a.n_stream * T + a.n_full * (T + X) : T * a.n_kv_heads;
     const int d0 = warp * OT; // this warp's first output n8 tile
     const bool rows8 = G > 8; // (decode: rows 8-15 are padding unless GQA > 8)
     const float sl2 = a.scale * 1.4426950408889634f;
     float *xs = reinterpret_cast<float *>(db_raw + CF::XS_OFF) + lane; // [tile][n][e], x 32 lanes
-    if ((int)blockIdx.x >= n_units) return;
 
     // the pool block of key row kr of each tile of partition p of unit x (0: none)
     auto fetch_blocks = [&](const db_unit &x, int p, int (&blq)[FA_PT]) {
@@ -119,26 +204,40 @@ __global__ void __launch_bounds__(32 * DB_WARPS) fa_decode_batch_kernel(__nv_bfl
     };
 
     // the stream of (unit, partition) items: C / p computed now, L / lp loading next, the metadata
-    // of the unit after L's (npos, nbase) a unit ahead
-    int pos0, base0;
-    db_meta(a, blockIdx.x, T, pos0, base0);
-    db_unit C = db_make(a, blockIdx.x, T, pos0, base0), L = C;
-    int npos = 0, nbase = 0, nu = L.u + stride;
-    if (nu < n_units) db_meta(a, nu, T, npos, nbase);
-    int p = C.r.next_part(-1), lp = p;
+    // of the unit after L's (nm, of unit nu) a unit ahead
+    int nu = blockIdx.x, lp = -1;
+    db_meta nm;
+    if (nu < n_units) nm = db_load(a, nu, T, work, X, P);
+    db_unit L;
+    // L / lp to the next unit with work and its first partition (false: none is left). The first
+    // unit of a split (token, KV head) lists it for fa_merge_long_kernel.
+    auto take_unit = [&]() {
+        while (nu < n_units) {
+            const db_unit x = db_make(a, nm, fits);
+            nu += stride;
+            if (nu < n_units) nm = db_load(a, nu, T, work, X, P);
+            const int q = x.active ? db_next(x, -1) : -1;
+            if (q < 0) continue;
+            if (x.split && x.pa == x.pv0 && tid == 0) {
+                int *list = a.counters + a.n_counters;
+                list[2 + atomicAdd(list, 1)] = x.t * a.n_kv_heads + x.kvh;
+            }
+            L = x, lp = q;
+            return true;
+        }
+        return false;
+    };
+    if (!take_unit()) return;
+    db_unit C = L;
+    int p = lp;
     int blq[FA_PT];
     fetch_blocks(L, lp, blq);
     load_q(C);
     load_part(L, lp, blq, 1); // (with Q's copies)
     load_part(L, lp, blq, 2);
     auto advance = [&]() { // L / lp to the next item, its block ids fetched
-        lp = lp >= 0 ? L.r.next_part(lp) : -1;
-        if (lp < 0 && nu < n_units) {
-            L = db_make(a, nu, T, npos, nbase);
-            lp = L.r.next_part(-1);
-            nu += stride;
-            if (nu < n_units) db_meta(a, nu, T, npos, nbase);
-        }
+        lp = lp >= 0 ? db_next(L, lp) : -1;
+        if (lp < 0 && !take_unit()) lp = -1;
         fetch_blocks(L, lp, blq);
     };
     advance();
@@ -206,22 +305,35 @@ __global__ void __launch_bounds__(32 * DB_WARPS) fa_decode_batch_kernel(__nv_bfl
             if (has >> i & 1) fa_tile_pv<HD, OT>(o, sv + i * FA_KT * LD, sp[i], rows8, d0, lane);
         __syncthreads(); // every warp done with the V buffers and the exchange
         load_part(L, lp, blq, 2);
-        // the partition into the unit's total (the flash kernel's close, unsplit)
+        // the partition into the unit's total (the flash kernel's close, unsplit), or its state
+        // into the workspace (the flash kernel's write_state: m, the row's full sum, o)
         for (int h = 0; h < 2; h++) {
             float lf = l[h] + __shfl_xor_sync(0xffffffffu, l[h], 1);
             lf += __shfl_xor_sync(0xffffffffu, lf, 2);
-            float ca, cb;
-            if (fa_merge_begin(M[h], L2[h], m[h], lf, ca, cb))
-                for (int d = 0; d < OT; d++)
-                    for (int e = 2 * h; e < 2 * h + 2; e++) O[d][e] = fa_merge_o(O[d][e], o[d][e], ca, cb);
+            if (C.split) {
+                const int r = g + 8 * h;
+                if (r < G) {
+                    float *st = fa_state(a, C.t, p, C.kvh * G + r);
+                    if (qd == 0 && warp == 0) st[0] = m[h], st[1] = lf;
+                    for (int d = 0; d < OT; d++) {
+                        const int col = (d0 + d) * 8 + 2 * qd;
+                        st[2 + col] = o[d][2 * h], st[3 + col] = o[d][2 * h + 1];
+                    }
+                }
+            } else {
+                float ca, cb;
+                if (fa_merge_begin(M[h], L2[h], m[h], lf, ca, cb))
+                    for (int d = 0; d < OT; d++)
+                        for (int e = 2 * h; e < 2 * h + 2; e++) O[d][e] = fa_merge_o(O[d][e], o[d][e], ca, cb);
+            }
             m[h] = -INFINITY, l[h] = 0.0f;
         }
         for (int d = 0; d < OT; d++)
             for (int e = 0; e < 4; e++) o[d][e] = 0.0f;
-        if (lp < 0 || next_unit) { // the unit's last partition: out = O / L
+        if (lp < 0 || next_unit) { // the unit's last partition: out = O / L (split: the merge's)
             for (int h = 0; h < 2; h++) {
                 const int r = g + 8 * h;
-                if (r < G) {
+                if (r < G && !C.split) {
                     const float inv = 1.0f / L2[h];
                     __nv_bfloat16 *orow = out + ((size_t)C.t * a.n_heads + (size_t)(C.kvh * G + r)) * HD;
                     for (int d = 0; d < OT; d++)
@@ -261,7 +373,8 @@ bool fa_decode_batch_takes(const struct cuda_attn_args &a) {
 
 int fa_decode_batch(__nv_bfloat16 *out, const __nv_bfloat16 *q, const __nv_bfloat16 *kb, const __nv_bfloat16 *vb,
                     int rs, const struct cuda_attn_args &a, int n_tokens, int blocks, cudaStream_t st) {
-    const int units = n_tokens * a.n_kv_heads;
+    // (a work-sized split: every resident block, the units sized to them)
+    const int units = a.unit_T ? blocks : n_tokens * a.n_kv_heads;
     const dim3 grid((unsigned)(blocks < units ? blocks : units)), T(32 * DB_WARPS);
     if (a.head_dim == 64)
         CUDA_CHECK(cuda_launch(fa_decode_batch_kernel<64>, grid, T, db_cfg<64>::BYTES, st, out, q, kb, vb, rs, a, n_tokens));

@@ -17,7 +17,9 @@ bool fa_decode_batch_takes(const struct cuda_attn_args &a);
 /* A decode step's attention (token t is sequence t's only row; q|k|v rows of row_stride rs,
  * rotated, the retrieval heads' K/V of the step appended to the full pool before; a's divisors
  * set as the flash kernel's) by `blocks` resident blocks that walk the n_tokens x n_kv_heads
- * units; each output the flash kernel's bits. 0, or -2. */
+ * units, or with a.unit_T set (a work-sized split: a.ws, a.part_off and the long-merge list after
+ * a.counters ready) runs of the units' partitions, whose split (token, KV head) pairs it lists for
+ * fa_merge_long_kernel, which must run after it; each output the flash kernel's bits. 0, or -2. */
 int fa_decode_batch(__nv_bfloat16 *out, const __nv_bfloat16 *q, const __nv_bfloat16 *kb, const __nv_bfloat16 *vb,
                     int rs, const struct cuda_attn_args &a, int n_tokens, int blocks, cudaStream_t st);
 

@@ -548,9 +548,10 @@ struct attn_opts {
     int fp8;           /* 1: fp8 KV pools (KV_DTYPE_FP8_E4M3), the same bytes in both backends, K and V
                         * scales 0.5, 1 and 2 by KV head (fp8_scale) */
     float tol;         /* the output's rtol against the CPU, and tol x vscale its atol (0: 2e-2, 2e-2) */
-    int alone;         /* 1: a decode step of more units than the flash kernel's resident blocks (the
-                        * batch decode kernel, cuda/attn_decode.cu): checked to have run there, and
-                        * sequences 0, n/2 and n - 1 again each alone (the flash kernel) give the same bits */
+    int alone;         /* 1: a decode step the batch decode kernel (cuda/attn_decode.cu) takes (more
+                        * units than the flash kernel's resident blocks, or a work-sized split):
+                        * checked to have run there, and sequences 0, n/2 and n - 1 again each alone
+                        * (the flash kernel, or the batch kernel's split) give the same bits */
 };
 
 /* cuda/cuda_attention.h's (it needs the CUDA headers, which this file is built without): the
@@ -878,19 +879,21 @@ static struct backend *other_split_backend(void) {
 }
 
 /* Decode steps at long contexts (issue 22): the work-sized split spreads the retrieval heads'
- * partitions over units, merged by the last unit of a (token, KV head) or, past
- * CUDA_ATTN_MERGE_LONG partitions, by the long-merge kernel; each case also under the plain split,
- * for the same bits. Keys are scaled by 3, so that a few hundred keys carry each softmax and the
- * outputs stay far from zero at any length: a partition lost or counted twice moves them past the
- * tolerance. Contexts 16k to 1M (a 1M token beside 1k, 32k and 128k ones), batches of 1 to 150
- * tokens, GQA 4, 8 and 16, head dims 64 and 128, streaming heads, a sliding window, and the fused
- * RoPE (whose rotated Q the long merges write back). */
+ * partitions over units (past CUDA_ATTN_MERGE_LONG partitions at head dims 64 and 128: the batch
+ * decode kernel's resident blocks walk them, its split pairs merged by the long-merge kernel;
+ * checked to have run there, and three sequences of each step alone give the same bits); each
+ * case also under the plain split (the flash kernel), for the same bits. Keys are scaled by 3, so
+ * that a few hundred keys carry each softmax and the outputs stay far from zero at any length: a
+ * partition lost or counted twice moves them past the tolerance. Contexts 16k to 1M (a 1M token
+ * beside 1k, 32k and 128k ones), batches of 1 to 150 tokens, GQA 4, 8 and 16, head dims 64 and
+ * 128, streaming heads, a sliding window, and the fused RoPE (whose rotated Q the long merges write
+ * back). */
 static void test_long_decode(void) {
     gpu_alt = other_split_backend();
     if (!gpu_alt) return;
-    struct attn_opts sharp = {.kscale = 3.0f, .vscale = 1.0f};
-    struct attn_opts win = {.window = 3000, .kscale = 3.0f, .vscale = 1.0f};
-    struct attn_opts fused = {.kscale = 3.0f, .vscale = 1.0f, .rope = 1};
+    struct attn_opts sharp = {.kscale = 3.0f, .vscale = 1.0f, .alone = 1};
+    struct attn_opts win = {.window = 3000, .kscale = 3.0f, .vscale = 1.0f, .alone = 1};
+    struct attn_opts fused = {.kscale = 3.0f, .vscale = 1.0f, .rope = 1, .alone = 1};
     attention_case(32, 8, 128, 0, 32768, 1, 1, 0, 1, &sharp);     /* GQA 4 at 32k */
     attention_case(32, 4, 128, 0, 131072, 1, 1, 0, 1, &sharp);    /* GQA 8 at 128k */
     attention_case(32, 8, 128, 4, 131072, 1, 1, 64, 256, &sharp); /* half the KV heads streaming */
@@ -899,10 +902,11 @@ static void test_long_decode(void) {
     attention_case(16, 2, 128, 0, 40000, 1, 2, 0, 1, &win);       /* the first partitions out of the window */
     attention_case(32, 2, 128, 0, 20000, 1, 1, 0, 1, &sharp);     /* GQA 16 */
     attention_case(16, 4, 64, 1, 60000, 1, 2, 16, 64, &sharp);    /* head dim 64 */
-    attention_case(32, 8, 128, 0, 3000, 1, 1, 0, 1, &fused);      /* 24 partitions: merged in the decode kernel */
+    struct attn_opts fused24 = {.kscale = 3.0f, .vscale = 1.0f, .rope = 1}; /* (split 4: the flash kernel's) */
+    attention_case(32, 8, 128, 0, 3000, 1, 1, 0, 1, &fused24);    /* 24 partitions: merged in the decode kernel */
     attention_case(32, 8, 128, 4, 65536, 1, 2, 64, 256, &fused);  /* the long merges write the rotated Q */
     static const int mixed[4] = {1000, 32768, 131072, 1048576};
-    struct attn_opts mix = {.kscale = 3.0f, .vscale = 1.0f, .starts = mixed};
+    struct attn_opts mix = {.kscale = 3.0f, .vscale = 1.0f, .starts = mixed, .alone = 1};
     attention_case(16, 2, 128, 1, 1048576, 1, 4, 64, 256, &mix); /* 1k, 32k, 128k and 1M in one step */
     backend_destroy(gpu_alt);
     gpu_alt = NULL;
