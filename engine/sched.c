@@ -103,10 +103,15 @@ static double flop_cost(const struct sched_cost *c, int start, int n, int from) 
     return cost;
 }
 
+/* The attention blocks of n tokens in a part of `heads` heads (block_tokens tokens a block). */
+static int64_t wave_blocks(const struct sched_waves *w, int heads, int n) {
+    return (n + (int64_t)w->block_tokens - 1) / w->block_tokens * heads;
+}
+
 int sched_blocks_span(const struct sched_waves *w, int heads, int n) {
     if (w->wave <= 0 || heads <= 0 || n <= 0) return n;
-    int64_t tb = w->block_tokens, blocks = (n + tb - 1) / tb * heads, waves = (blocks + w->wave - 1) / w->wave;
-    return (int)(waves * w->wave / heads * tb);
+    int64_t waves = (wave_blocks(w, heads, n) + w->wave - 1) / w->wave;
+    return (int)(waves * w->wave / heads * w->block_tokens);
 }
 
 double sched_chunk_cost(const struct sched_cost *c, int start, int n) {
@@ -155,10 +160,10 @@ static int wave_back_off(const struct sched_cost *c, int n) {
     const struct sched_waves *w = &c->waves;
     int h = most_heads(w);
     if (w->wave <= 0 || h == 0 || n <= 0) return n;
-    int64_t tb = w->block_tokens, blocks = (n + tb - 1) / tb * h, full = blocks / w->wave;
+    int64_t blocks = wave_blocks(w, h, n), full = blocks / w->wave;
     int64_t last = blocks - full * w->wave; /* the last wave's blocks */
     if (last == 0 || 2 * last >= w->wave) return n;
-    int64_t before = full * w->wave / h * tb;
+    int64_t before = full * w->wave / h * w->block_tokens;
     return before > 0 && before >= c->min_chunk ? (int)before : n;
 }
 
