@@ -14,6 +14,10 @@
 #define FA_KT 32
 #define FA_PT (CUDA_ATTN_PART / FA_KT)
 
+// the shapes the wgmma prefill and batch decode kernels take: head dims 64 and 128, 1 to 16 query
+// heads a KV head
+static inline bool fa_mma_shape(int head_dim, int G) { return (head_dim == 64 || head_dim == 128) && G >= 1 && G <= 16; }
+
 __device__ __forceinline__ int fdiv(int n, const struct cuda_fdiv &f) {
     return (int)((__umulhi((unsigned)n, f.m) + (unsigned)n) >> f.s);
 }

@@ -367,8 +367,7 @@ int fa_decode_batch_init(int sms, int resident[2]) {
 }
 
 bool fa_decode_batch_takes(const struct cuda_attn_args &a) {
-    const int G = a.n_kv_heads > 0 ? a.n_heads / a.n_kv_heads : 0;
-    return (a.head_dim == 64 || a.head_dim == 128) && G >= 1 && G <= 16 && !a.kv_fp8;
+    return fa_mma_shape(a.head_dim, a.n_kv_heads > 0 ? a.n_heads / a.n_kv_heads : 0) && !a.kv_fp8;
 }
 
 int fa_decode_batch(__nv_bfloat16 *out, const __nv_bfloat16 *q, const __nv_bfloat16 *kb, const __nv_bfloat16 *vb,

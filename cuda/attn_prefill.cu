@@ -388,14 +388,12 @@ int fa_prefill_wg_init(void) {
     return 0;
 }
 
-static bool pf_takes(int head_dim, int G) { return (head_dim == 64 || head_dim == 128) && G >= 1 && G <= 16; }
-
 bool fa_prefill_wg_takes(const struct cuda_attn_args &a) {
-    return pf_takes(a.head_dim, a.n_kv_heads > 0 ? a.n_heads / a.n_kv_heads : 0);
+    return fa_mma_shape(a.head_dim, a.n_kv_heads > 0 ? a.n_heads / a.n_kv_heads : 0);
 }
 
 int fa_prefill_wg_wave(int head_dim, int G, int sms, int *block_tokens) {
-    if (!pf_takes(head_dim, G)) return 0;
+    if (!fa_mma_shape(head_dim, G)) return 0;
     int per_sm = 0;
     const cudaError_t e = head_dim == 64 ? cudaOccupancyMaxActiveBlocksPerMultiprocessor(
                                                &per_sm, fa_prefill_wg_kernel<64>, PF_THREADS, pf_cfg<64>::SMEM)
