@@ -39,23 +39,15 @@
 #ifndef DB_UNITS_BLOCK // (a build may set it: scripts/device_pack.sh's VARIANTS)
 #define DB_UNITS_BLOCK 4 // a work-sized split's units a block, on average
 #endif
-#ifndef DB_3BUF // experiment: three K/V buffers (two loads in flight while one is summed), swizzled rows
-#define DB_3BUF 0
-#endif
-#ifndef DB_ILEAVE // experiment: a work-sized split's retrieval units KV-head minor (the heads of a pool row together)
-#define DB_ILEAVE 0
-#endif
 static_assert(FA_PT == DB_WARPS, "a warp a tile of the partition");
 static_assert(FA_KT * 4 == 32 * DB_WARPS, "four threads a key row");
 
 template <int HD> struct db_cfg {
-    static constexpr bool B3 = DB_3BUF;
-    static constexpr int LD = HD + 8;            // padded smem rows (Q; K and V unless B3): conflict-free ldmatrix
-    static constexpr int LDS = B3 ? HD : LD;     // K / V rows (B3: swizzled, fa_sw_at)
+    static constexpr int LD = HD + 8;            // padded smem rows: conflict-free ldmatrix
     static constexpr int OT = HD / 8 / DB_WARPS; // output n8 tiles a warp (2 or 4)
-    static constexpr size_t KV = (size_t)FA_PT * FA_KT * LDS * 2; // a partition's K (or V) rows
-    // K, V (B3: three buffers), Q (16 rows), then the partition's scores [tile][FA_KT / 8][4][32] f32
-    static constexpr size_t Q_OFF = (B3 ? 3 : 2) * KV, XS_OFF = Q_OFF + (size_t)16 * LD * 2;
+    static constexpr size_t KV = (size_t)FA_PT * FA_KT * LD * 2; // a partition's K (or V) rows
+    // K, V, Q (16 rows), then the partition's scores [tile][FA_KT / 8][4][32] f32
+    static constexpr size_t Q_OFF = 2 * KV, XS_OFF = Q_OFF + (size_t)16 * LD * 2;
     static constexpr size_t BYTES = XS_OFF + (size_t)FA_PT * (FA_KT / 8) * 4 * 32 * 4;
 };
 
@@ -73,8 +65,7 @@ struct db_unit {
 };
 // Unit u's metadata (every thread of the block, the same values). Plain: u = kvh T + t, one unit
 // a (token, KV head). Work-sized (work, X, P = part_off[T]): fa_unit_of's numbering, streaming
-// pairs first, then T + X units a retrieval KV head (DB_ILEAVE: the retrieval units KV-head minor,
-// unit v of them head v % n_full's run v / n_full), token t's share from S(t) = t + floor(X
+// pairs first, then T + X units a retrieval KV head, token t's share from S(t) = t + floor(X
 // part_off[t] / P) (found by each warp: 32 tokens a round trip)
 __device__ __forceinline__ db_meta db_load(const struct cuda_attn_args &a, int u, int T, bool work, int X, int P) {
     db_meta m;
@@ -84,8 +75,8 @@ __device__ __forceinline__ db_meta db_load(const struct cuda_attn_args &a, int u
     } else if (u < a.n_stream * T) {
         m.kvh = a.n_full + u / T, m.t = u % T;
     } else {
-        const int v = u - a.n_stream * T, per = T + X, r = DB_ILEAVE ? v / a.n_full : v % per;
-        m.kvh = DB_ILEAVE ? v % a.n_full : v / per;
+        const int v = u - a.n_stream * T, per = T + X, r = v % per;
+        m.kvh = v / per;
         if (T == 1) {
             m.t = 0, m.j = r, m.k = per;
         } else if (X == 0) {
@@ -150,11 +141,9 @@ __global__ void __launch_bounds__(32 * DB_WARPS) fa_decode_batch_kernel(__nv_bfl
                                                                          const __nv_bfloat16 *kb, const __nv_bfloat16 *vb,
                                                                          int rs, struct cuda_attn_args a, int T) {
     using CF = db_cfg<HD>;
-    constexpr int LD = CF::LD, LDS = CF::LDS, OT = CF::OT;
-    constexpr bool B3 = CF::B3;
+    constexpr int LD = CF::LD, OT = CF::OT;
     extern __shared__ __align__(16) unsigned char db_raw[];
-    __nv_bfloat16 *sk = reinterpret_cast<__nv_bfloat16 *>(db_raw), *sv = sk + FA_PT * FA_KT * LDS;
-    auto buf = [&](int b) { return sk + b * (FA_PT * FA_KT * LDS); }; // (B3: buffer b of three)
+    __nv_bfloat16 *sk = reinterpret_cast<__nv_bfloat16 *>(db_raw), *sv = sk + FA_PT * FA_KT * LD;
     __nv_bfloat16 *sq = reinterpret_cast<__nv_bfloat16 *>(db_raw + CF::Q_OFF);
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, qd = lane % 4;
     const int kr = tid / 4, part = tid % 4; // key row kr of a tile, every 4th 16-byte chunk from part
@@ -183,7 +172,7 @@ __global__ void __launch_bounds__(32 * DB_WARPS) fa_decode_batch_kernel(__nv_bfl
     // K (kv 1) or V (kv 2) row kr of a tile of unit x into buffer i: the pool row, or for a
     // streaming head the step's own row (from q|k|v) or the ring's; zeros past the keys it has
     // (the flash kernel's load_tile at a decode token)
-    auto load_tile = [&](const db_unit &x, int i, int tile, int blk, int kv, __nv_bfloat16 *dbuf) {
+    auto load_tile = [&](const db_unit &x, int i, int tile, int blk, int kv) {
         const int j = tile * FA_KT + kr;
         const __nv_bfloat16 *src = NULL;
         const __nv_bfloat16 *step = kv == 1 ? kb : vb; // the step's K or V rows (also a zero-fill's dummy address)
@@ -196,14 +185,14 @@ __global__ void __launch_bounds__(32 * DB_WARPS) fa_decode_batch_kernel(__nv_bfl
             const int rr = stream_ring_row(a, j);
             src = (kv == 1 ? a.k_stream : a.v_stream) + stream_pool_row(a, x.base, rr, x.kvh - a.n_full) * HD;
         }
-        for (int c = part * 8; c < HD; c += 32)
-            fa_cp16(dbuf + fa_sw_at<B3, LDS>(i * FA_KT + kr, c), src ? src + c : step, src != NULL);
+        __nv_bfloat16 *dst = (kv == 1 ? sk : sv) + (i * FA_KT + kr) * LD;
+        for (int c = part * 8; c < HD; c += 32) fa_cp16(dst + c, src ? src + c : step, src != NULL);
     };
-    auto load_part = [&](const db_unit &x, int p, const int (&blq)[FA_PT], int kv, __nv_bfloat16 *dbuf) { // one commit group
+    auto load_part = [&](const db_unit &x, int p, const int (&blq)[FA_PT], int kv) { // one commit group
         if (p >= 0)
 #pragma unroll
             for (int i = 0; i < FA_PT; i++)
-                if (x.r.has(p * FA_PT + i)) load_tile(x, i, p * FA_PT + i, blq[i], kv, dbuf);
+                if (x.r.has(p * FA_PT + i)) load_tile(x, i, p * FA_PT + i, blq[i], kv);
         asm volatile("cp.async.commit_group;\n" ::);
     };
     auto load_q = [&](const db_unit &x) { // the G query rows of the unit, zero rows after
@@ -244,19 +233,14 @@ __global__ void __launch_bounds__(32 * DB_WARPS) fa_decode_batch_kernel(__nv_bfl
     int blq[FA_PT];
     fetch_blocks(L, lp, blq);
     load_q(C);
-    load_part(L, lp, blq, 1, buf(0)); // (with Q's copies)
-    load_part(L, lp, blq, 2, buf(1));
+    load_part(L, lp, blq, 1); // (with Q's copies)
+    load_part(L, lp, blq, 2);
     auto advance = [&]() { // L / lp to the next item, its block ids fetched
         lp = lp >= 0 ? db_next(L, lp) : -1;
         if (lp < 0 && !take_unit()) lp = -1;
         fetch_blocks(L, lp, blq);
     };
     advance();
-    // B3: the loads of item c are K (the 2c-th) and V (2c + 1), into buffer (their number % 3): bk
-    // holds K(c), bk + 1 (mod 3) V(c), bk + 2 K(c + 1), whose copies are already in flight; the
-    // commit groups go K(c + 2) | Q(c + 1), V(c + 1), so two loads stay in flight while an item is summed
-    int bk = 0;
-    if (B3) load_part(L, lp, blq, 1, buf(2));
 
     // the compute unit's rows: this thread's g and g + 8, at the token's position (padding: -1);
     // row h sees key j iff j <= vhi[h] and (j >= vlo[h] or j < vse) (the flash kernel's mask)
@@ -282,36 +266,25 @@ __global__ void __launch_bounds__(32 * DB_WARPS) fa_decode_batch_kernel(__nv_bfl
     bool fresh = true; // the item is its unit's first: Q into registers
 
     while (p >= 0) {
-        if (B3)
-            asm volatile("cp.async.wait_group 2;\n" ::); // K of p and Q landed (V of p, K of the next: in flight)
-        else
-            asm volatile("cp.async.wait_group 1;\n" ::); // K of p (and Q) landed
+        asm volatile("cp.async.wait_group 1;\n" ::); // K of p (and Q) landed
         __syncthreads();
         if (fresh)
             for (int k = 0; k < HD / 16; k++) fa_ldsm_x4(qa[k], sq + (lane % 16) * LD + k * 16 + (lane / 16) * 8);
         const int tw = p * FA_PT + warp;
         if (C.r.has(tw)) {
             float sc[FA_KT / 8][4];
-            fa_tile_scores<HD, B3>(qa, (B3 ? buf(bk) : sk) + warp * FA_KT * LDS, sc, lane);
+            fa_tile_scores<HD>(qa, sk + warp * FA_KT * LD, sc, lane);
 #pragma unroll
             for (int n = 0; n < FA_KT / 8; n++)
 #pragma unroll
                 for (int e = 0; e < 4; e++)
                     if (e < 2 || rows8) xs[((warp * (FA_KT / 8) + n) * 4 + e) * 32] = sc[n][e];
         }
-        if (B3)
-            asm volatile("cp.async.wait_group 1;\n" ::); // V of p landed (K of the next in flight)
-        else
-            asm volatile("cp.async.wait_group 0;\n" ::); // V of p landed
+        asm volatile("cp.async.wait_group 0;\n" ::); // V of p landed
         __syncthreads(); // every score in the exchange; the K buffers and Q free
         const bool next_unit = lp >= 0 && L.u != C.u;
         if (next_unit) load_q(L);
-        if (B3) { // Q of the next item (its own group), its V into this item's K buffer
-            asm volatile("cp.async.commit_group;\n" ::);
-            load_part(L, lp, blq, 2, buf(bk));
-        } else {
-            load_part(L, lp, blq, 1, sk);
-        }
+        load_part(L, lp, blq, 1);
         // the partition's scores from the exchange, masked; its softmax; P V tile by tile
         float sp[FA_PT][FA_KT / 8][4];
         unsigned has = 0;
@@ -329,9 +302,9 @@ __global__ void __launch_bounds__(32 * DB_WARPS) fa_decode_batch_kernel(__nv_bfl
         fa_part_softmax(sp, has, m, l, rows8, sl2);
 #pragma unroll
         for (int i = 0; i < FA_PT; i++)
-            if (has >> i & 1) fa_tile_pv<HD, OT, B3>(o, (B3 ? buf(bk == 2 ? 0 : bk + 1) : sv) + i * FA_KT * LDS, sp[i], rows8, d0, lane);
+            if (has >> i & 1) fa_tile_pv<HD, OT>(o, sv + i * FA_KT * LD, sp[i], rows8, d0, lane);
         __syncthreads(); // every warp done with the V buffers and the exchange
-        if (!B3) load_part(L, lp, blq, 2, sv);
+        load_part(L, lp, blq, 2);
         // the partition into the unit's total (the flash kernel's close, unsplit), or its state
         // into the workspace (the flash kernel's write_state: m, the row's full sum, o)
         for (int h = 0; h < 2; h++) {
@@ -379,10 +352,6 @@ __global__ void __launch_bounds__(32 * DB_WARPS) fa_decode_batch_kernel(__nv_bfl
         }
         p = lp;
         if (p >= 0) advance();
-        if (B3) { // the item after the next: its K into this item's V buffer
-            load_part(L, lp, blq, 1, buf(bk == 2 ? 0 : bk + 1));
-            bk = bk == 0 ? 2 : bk - 1;
-        }
     }
     asm volatile("cp.async.wait_group 0;\n" ::);
 }

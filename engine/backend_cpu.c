@@ -160,14 +160,10 @@ static void cpu_rope(struct backend *b, void *qk, int n_heads, int head_dim, int
         rope_rows((float *)qk + (size_t)t * row_stride, n_heads, head_dim, bt->pos[t], inv_freq);
 }
 
-#ifndef DUO_KV_HND /* experiment: the full pool [block][head][in_blk] (a head's rows of a block together) */
-#define DUO_KV_HND 0
-#endif
 /* Element offset of the full-pool row of (sequence s, position p, retrieval head h). */
 static size_t full_row(const struct fwd_batch *bt, const struct attn_layer *L, int s, int p, int h) {
     int blk = bt->block_ids[bt->block_indptr[s] + p / L->block_size];
-    size_t row = DUO_KV_HND ? ((size_t)blk * L->n_full + (size_t)h) * L->block_size + (size_t)(p % L->block_size)
-                            : ((size_t)blk * L->block_size + (size_t)(p % L->block_size)) * L->n_full + (size_t)h;
+    size_t row = ((size_t)blk * L->block_size + (size_t)(p % L->block_size)) * L->n_full + (size_t)h;
     return row * L->head_dim;
 }
 

@@ -18,9 +18,6 @@
 #include "engine/model.h"
 #include "engine/sampler.h"
 #include "engine/util.h"
-#ifndef DUO_KV_HND /* experiment: the full pool [block][head][in_blk] */
-#define DUO_KV_HND 0
-#endif
 
 /* ---- the op ---- */
 
@@ -153,7 +150,7 @@ static void assert_pools_equal(const struct inst *a, const struct inst *b) {
     for (int w = 0; w < 2; w++) {
         const void *fa = w ? a->vf : a->kf, *fb = w ? b->vf : b->kf, *sa = w ? a->vs : a->ks, *sb = w ? b->vs : b->ks;
         for (size_t i = 0; i < full_elems(); i++) {
-            float x = pool_value(a, fa, i, (int)(i / ((size_t)HD * (DUO_KV_HND ? BS : 1)) % NF), w), y = ((const float *)fb)[i];
+            float x = pool_value(a, fa, i, (int)(i / HD % NF), w), y = ((const float *)fb)[i];
             if (memcmp(&x, &y, 4)) fail_msg("full pool %s element %zu: %a vs %a", w ? "V" : "K", i, (double)x, (double)y);
         }
         for (size_t i = 0; i < stream_elems(); i++) {
@@ -261,8 +258,7 @@ static long pool_mismatches(const struct model *m8, const struct kv_cache *c8, c
         const float *sc = (w ? m8->v_scale : m8->k_scale) + (size_t)l * kvr;
         const uint8_t *f8 = w ? a->v_full[l] : a->k_full[l], *s8 = w ? a->v_stream[l] : a->k_stream[l];
         const float *f32 = w ? b->v_full[l] : b->k_full[l], *s32 = w ? b->v_stream[l] : b->k_stream[l];
-        for (size_t i = 0; i < nf; i++) /* (the full pool's head of element i: engine/backend_cpu.c's full_row) */
-            bad += f8[i] != fp8_e4m3_from_f32(f32[i] / sc[i / ((size_t)hd * (DUO_KV_HND ? 16 : 1)) % a->n_full[l]]);
+        for (size_t i = 0; i < nf; i++) bad += f8[i] != fp8_e4m3_from_f32(f32[i] / sc[i / hd % a->n_full[l]]);
         for (size_t i = 0; i < ns; i++)
             bad += s8[i] != fp8_e4m3_from_f32(s32[i] / sc[a->n_full[l] + i / hd % a->n_stream[l]]);
     }

@@ -596,15 +596,10 @@ static float fp8_scale(int h, int v) {
 }
 /* A pool of n elements (rows of hd, n_heads heads a row group, the first KV head h0) from f32
  * data as e4m3(x / scale) bytes, in both backends (pc may be NULL: the GPU's alone). */
-#ifndef DUO_KV_HND /* experiment: the full pool [block][head][in_blk] (engine/backend_cpu.c's full_row) */
-#define DUO_KV_HND 0
-#endif
-/* (rows: the rows of a head that lie together: the full pool's block size under DUO_KV_HND, else 1) */
-static void pool2_fp8(void **pc, void **pg, const float *h, size_t n, int hd, int rows, int n_heads, int h0, int v) {
+static void pool2_fp8(void **pc, void **pg, const float *h, size_t n, int hd, int n_heads, int h0, int v) {
     enum backend_status st;
     uint8_t *b = malloc(n);
-    for (size_t i = 0; i < n; i++)
-        b[i] = fp8_e4m3_from_f32(h[i] / fp8_scale(h0 + (int)(i / ((size_t)hd * rows) % (n_heads ? n_heads : 1)), v));
+    for (size_t i = 0; i < n; i++) b[i] = fp8_e4m3_from_f32(h[i] / fp8_scale(h0 + (int)(i / hd % (n_heads ? n_heads : 1)), v));
     if (pc) {
         *pc = cpu->ops->alloc(cpu, n, &st);
         cpu->ops->upload_bytes(cpu, *pc, b, n);
@@ -715,10 +710,10 @@ static void attention_case(int H, int KV, int hd, int n_stream, int ctx, int T, 
     void *kfc, *kfg, *vfc, *vfg, *ksc, *ksg, *vsc, *vsg, *qc, *qg, *oc, *og;
     void *scc[2] = {NULL, NULL}, *scg[2] = {NULL, NULL}; /* fp8: the K and V scales a KV head */
     if (o.fp8) {
-        pool2_fp8(&kfc, &kfg, kf, full_n + 1, hd, DUO_KV_HND ? bs : 1, n_full, 0, 0);
-        pool2_fp8(&vfc, &vfg, vf, full_n + 1, hd, DUO_KV_HND ? bs : 1, n_full, 0, 1);
-        pool2_fp8(&ksc, &ksg, ks, slot_n + 1, hd, 1, n_stream, n_full, 0);
-        pool2_fp8(&vsc, &vsg, vs, slot_n + 1, hd, 1, n_stream, n_full, 1);
+        pool2_fp8(&kfc, &kfg, kf, full_n + 1, hd, n_full, 0, 0);
+        pool2_fp8(&vfc, &vfg, vf, full_n + 1, hd, n_full, 0, 1);
+        pool2_fp8(&ksc, &ksg, ks, slot_n + 1, hd, n_stream, n_full, 0);
+        pool2_fp8(&vsc, &vsg, vs, slot_n + 1, hd, n_stream, n_full, 1);
         for (int v = 0; v < 2; v++) {
             float sc[256];
             enum backend_status st;
@@ -782,10 +777,10 @@ static void attention_case(int H, int KV, int hd, int n_stream, int ctx, int T, 
         up2(&dummy, &q2, q, (size_t)TT * rs), cpu->ops->free(cpu, dummy);
         up2(&dummy, &o2, z, (size_t)TT * H * hd), cpu->ops->free(cpu, dummy);
         if (o.fp8) {
-            pool2_fp8(NULL, &kf2, kf, full_n + 1, hd, DUO_KV_HND ? bs : 1, n_full, 0, 0);
-            pool2_fp8(NULL, &vf2, vf, full_n + 1, hd, DUO_KV_HND ? bs : 1, n_full, 0, 1);
-            pool2_fp8(NULL, &ks2, ks, slot_n + 1, hd, 1, n_stream, n_full, 0);
-            pool2_fp8(NULL, &vs2, vs, slot_n + 1, hd, 1, n_stream, n_full, 1);
+            pool2_fp8(NULL, &kf2, kf, full_n + 1, hd, n_full, 0, 0);
+            pool2_fp8(NULL, &vf2, vf, full_n + 1, hd, n_full, 0, 1);
+            pool2_fp8(NULL, &ks2, ks, slot_n + 1, hd, n_stream, n_full, 0);
+            pool2_fp8(NULL, &vs2, vs, slot_n + 1, hd, n_stream, n_full, 1);
         } else {
             up2(&dummy, &kf2, kf, full_n + 1), cpu->ops->free(cpu, dummy);
             up2(&dummy, &vf2, vf, full_n + 1), cpu->ops->free(cpu, dummy);
