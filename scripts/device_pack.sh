@@ -28,9 +28,16 @@ NVF="-O3 -g -lineinfo -std=c++17 -gencode arch=compute_90a,code=sm_90a -Xcompile
 # nvcc defines (build-NAME, from a copy of build-gpu with the objects that read them rebuilt: VARIANT_OBJS,
 # default the objects of the cuda/*.cu files that name one of the macros, every CUDA object where a
 # cuda/*.cuh names one; a variant whose macros no file names stops the pack: it would be the main build
-# again under another name), for an A/B of a compile-time choice in one run
+# again under another name), for an A/B of a compile-time choice in one run. A macro that a C file
+# names too (engine/, server/, tests/, scripts/: e.g. a layout the CPU backend and the kernels share)
+# goes to the C compiler as well, and the C objects are rebuilt (the Makefile's flags stamp)
 for v in ${VARIANTS:-}; do
     name=${v%%:*}; defs=$(echo "${v#*:}" | tr ',' ' ')
+    cdefs=
+    for d in $defs; do
+        mac=${d#-D}; mac=${mac%%=*}
+        if grep -rqw --include='*.c' --include='*.h' -- "$mac" engine server tests scripts; then cdefs="$cdefs $d"; fi
+    done
     rm -rf build-$name && cp -a build-gpu build-$name
     # (the copied dependency files name build-gpu's objects: renamed, make rebuilds what a changed
     # header reaches in the copy too; run 69's variant, a copy without this, kept stale objects)
@@ -43,10 +50,10 @@ for v in ${VARIANTS:-}; do
                 case $f in *.cuh) objs="$objs $(ls cuda/*.cu | sed 's/\.cu$/.o/')" ;; *) objs="$objs ${f%.cu}.o" ;; esac
             done
         done
-        [ -n "$objs" ] || { echo "device_pack: variant $name: no file under cuda/ names $defs" >&2; exit 1; }
+        [ -n "$objs" ] || [ -n "$cdefs" ] || { echo "device_pack: variant $name: no file under cuda/ names $defs" >&2; exit 1; }
     fi
     for o in $(echo $objs | tr ' ' '\n' | sort -u); do rm -f build-$name/$o; done
-    make -j"$J" CUDA=1 BUILD=build-$name NVCCFLAGS="$NVF $defs" \
+    make -j"$J" CUDA=1 BUILD=build-$name NVCCFLAGS="$NVF $defs" ${cdefs:+CFLAGS="-O2 -g$cdefs"} \
         build-$name/duoserve-test-cuda build-$name/bench_gpu build-$name/duoserve
 done
 cuda=$(dirname "$(dirname "$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)")")
