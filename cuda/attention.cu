@@ -399,8 +399,7 @@ __device__ fa_unit fa_unit_of(const struct cuda_attn_args &a, int u) {
     __shared__ int s_t, s_s0, s_s1;
     const long long P = a.part_off[T];
     for (int t = threadIdx.x; t < T; t += blockDim.x) {
-        const int s0 = t + (int)(X * (long long)a.part_off[t] / P);
-        const int s1 = t + 1 + (int)(X * (long long)a.part_off[t + 1] / P);
+        const int s0 = fa_unit_first(a, t, X, P), s1 = fa_unit_first(a, t + 1, X, P);
         if (s0 <= r && r < s1) s_t = t, s_s0 = s0, s_s1 = s1;
     }
     __syncthreads();
@@ -450,14 +449,13 @@ __global__ void __launch_bounds__(32 * FA_WARPS) flash_kernel(__nv_bfloat16 *out
         // over min(k, w) of its k units (the others' runs are empty); unsplit, the unit of its last
         // partition computes them all (and streaming units theirs)
         const int n_p = cuda_attn_parts(pos_tb);
-        pv0 = full && a.sliding_window > 0 ? max(0, pos_tb - a.sliding_window + 1) / CUDA_ATTN_PART : 0;
+        pv0 = full ? fa_window_part0(a, pos_tb) : 0;
         const int w = n_p - pv0;
         n_work = full ? min(un.k, w) : 1;
         split = n_work > 1 && fa_split_fits_n(a, poff);
         if (!split && un.j != un.k - 1) return;
         if (split) {
-            pa = pv0 + (int)((long long)un.j * w / un.k);
-            pb = pv0 + (int)((long long)(un.j + 1) * w / un.k);
+            pa = fa_run_at(pv0, w, un.j, un.k), pb = fa_run_at(pv0, w, un.j + 1, un.k);
             if (pa == pb) return;
         }
     } else {
@@ -1383,15 +1381,18 @@ extern "C" int cuda_attention(const struct cuda_attn_env *env, void *out, void *
     } else if (!inv_freq && a->n_full) {
         CUDA_CHECK(cuda_launch(a->kv_fp8 ? append_full_kernel<true> : append_full_kernel<false>, dim3(n_tokens), dim3(128), 0, st, kb, vb, rs, *a));
     }
+    // fa_merge_long_kernel over the split pairs of n tokens a retrieval KV head (a warp a head and
+    // 32 dims of each), programmatic: it waits inside for the states
+    auto long_merges = [&](int n) {
+        const long items = (long)a->n_full * n * G * ((a->head_dim + 31) / 32);
+        return cuda_launch_pdl(true, fa_merge_long_kernel, dim3((unsigned)min(items, 8L * env->sms)), dim3(32), 0, st, o,
+                               (__nv_bfloat16 *)qkv, rs, fa);
+    };
     if (batch) {
         g_batch_launches++;
         const int rc = fa_decode_batch(o, q, kb, vb, rs, fa, n_tokens, env->batch_resident[a->head_dim == 64 ? 0 : 1], st);
         if (rc) return rc;
-        if (bwork && a->n_full > 0) { // the split pairs' merges (a warp each head and 32 dims)
-            const long items = (long)a->n_full * n_tokens * G * ((a->head_dim + 31) / 32);
-            CUDA_CHECK(cuda_launch_pdl(true, fa_merge_long_kernel, dim3((unsigned)min(items, 8L * env->sms)), dim3(32), 0,
-                                       st, o, (__nv_bfloat16 *)qkv, rs, fa));
-        }
+        if (bwork && a->n_full > 0) CUDA_CHECK(long_merges(n_tokens)); // the split pairs' merges
     } else if (flash && !decode && env->wg_prefill && fa_prefill_wg_takes(fa)) {
         const int rc = fa_prefill_wg(o, q, kb, vb, rs, fa, n_tokens, st);
         if (rc) return rc;
@@ -1406,11 +1407,7 @@ extern "C" int cuda_attention(const struct cuda_attn_env *env, void *out, void *
             CUDA_CHECK(cuda_launch(fa_merge_kernel, dim3(n_tokens, (a->n_heads + 3) / 4), dim3(128), 0, st, o, fa));
         // the long merges (split 5; only tokens given more than one unit split: at most X of them
         // a retrieval KV head), a warp each head and 32 dims, launched early (they wait inside)
-        if (work && split >= 5 && X > 0) {
-            const long items = (long)a->n_full * min(n_tokens, X) * G * ((a->head_dim + 31) / 32);
-            CUDA_CHECK(cuda_launch_pdl(true, fa_merge_long_kernel, dim3((unsigned)min(items, 8L * env->sms)), dim3(32), 0,
-                                       st, o, (__nv_bfloat16 *)qkv, rs, fa));
-        }
+        if (work && split >= 5 && X > 0) CUDA_CHECK(long_merges(min(n_tokens, X)));
     } else {
         dim3 grid(n_tokens, a->n_heads), T(32 * ATTN_WARPS);
         const bool f8 = a->kv_fp8 != 0;

@@ -40,6 +40,18 @@ __device__ __forceinline__ int stream_ring_row(const struct cuda_attn_args &a, i
 __device__ __forceinline__ float *fa_state(const struct cuda_attn_args &a, int t, int p, int head) {
     return a.ws + ((size_t)(a.part_off[t] + p) * a.n_heads + head) * (a.head_dim + 2);
 }
+// A work-sized split's units of a retrieval KV head: T + X, token t's from S(t) = t + floor(X
+// part_off[t] / P) to S(t + 1) (P = part_off[T]: a unit a token, the X others in proportion to its
+// partitions)
+__device__ __forceinline__ int fa_unit_first(const struct cuda_attn_args &a, int t, int X, long long P) {
+    return t + (int)((long long)X * a.part_off[t] / P);
+}
+// the first partition a retrieval head's keys at position pos are seen from (its sliding window's)
+__device__ __forceinline__ int fa_window_part0(const struct cuda_attn_args &a, int pos) {
+    return a.sliding_window > 0 ? max(0, pos - a.sliding_window + 1) / CUDA_ATTN_PART : 0;
+}
+// w partitions from p0 in k near-equal runs: run j is [fa_run_at(p0, w, j, k), fa_run_at(p0, w, j + 1, k))
+__device__ __forceinline__ int fa_run_at(int p0, int w, int j, int k) { return p0 + (int)((long long)j * w / k); }
 // Whether a decode step's partitions go through the workspace (else block z = 0 does it all).
 // (parts_total: part_off[n_tokens], the step's partition states a head)
 __device__ __forceinline__ bool fa_split_fits_n(const struct cuda_attn_args &a, int parts_total) {

@@ -88,8 +88,7 @@ __device__ __forceinline__ db_meta db_load(const struct cuda_attn_args &a, int u
                 const int t = t0 + lane;
                 int s0 = 0, s1 = 0;
                 if (t < T) {
-                    s0 = t + (int)((long long)X * a.part_off[t] / P);
-                    s1 = t + 1 + (int)((long long)X * a.part_off[t + 1] / P);
+                    s0 = fa_unit_first(a, t, X, P), s1 = fa_unit_first(a, t + 1, X, P);
                 }
                 const unsigned hit = __ballot_sync(0xffffffffu, t < T && s0 <= r && r < s1);
                 if (hit) { // S increases (k_t >= 1): exactly one token's range holds r
@@ -115,14 +114,13 @@ __device__ __forceinline__ db_unit db_make(const struct cuda_attn_args &a, const
     x.u = m.u, x.t = m.t, x.kvh = m.kvh, x.pos = m.pos, x.base = m.base;
     x.full = x.kvh < a.n_full;
     x.r.make(a, x.full, x.pos, x.pos);
-    x.pv0 = x.full && a.sliding_window > 0 ? max(0, x.pos - a.sliding_window + 1) / CUDA_ATTN_PART : 0;
+    x.pv0 = x.full ? fa_window_part0(a, x.pos) : 0;
     x.pa = 0, x.pb = INT_MAX, x.split = false, x.active = true;
     if (x.full && m.k > 1) {
         const int w = cuda_attn_parts(x.pos) - x.pv0;
         x.split = min(m.k, w) > 1 && fits;
         if (x.split) {
-            x.pa = x.pv0 + (int)((long long)m.j * w / m.k);
-            x.pb = x.pv0 + (int)((long long)(m.j + 1) * w / m.k);
+            x.pa = fa_run_at(x.pv0, w, m.j, m.k), x.pb = fa_run_at(x.pv0, w, m.j + 1, m.k);
             x.active = x.pa < x.pb;
         } else {
             x.active = m.j == m.k - 1;
