@@ -1366,7 +1366,7 @@ extern "C" int cuda_attention(const struct cuda_attn_env *env, void *out, void *
     fa.z_div = cuda_fdiv_make(Z);
     fa.rec_div = cuda_fdiv_make(a->recent > 0 ? a->recent : 1);
     fa.cluster = clus;
-    fa.unit_T = work ? n_tokens : 0;
+    fa.unit_T = work && (bwork || !batch) ? n_tokens : 0; // (a batch step unsplit: plain units)
     fa.unit_X = X;
     if (n_tokens * a->n_kv_heads > a->n_counters) fa.counters = NULL;
     // a decode step's RoPE and append inside the decode kernel (its COOP form: head dims 64 and
