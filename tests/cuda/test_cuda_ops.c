@@ -1359,6 +1359,7 @@ int main(void) {
     util_rng_seed(&rng, 7);
     /* DUOSERVE_TEST_ONLY=matmul: the GEMM cases alone (checking another tile choice quickly);
      * attention: every attention case; longattn: the long decode cases alone, under both splits;
+     * decodebatch: the batch decode kernel's many-unit cases alone (a quick check of that kernel);
      * attnbench, prefillbench, gemmbench: profiling only (no tests, exit 0) */
     const char *only = getenv("DUOSERVE_TEST_ONLY");
     bool bench = true;
@@ -1373,6 +1374,8 @@ int main(void) {
         if (only && !strcmp(only, "attention")) { /* the attention cases alone (a new attention kernel) */
             test_rope();
             test_attention_all();
+        } else if (only && !strcmp(only, "decodebatch")) {
+            test_decode_batch();
         } else if (only && !strcmp(only, "longattn")) {
             test_long_decode();
         } else if (only && !strcmp(only, "matmul")) {
