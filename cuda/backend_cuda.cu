@@ -608,8 +608,7 @@ static struct backend_ops make_ops(void) {
     o.download_act = cu_download_act;
     o.upload_bytes = cu_upload_bytes;
     o.download_bytes = cu_download_bytes;
-    // (KV_DTYPE_FP8_E4M3: the attention and append kernels take it, cuda_attn_args.kv_fp8, but it
-    // is offered only once the op test's fp8 cases have passed on a GPU: docs/PERF_NOTES.md)
+    o.kv_dtypes = 1u << KV_DTYPE_FP8_E4M3; // (bf16 is the activation dtype: KV_DTYPE_ACT)
     o.mem_info = cu_mem_info;
     o.begin_step = cu_begin_step;
     o.embed = cu_embed;
