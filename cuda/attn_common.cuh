@@ -286,16 +286,23 @@ __device__ __forceinline__ void fa_mma(float *c, const uint32_t *a, uint32_t b0,
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// SW: rows of LD bf16 whose 16-byte chunks are XOR-swizzled by the row (chunk c of row r at c ^ (r
+// & 7): ldmatrix conflict-free without padding; rows of at least 8 chunks), else plain rows of LD
+template <bool SW, int LD>
+__device__ __forceinline__ int fa_sw_at(int row, int col) { // col: a multiple of 8
+    static_assert(!SW || LD % 64 == 0, "a swizzled row holds at least 8 chunks");
+    return row * LD + (SW ? ((col >> 3) ^ (row & 7)) << 3 : col);
+}
 // One tile's sums on mma.sync, each the same code wherever it runs (the flash kernel's lone
 // prefill warp and its COOP decode warps, the batch decode kernel), so a row's bits never depend
 // on the kernel that computed it. Shared-memory rows of HDP + 8 bf16 (conflict-free ldmatrix).
 // S = Q K^T: 16 rows (qa: Q's A fragments) x FA_KT keys from the tile's K rows ck. The k steps of
 // the FA_KT / 8 key groups are interleaved (each group's own sum still runs k = 0, 16, ... in
 // order), so consecutive MMAs are independent.
-template <int HDP>
+template <int HDP, bool SW = false>
 __device__ __forceinline__ void fa_tile_scores(const uint32_t (&qa)[HDP / 16][4], const __nv_bfloat16 *ck,
                                                float (&sc)[FA_KT / 8][4], int lane) {
-    constexpr int LD = HDP + 8;
+    constexpr int LD = SW ? HDP : HDP + 8;
 #pragma unroll
     for (int n = 0; n < FA_KT / 8; n++)
 #pragma unroll
@@ -306,7 +313,7 @@ __device__ __forceinline__ void fa_tile_scores(const uint32_t (&qa)[HDP / 16][4]
         const bool two = k + 1 < HDP / 16;
 #pragma unroll
         for (int n = 0; n < FA_KT / 8; n++)
-            fa_ldsm_x4(b[n], ck + (n * 8 + lane % 8) * LD + k * 16 + (two ? lane / 8 : (lane / 8) % 2) * 8);
+            fa_ldsm_x4(b[n], ck + fa_sw_at<SW, LD>(n * 8 + lane % 8, k * 16 + (two ? lane / 8 : (lane / 8) % 2) * 8));
 #pragma unroll
         for (int n = 0; n < FA_KT / 8; n++) fa_mma(sc[n], qa[k], b[n][0], b[n][1]);
         if (two)
@@ -318,10 +325,10 @@ __device__ __forceinline__ void fa_tile_scores(const uint32_t (&qa)[HDP / 16][4]
 // from the score registers as the A operand, in bf16 at HDP 64 and 128; below, split into a bf16
 // head and a bf16 remainder (two MMAs: P keeps ~16 bits; P in bf16 alone parted stories260k's
 // greedy ids from the golden file at token 185): fa_p_split. !rows8: rows 8-15 are padding.
-template <int HDP, int OT>
+template <int HDP, int OT, bool SW = false>
 __device__ __forceinline__ void fa_tile_pv(float (&o)[OT][4], const __nv_bfloat16 *cv, const float (&sc)[FA_KT / 8][4],
                                            bool rows8, int d0, int lane) {
-    constexpr int LD = HDP + 8;
+    constexpr int LD = SW ? HDP : HDP + 8;
 #pragma unroll
     for (int c = 0; c < FA_KT / 16; c++) {
         constexpr bool SP = fa_p_split<HDP>;
@@ -340,7 +347,7 @@ __device__ __forceinline__ void fa_tile_pv(float (&o)[OT][4], const __nv_bfloat1
         uint32_t b[OT / 2][4]; // keys c*16 + lane%16, dims (d0/2 + dd)*16 + (lane/16)*8, transposed
 #pragma unroll
         for (int dd = 0; dd < OT / 2; dd++)
-            fa_ldsm_x4_t(b[dd], cv + (c * 16 + lane % 16) * LD + (d0 / 2 + dd) * 16 + (lane / 16) * 8);
+            fa_ldsm_x4_t(b[dd], cv + fa_sw_at<SW, LD>(c * 16 + lane % 16, (d0 / 2 + dd) * 16 + (lane / 16) * 8));
 #pragma unroll
         for (int dd = 0; dd < OT / 2; dd++) {
             fa_mma(o[2 * dd], ph, b[dd][0], b[dd][1]);

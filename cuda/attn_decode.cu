@@ -9,9 +9,11 @@
 //
 // Here the device's resident blocks walk the units (unit u = kvh * T + t, KV head major, so a
 // block mixes retrieval and streaming heads; block b takes u = b, b + grid, ..) as one stream of
-// partitions: while a partition's V is summed, the next one's K (of this unit or the next, with
-// the next unit's Q) loads, and its V while the partition closes; the next unit's metadata loads
-// a unit ahead, its block ids a partition ahead. A partition is summed exactly as the flash
+// items (unit, partition) with two loads in flight while one is summed: three K / V buffers in
+// rotation, so the next item's K and this one's V load while this one's scores are summed, and the
+// next item's K and V during this one's P V (the next unit's Q with them); the next unit's
+// metadata loads a unit ahead, its block ids two items ahead. The K / V rows are unpadded, their
+// 16-byte chunks swizzled by the row (fa_sw_at), so that two blocks fit an SM. A partition is summed exactly as the flash
 // kernel's cooperative decode sums it (attn_common.cuh: fa_tile_scores, fa_tile_mask,
 // fa_part_softmax, fa_tile_pv; the merge in order with fa_merge_begin / fa_merge_o), so each
 // output has the flash kernel's bits: warp w takes the scores of tile w of the partition into
@@ -43,11 +45,12 @@ static_assert(FA_PT == DB_WARPS, "a warp a tile of the partition");
 static_assert(FA_KT * 4 == 32 * DB_WARPS, "four threads a key row");
 
 template <int HD> struct db_cfg {
-    static constexpr int LD = HD + 8;            // padded smem rows: conflict-free ldmatrix
+    static constexpr int LD = HD + 8;            // Q's padded smem rows: conflict-free ldmatrix
+    static constexpr int LDS = HD;               // K / V rows, swizzled (fa_sw_at): conflict-free unpadded
     static constexpr int OT = HD / 8 / DB_WARPS; // output n8 tiles a warp (2 or 4)
-    static constexpr size_t KV = (size_t)FA_PT * FA_KT * LD * 2; // a partition's K (or V) rows
-    // K, V, Q (16 rows), then the partition's scores [tile][FA_KT / 8][4][32] f32
-    static constexpr size_t Q_OFF = 2 * KV, XS_OFF = Q_OFF + (size_t)16 * LD * 2;
+    static constexpr size_t KV = (size_t)FA_PT * FA_KT * LDS * 2; // a partition's K (or V) rows
+    // three K / V buffers, Q (16 rows), then the partition's scores [tile][FA_KT / 8][4][32] f32
+    static constexpr size_t Q_OFF = 3 * KV, XS_OFF = Q_OFF + (size_t)16 * LD * 2;
     static constexpr size_t BYTES = XS_OFF + (size_t)FA_PT * (FA_KT / 8) * 4 * 32 * 4;
 };
 
@@ -139,9 +142,10 @@ __global__ void __launch_bounds__(32 * DB_WARPS) fa_decode_batch_kernel(__nv_bfl
                                                                          const __nv_bfloat16 *kb, const __nv_bfloat16 *vb,
                                                                          int rs, struct cuda_attn_args a, int T) {
     using CF = db_cfg<HD>;
-    constexpr int LD = CF::LD, OT = CF::OT;
+    constexpr int LD = CF::LD, LDS = CF::LDS, OT = CF::OT;
     extern __shared__ __align__(16) unsigned char db_raw[];
-    __nv_bfloat16 *sk = reinterpret_cast<__nv_bfloat16 *>(db_raw), *sv = sk + FA_PT * FA_KT * LD;
+    __nv_bfloat16 *const sk = reinterpret_cast<__nv_bfloat16 *>(db_raw);
+    auto buf = [&](int b) { return sk + b * (FA_PT * FA_KT * LDS); }; // buffer b of three
     __nv_bfloat16 *sq = reinterpret_cast<__nv_bfloat16 *>(db_raw + CF::Q_OFF);
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, qd = lane % 4;
     const int kr = tid / 4, part = tid % 4; // key row kr of a tile, every 4th 16-byte chunk from part
@@ -170,7 +174,7 @@ __global__ void __launch_bounds__(32 * DB_WARPS) fa_decode_batch_kernel(__nv_bfl
     // K (kv 1) or V (kv 2) row kr of a tile of unit x into buffer i: the pool row, or for a
     // streaming head the step's own row (from q|k|v) or the ring's; zeros past the keys it has
     // (the flash kernel's load_tile at a decode token)
-    auto load_tile = [&](const db_unit &x, int i, int tile, int blk, int kv) {
+    auto load_tile = [&](const db_unit &x, int i, int tile, int blk, int kv, __nv_bfloat16 *dbuf) {
         const int j = tile * FA_KT + kr;
         const __nv_bfloat16 *src = NULL;
         const __nv_bfloat16 *step = kv == 1 ? kb : vb; // the step's K or V rows (also a zero-fill's dummy address)
@@ -183,14 +187,14 @@ __global__ void __launch_bounds__(32 * DB_WARPS) fa_decode_batch_kernel(__nv_bfl
             const int rr = stream_ring_row(a, j);
             src = (kv == 1 ? a.k_stream : a.v_stream) + stream_pool_row(a, x.base, rr, x.kvh - a.n_full) * HD;
         }
-        __nv_bfloat16 *dst = (kv == 1 ? sk : sv) + (i * FA_KT + kr) * LD;
-        for (int c = part * 8; c < HD; c += 32) fa_cp16(dst + c, src ? src + c : step, src != NULL);
+        for (int c = part * 8; c < HD; c += 32)
+            fa_cp16(dbuf + fa_sw_at<true, LDS>(i * FA_KT + kr, c), src ? src + c : step, src != NULL);
     };
-    auto load_part = [&](const db_unit &x, int p, const int (&blq)[FA_PT], int kv) { // one commit group
+    auto load_part = [&](const db_unit &x, int p, const int (&blq)[FA_PT], int kv, __nv_bfloat16 *dbuf) { // one commit group
         if (p >= 0)
 #pragma unroll
             for (int i = 0; i < FA_PT; i++)
-                if (x.r.has(p * FA_PT + i)) load_tile(x, i, p * FA_PT + i, blq[i], kv);
+                if (x.r.has(p * FA_PT + i)) load_tile(x, i, p * FA_PT + i, blq[i], kv, dbuf);
         asm volatile("cp.async.commit_group;\n" ::);
     };
     auto load_q = [&](const db_unit &x) { // the G query rows of the unit, zero rows after
@@ -231,14 +235,19 @@ __global__ void __launch_bounds__(32 * DB_WARPS) fa_decode_batch_kernel(__nv_bfl
     int blq[FA_PT];
     fetch_blocks(L, lp, blq);
     load_q(C);
-    load_part(L, lp, blq, 1); // (with Q's copies)
-    load_part(L, lp, blq, 2);
+    load_part(L, lp, blq, 1, buf(0)); // (with Q's copies)
+    load_part(L, lp, blq, 2, buf(1));
     auto advance = [&]() { // L / lp to the next item, its block ids fetched
         lp = lp >= 0 ? db_next(L, lp) : -1;
         if (lp < 0 && !take_unit()) lp = -1;
         fetch_blocks(L, lp, blq);
     };
     advance();
+    // the loads of item c are K (the 2c-th) and V (2c + 1), into buffer (their number % 3): bk holds
+    // K(c), bk + 1 (mod 3) V(c), bk + 2 K(c + 1), whose copies are already in flight; an iteration
+    // commits Q(c + 1), V(c + 1), then K(c + 2), so two loads stay in flight while an item is summed
+    int bk = 0;
+    load_part(L, lp, blq, 1, buf(2));
 
     // the compute unit's rows: this thread's g and g + 8, at the token's position (padding: -1);
     // row h sees key j iff j <= vhi[h] and (j >= vlo[h] or j < vse) (the flash kernel's mask)
@@ -264,25 +273,26 @@ __global__ void __launch_bounds__(32 * DB_WARPS) fa_decode_batch_kernel(__nv_bfl
     bool fresh = true; // the item is its unit's first: Q into registers
 
     while (p >= 0) {
-        asm volatile("cp.async.wait_group 1;\n" ::); // K of p (and Q) landed
+        asm volatile("cp.async.wait_group 2;\n" ::); // K of p and Q landed (V of p, K of the next: in flight)
         __syncthreads();
         if (fresh)
             for (int k = 0; k < HD / 16; k++) fa_ldsm_x4(qa[k], sq + (lane % 16) * LD + k * 16 + (lane / 16) * 8);
         const int tw = p * FA_PT + warp;
         if (C.r.has(tw)) {
             float sc[FA_KT / 8][4];
-            fa_tile_scores<HD>(qa, sk + warp * FA_KT * LD, sc, lane);
+            fa_tile_scores<HD, true>(qa, buf(bk) + warp * FA_KT * LDS, sc, lane);
 #pragma unroll
             for (int n = 0; n < FA_KT / 8; n++)
 #pragma unroll
                 for (int e = 0; e < 4; e++)
                     if (e < 2 || rows8) xs[((warp * (FA_KT / 8) + n) * 4 + e) * 32] = sc[n][e];
         }
-        asm volatile("cp.async.wait_group 0;\n" ::); // V of p landed
+        asm volatile("cp.async.wait_group 1;\n" ::); // V of p landed (K of the next in flight)
         __syncthreads(); // every score in the exchange; the K buffers and Q free
         const bool next_unit = lp >= 0 && L.u != C.u;
         if (next_unit) load_q(L);
-        load_part(L, lp, blq, 1);
+        asm volatile("cp.async.commit_group;\n" ::); // (Q of the next item: its own group)
+        load_part(L, lp, blq, 2, buf(bk)); // the next item's V into this item's K buffer
         // the partition's scores from the exchange, masked; its softmax; P V tile by tile
         float sp[FA_PT][FA_KT / 8][4];
         unsigned has = 0;
@@ -300,9 +310,8 @@ __global__ void __launch_bounds__(32 * DB_WARPS) fa_decode_batch_kernel(__nv_bfl
         fa_part_softmax(sp, has, m, l, rows8, sl2);
 #pragma unroll
         for (int i = 0; i < FA_PT; i++)
-            if (has >> i & 1) fa_tile_pv<HD, OT>(o, sv + i * FA_KT * LD, sp[i], rows8, d0, lane);
+            if (has >> i & 1) fa_tile_pv<HD, OT, true>(o, buf(bk == 2 ? 0 : bk + 1) + i * FA_KT * LDS, sp[i], rows8, d0, lane);
         __syncthreads(); // every warp done with the V buffers and the exchange
-        load_part(L, lp, blq, 2);
         // the partition into the unit's total (the flash kernel's close, unsplit), or its state
         // into the workspace (the flash kernel's write_state: m, the row's full sum, o)
         for (int h = 0; h < 2; h++) {
@@ -350,6 +359,8 @@ __global__ void __launch_bounds__(32 * DB_WARPS) fa_decode_batch_kernel(__nv_bfl
         }
         p = lp;
         if (p >= 0) advance();
+        load_part(L, lp, blq, 1, buf(bk == 2 ? 0 : bk + 1)); // the item after the next: its K into this item's V buffer
+        bk = bk == 0 ? 2 : bk - 1;
     }
     asm volatile("cp.async.wait_group 0;\n" ::);
 }
