@@ -17,6 +17,7 @@
 
 #include "cuda/attn_common.cuh"
 #include "cuda/attn_decode.h"
+#include "cuda/attn_plan.h"
 #include "cuda/attn_prefill.h"
 #include "cuda/cuda_attention.h"
 #include "cuda/cuda_common.h"
@@ -25,10 +26,6 @@
 #define ATTN_WARPS 4
 #define ATTN_UNROLL 4
 
-// split decode: blocks per (token, KV head) up to ATTN_MAX_SPLIT, aiming at ATTN_SPLIT_FILL
-// blocks an SM
-#define ATTN_MAX_SPLIT 32
-#define ATTN_SPLIT_FILL 2
 // a decode token's partitions run in parallel from this many on
 #define ATTN_SPLIT_MIN_PARTS 2
 
@@ -1322,57 +1319,32 @@ extern "C" int cuda_attention(const struct cuda_attn_env *env, void *out, void *
     const __nv_bfloat16 *kb = q + (size_t)a->n_heads * a->head_dim, *vb = kb + (size_t)a->n_kv_heads * a->head_dim;
     __nv_bfloat16 *o = (__nv_bfloat16 *)out;
     const int G = a->n_heads / a->n_kv_heads;
-    const bool flash = a->head_dim % 8 == 0 && a->head_dim <= 128 && G <= 16;
-    // split (decode steps): partitions in parallel when the step alone would leave SMs idle
-    // (a speed choice only: the partition states are merged in the same order either way)
-    // (every token within 2, 4 or 8 partitions (split 1, 2, 3), the decode kernel's head dims,
-    // and the step splits at all: a cluster of that many blocks a token and KV head, block z
-    // computing partition z)
-    // A step of longer contexts (split 4, 5) splits by the work instead (fa_unit_of): streaming
-    // (token, KV head) pairs one block each, the retrieval ones' partitions spread so that the step
-    // fills the blocks the device holds at once (X units a retrieval KV head beyond one a token),
-    // the step's time following the retrieval heads' bytes (PERF_NOTES run 43: 1.2-23x faster than
-    // the plain split at 128k-512k)
-    const int hdp_i = fa_hdp_index(a->head_dim);
-    // (a step of full-attention layers too many tokens to split at all: one block a (token, KV head) either way)
-    const int room = env->resident[hdp_i] - a->n_stream * n_tokens; // blocks left for retrieval units
-    const int X = a->n_full > 0 && room / a->n_full > n_tokens ? room / a->n_full - n_tokens : 0;
-    const bool work = flash && decode && split >= 4 && !env->plain_split && a->ws && a->part_off && a->counters &&
-                      (long)n_tokens * a->n_kv_heads <= a->n_counters && (X > 0 || a->n_stream > 0);
-    int Z = 1, n_work = 0;
-    if (work) {
-        n_work = a->n_stream * n_tokens + a->n_full * (n_tokens + X);
-    } else if (flash && split && a->ws && a->part_off) {
-        Z = max(1, min(ATTN_MAX_SPLIT, (ATTN_SPLIT_FILL * env->sms + n_tokens * a->n_kv_heads - 1) /
-                                           (n_tokens * a->n_kv_heads)));
-    }
-    const bool clus = Z > 1 && split >= 1 && split <= 3 && decode && env->cluster && a->head_dim > 32;
-    // an unsplit decode step of more units than the flash kernel's resident blocks: the batch
-    // decode kernel's resident blocks walk them (cuda/attn_decode.cu; RoPE and the append before
-    // it). (Such a step leaves no room for a work-sized split's extra units: X is 0 there, one unit
-    // a (token, KV head), the same partitions in the same order.)
-    // A work-sized split past CUDA_ATTN_MERGE_LONG partitions (split 5) goes there too (its
-    // resident blocks walk runs of partitions, split pairs merged after it by fa_merge_long_kernel;
-    // shorter ones keep the flash kernel's fused RoPE and in-kernel merges)
-    const bool bwork = work && split >= 5 && fa_decode_batch_takes(*a);
-    const bool batch = bwork || (flash && decode && Z == 1 && fa_decode_batch_takes(*a) &&
-                                 (long)n_tokens * a->n_kv_heads > env->resident[hdp_i]);
-    if (clus) Z = 1 << split;
-    // the last flash block of a (token, KV head) merges its states when a counter is there for it
+    // the kernel and its split (cuda/attn_plan.c: the rules, tested on the CPU). split (decode
+    // steps): partitions in parallel when the step alone would leave SMs idle (a speed choice
+    // only: the partition states are merged in the same order either way); every token within 2,
+    // 4 or 8 partitions (split 1, 2, 3): a cluster of that many blocks a token and KV head, block z
+    // computing partition z; longer (split 4, 5): split by the work (fa_unit_of; PERF_NOTES run 43:
+    // 1.2-23x faster than the plain split at 128k-512k); an unsplit decode step of more units than
+    // the flash kernel's resident blocks, or a work-sized split past CUDA_ATTN_MERGE_LONG partitions
+    // (split 5): the batch decode kernel (cuda/attn_decode.cu; RoPE and the append before it)
+    const struct attn_plan_in pin = {a->n_heads, a->n_kv_heads, a->head_dim, a->n_full, a->n_stream, n_tokens, decode,
+                                     split, a->ws != NULL, a->part_off != NULL, a->counters != NULL, a->n_counters,
+                                     env->resident[fa_hdp_index(a->head_dim)], env->sms, env->cluster, env->plain_split,
+                                     fa_decode_batch_takes(*a), env->wg_prefill && fa_prefill_wg_takes(*a),
+                                     inv_freq != NULL};
+    const struct attn_plan pl = attn_plan_make(&pin);
+    const int Z = pl.Z;
     struct cuda_attn_args fa = *a;
     fa.rope_inv_freq = NULL;
     fa.bs_div = cuda_fdiv_make(a->block_size > 0 ? a->block_size : 1);
     fa.g_div = cuda_fdiv_make(G > 0 ? G : 1);
     fa.z_div = cuda_fdiv_make(Z);
     fa.rec_div = cuda_fdiv_make(a->recent > 0 ? a->recent : 1);
-    fa.cluster = clus;
-    fa.unit_T = work && (bwork || !batch) ? n_tokens : 0; // (a batch step unsplit: plain units)
-    fa.unit_X = X;
-    if (n_tokens * a->n_kv_heads > a->n_counters) fa.counters = NULL;
-    // a decode step's RoPE and append inside the decode kernel (its COOP form: head dims 64 and
-    // 128; a split step needs the in-kernel merge, whose block writes the rotated Q back)
-    if (inv_freq && flash && decode && !batch && (a->head_dim == 64 || a->head_dim == 128) && (Z == 1 || fa.counters || clus))
-        fa.rope_inv_freq = inv_freq;
+    fa.cluster = pl.clus;
+    fa.unit_T = pl.unit_T;
+    fa.unit_X = pl.X;
+    if (!pl.counters) fa.counters = NULL; // (the last flash block of a (token, KV head) merges its states when a counter is there for it)
+    if (pl.rope_fused) fa.rope_inv_freq = inv_freq;
     if (inv_freq && !fa.rope_inv_freq) { // RoPE and the retrieval heads' append in one kernel
         if (a->head_dim % 2) return -3;
         unsigned pairs = (unsigned)((a->n_heads + a->n_kv_heads) * (a->head_dim / 2));
@@ -1388,26 +1360,25 @@ extern "C" int cuda_attention(const struct cuda_attn_env *env, void *out, void *
         return cuda_launch_pdl(true, fa_merge_long_kernel, dim3((unsigned)min(items, 8L * env->sms)), dim3(32), 0, st, o,
                                (__nv_bfloat16 *)qkv, rs, fa);
     };
-    if (batch) {
+    if (pl.kernel == ATTN_K_BATCH) {
         g_batch_launches++;
         const int rc = fa_decode_batch(o, q, kb, vb, rs, fa, n_tokens, env->batch_resident[a->head_dim == 64 ? 0 : 1], st);
         if (rc) return rc;
-        if (bwork && a->n_full > 0) CUDA_CHECK(long_merges(n_tokens)); // the split pairs' merges
-    } else if (flash && !decode && env->wg_prefill && fa_prefill_wg_takes(fa)) {
+        if (pl.long_merges) CUDA_CHECK(long_merges(pl.long_merges)); // the split pairs' merges
+    } else if (pl.kernel == ATTN_K_WG_PREFILL) {
         const int rc = fa_prefill_wg(o, q, kb, vb, rs, fa, n_tokens, st);
         if (rc) return rc;
-    } else if (flash) {
-        dim3 fgrid = work ? dim3(n_work) : dim3(n_tokens, a->n_kv_heads, Z);
+    } else if (pl.kernel == ATTN_K_FLASH) {
+        dim3 fgrid = pl.work ? dim3(pl.n_work) : dim3(n_tokens, a->n_kv_heads, Z);
         int rc = a->head_dim <= 16   ? fa_launch<16>(env, decode, fgrid, st, o, q, kb, vb, rs, fa)
                  : a->head_dim <= 32 ? fa_launch<32>(env, decode, fgrid, st, o, q, kb, vb, rs, fa)
                  : a->head_dim <= 64 ? fa_launch<64>(env, decode, fgrid, st, o, q, kb, vb, rs, fa)
                                      : fa_launch<128>(env, decode, fgrid, st, o, q, kb, vb, rs, fa);
         if (rc) return rc;
-        if (Z > 1 && !fa.counters && !clus)
+        if (pl.merge_kernel)
             CUDA_CHECK(cuda_launch(fa_merge_kernel, dim3(n_tokens, (a->n_heads + 3) / 4), dim3(128), 0, st, o, fa));
-        // the long merges (split 5; only tokens given more than one unit split: at most X of them
-        // a retrieval KV head), a warp each head and 32 dims, launched early (they wait inside)
-        if (work && split >= 5 && X > 0) CUDA_CHECK(long_merges(min(n_tokens, X)));
+        // the long merges (split 5), a warp each head and 32 dims, launched early (they wait inside)
+        if (pl.long_merges) CUDA_CHECK(long_merges(pl.long_merges));
     } else {
         dim3 grid(n_tokens, a->n_heads), T(32 * ATTN_WARPS);
         const bool f8 = a->kv_fp8 != 0;
