@@ -34,7 +34,7 @@ const struct opt opt_engine[] = {
      "--gpu-memory-utilization leaves)"},
     {"kv-cache-dtype", NULL, OPT_CHOICE, E(kv_cache_dtype), 0, 0, "auto|bf16|bfloat16|fp8|fp8_e4m3",
      "KV cache elements: auto (the activations': f32 on the CPU, bf16 on a GPU), bf16, or fp8 (e4m3, 1 byte, "
-     "scale 1; fp8_e4m3 is the same; not on the GPU yet) (default auto)"},
+     "scale 1; fp8_e4m3 is the same) (default auto)"},
     {"gpu-memory-utilization", NULL, OPT_FLOAT, E(gpu_memory_utilization), 0.01, 1, "F",
      "CUDA: fraction of the GPU's memory to use (default 0.9)"},
     {"duo-pattern", NULL, OPT_STR, E(duo_pattern), 0, 0, "FILE",

@@ -96,6 +96,7 @@ static void check_rules(const struct attn_plan_in *in) {
         RULE(p.Z == 1 && p.long_merges == 0);
         RULE((long)T * KV > in->resident);
     }
+    if (p.kernel == ATTN_K_FLASH) RULE(p.work == (p.unit_T > 0)); /* its grid is the units exactly when it splits by them */
     if (p.kernel == ATTN_K_FLASH && p.unit_T > 0) { /* in the kernel (counters), and past split 5 the long merges */
         RULE(p.counters);
         RULE(p.n_work == in->n_stream * T + in->n_full * (T + p.X) && p.n_work >= 1);
@@ -103,9 +104,13 @@ static void check_rules(const struct attn_plan_in *in) {
     }
     if (p.kernel == ATTN_K_FLASH && p.Z > 1) RULE(p.clus + p.counters + p.merge_kernel >= 1 && !p.work);
     RULE(p.Z >= 1 && p.Z <= ATTN_MAX_SPLIT);
-    RULE(!p.clus || (p.Z == 1 << in->split && in->split >= 1 && in->split <= 3));
+    RULE(!p.clus || (p.Z == 1 << in->split && in->split >= 1 && in->split <= 3 && in->decode && in->cluster &&
+                     in->head_dim > 32));
+    RULE(!p.counters || (in->has_counters && (long)T * KV <= in->n_counters)); /* a counter for each pair */
+    RULE(!p.work || (in->has_ws && in->has_part_off && !in->plain_split));
     RULE(!p.merge_kernel || (p.kernel == ATTN_K_FLASH && p.Z > 1));
-    RULE(!p.rope_fused || (p.kernel == ATTN_K_FLASH && in->decode && in->rope));
+    RULE(!p.rope_fused || (p.kernel == ATTN_K_FLASH && in->decode && in->rope && (in->head_dim == 64 || in->head_dim == 128)));
+    RULE(!p.rope_fused || p.Z == 1 || p.counters || p.clus); /* a split step: the merging block writes the rotated Q */
     if (p.kernel != ATTN_K_FLASH) RULE(p.unit_T == 0 || p.kernel == ATTN_K_BATCH);
 #undef RULE
     n_checked++;
@@ -123,19 +128,20 @@ static void test_rules_on_a_sweep(void **state) {
             if (k > 0 && ns == (k == 1 ? 0 : k == 2 ? 1 : KV / 2)) continue; /* (the same as the one before) */
             for (size_t t = 0; t < sizeof tokens / sizeof tokens[0]; t++)
                 for (int split = 0; split <= 5; split++)
-                    for (int v = 0; v < 64; v++) {
+                    for (int v = 0; v < 1024; v++) {
                         struct attn_plan_in in = {
                             .n_heads = shapes[s][0], .n_kv_heads = shapes[s][1], .head_dim = shapes[s][2],
                             .n_full = shapes[s][1] - ns, .n_stream = ns, .n_tokens = tokens[t],
-                            .decode = !(v & 1), .split = split, .has_ws = true, .has_part_off = true,
+                            .decode = !(v & 1), .split = split, .has_ws = !(v & 256), .has_part_off = !(v & 512),
                             .has_counters = !(v & 2), .resident = v & 4 ? 528 : 264, .sms = 132,
                             .cluster = !(v & 8), .plain_split = v & 16, .batch_takes = !(v & 32),
-                            .wg_takes = !(v & 32), .rope = !(v & 4)};
-                        in.n_counters = v & 2 ? 0 : (v & 8 ? tokens[t] * shapes[s][1] - 1 : 8192);
+                            .wg_takes = !(v & 64), .rope = !(v & 128)};
+                        /* counters: none, one short of the step's pairs, or plenty */
+                        in.n_counters = v & 2 ? 0 : ((v >> 3 ^ v >> 7) & 1 ? tokens[t] * shapes[s][1] - 1 : 8192);
                         check_rules(&in);
                     }
         }
-    assert_true(n_checked > 20000);
+    assert_true(n_checked > 1000000);
 }
 
 int main(void) {
