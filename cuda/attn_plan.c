@@ -13,8 +13,9 @@ struct attn_plan attn_plan_make(const struct attn_plan_in *in) {
      * the device holds at once (X units a retrieval KV head beyond one a token) */
     const int room = in->resident - in->n_stream * T; // blocks left for retrieval units
     p.X = in->n_full > 0 && room / in->n_full > T ? room / in->n_full - T : 0;
-    p.work = flash && in->decode && in->split >= 4 && !in->plain_split && in->has_ws && in->has_part_off &&
-             in->has_counters && (long)T * KV <= in->n_counters && (p.X > 0 || in->n_stream > 0);
+    p.counters = in->has_counters && (long)T * KV <= in->n_counters; // (a counter for each (token, KV head))
+    p.work = flash && in->decode && in->split >= 4 && !in->plain_split && in->has_ws && in->has_part_off && p.counters &&
+             (p.X > 0 || in->n_stream > 0);
     if (p.work)
         p.n_work = in->n_stream * T + in->n_full * (T + p.X);
     else if (flash && in->split && in->has_ws && in->has_part_off)
@@ -27,7 +28,6 @@ struct attn_plan attn_plan_make(const struct attn_plan_in *in) {
     const bool bwork = p.work && in->split >= 5 && in->batch_takes;
     const bool batch = bwork || (flash && in->decode && p.Z == 1 && in->batch_takes && (long)T * KV > in->resident);
     if (p.clus) p.Z = 1 << in->split;
-    p.counters = in->has_counters && (long)T * KV <= in->n_counters;
     p.unit_T = p.work && (bwork || !batch) ? T : 0;
     if (batch) {
         p.kernel = ATTN_K_BATCH;
