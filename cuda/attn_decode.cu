@@ -317,7 +317,10 @@ __global__ void __launch_bounds__(32 * DB_WARPS) fa_decode_batch_kernel(__nv_bfl
 
     while (p >= 0) {
         asm volatile("cp.async.wait_group 2;\n" ::); // K of p and Q landed (V of p, K of the next: in flight)
-        if constexpr (F8) db_f8_rows(C, p, 1, buf(bk));
+        if constexpr (F8) {
+            asm volatile("" ::: "memory"); // (the shared loads after the wait)
+            db_f8_rows(C, p, 1, buf(bk));
+        }
         __syncthreads();
         if (fresh)
             for (int k = 0; k < HD / 16; k++) fa_ldsm_x4(qa[k], sq + (lane % 16) * LD + k * 16 + (lane / 16) * 8);
@@ -332,7 +335,10 @@ __global__ void __launch_bounds__(32 * DB_WARPS) fa_decode_batch_kernel(__nv_bfl
                     if (e < 2 || rows8) xs[((warp * (FA_KT / 8) + n) * 4 + e) * 32] = sc[n][e];
         }
         asm volatile("cp.async.wait_group 1;\n" ::); // V of p landed (K of the next in flight)
-        if constexpr (F8) db_f8_rows(C, p, 2, buf(bk == 2 ? 0 : bk + 1));
+        if constexpr (F8) {
+            asm volatile("" ::: "memory");
+            db_f8_rows(C, p, 2, buf(bk == 2 ? 0 : bk + 1));
+        }
         __syncthreads(); // every score in the exchange; the K buffers and Q free
         const bool next_unit = lp >= 0 && L.u != C.u;
         if (next_unit) load_q(L);
