@@ -137,7 +137,10 @@ __device__ __forceinline__ int db_next(const db_unit &x, int p) {
     return q >= x.pb ? -1 : q;
 }
 
-template <int HD>
+// F8: the pools are fp8 (cuda_attn_args.kv_fp8): a K/V row's bytes land in the upper half of its
+// bf16 row in shared memory, and each thread makes the chunks it loaded bf16 in place after its own
+// copies have landed (db_f8_rows), before the barrier that hands the rows to the MMAs
+template <int HD, bool F8>
 __global__ void __launch_bounds__(32 * DB_WARPS) fa_decode_batch_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *q,
                                                                          const __nv_bfloat16 *kb, const __nv_bfloat16 *vb,
                                                                          int rs, struct cuda_attn_args a, int T) {
@@ -187,8 +190,48 @@ __global__ void __launch_bounds__(32 * DB_WARPS) fa_decode_batch_kernel(__nv_bfl
             const int rr = stream_ring_row(a, j);
             src = (kv == 1 ? a.k_stream : a.v_stream) + stream_pool_row(a, x.base, rr, x.kvh - a.n_full) * HD;
         }
-        for (int c = part * 8; c < HD; c += 32)
-            fa_cp16(dbuf + fa_sw_at<true, LDS>(i * FA_KT + kr, c), src ? src + c : step, src != NULL);
+        if constexpr (F8) { // the row's bytes, 16 a chunk (the step's own row rounded as the pool would hold it)
+            uint8_t *e = reinterpret_cast<uint8_t *>(dbuf + (i * FA_KT + kr) * LDS) + HD;
+            const bool own = !x.full && j == x.pos;
+            const float sc = own ? (kv == 1 ? a.k_scale : a.v_scale)[x.kvh] : 1.0f;
+            const __nv_bfloat16 *pool = x.full ? (kv == 1 ? a.k_full : a.v_full) : (kv == 1 ? a.k_stream : a.v_stream);
+            // (a pool row's element offset, as bytes of the fp8 pool)
+            const uint8_t *b = src && !own ? reinterpret_cast<const uint8_t *>(pool) + (src - pool) : NULL;
+            for (int c = part * 16; c < HD; c += 64) {
+                if (own) {
+                    *reinterpret_cast<uint2 *>(e + c) = kv8_pack8(*reinterpret_cast<const uint4 *>(src + c), sc);
+                    *reinterpret_cast<uint2 *>(e + c + 8) = kv8_pack8(*reinterpret_cast<const uint4 *>(src + c + 8), sc);
+                } else {
+                    fa_cp16(e + c, b ? b + c : (const void *)step, b != NULL);
+                }
+            }
+        } else {
+            for (int c = part * 8; c < HD; c += 32)
+                fa_cp16(dbuf + fa_sw_at<true, LDS>(i * FA_KT + kr, c), src ? src + c : step, src != NULL);
+        }
+    };
+    // (F8) the chunks this thread loaded of partition p's K (kv 1) or V (kv 2) rows in dbuf, as bf16
+    // in place (to their swizzled places): its own copies landed (cp.async.wait_group), the row's
+    // four lanes read their bytes, meet (__syncwarp: every byte read before any is overwritten),
+    // then write; the barrier after hands the rows to every warp
+    auto db_f8_rows = [&](const db_unit &x, int p, int kv, __nv_bfloat16 *dbuf) {
+        const float sc = (kv == 1 ? a.k_scale : a.v_scale)[x.kvh];
+#pragma unroll
+        for (int i = 0; i < FA_PT; i++) {
+            if (!x.r.has(p * FA_PT + i)) continue; // (the same for the whole block)
+            const int r = i * FA_KT + kr;
+            const uint8_t *e = reinterpret_cast<const uint8_t *>(dbuf + r * LDS) + HD;
+            uint4 w[HD / 64];
+#pragma unroll
+            for (int k = 0; k < HD / 64; k++) w[k] = *reinterpret_cast<const uint4 *>(e + part * 16 + k * 64);
+            __syncwarp();
+#pragma unroll
+            for (int k = 0; k < HD / 64; k++) {
+                const int c = part * 16 + k * 64;
+                *reinterpret_cast<uint4 *>(dbuf + fa_sw_at<true, LDS>(r, c)) = kv8_unpack8(make_uint2(w[k].x, w[k].y), sc);
+                *reinterpret_cast<uint4 *>(dbuf + fa_sw_at<true, LDS>(r, c + 8)) = kv8_unpack8(make_uint2(w[k].z, w[k].w), sc);
+            }
+        }
     };
     auto load_part = [&](const db_unit &x, int p, const int (&blq)[FA_PT], int kv, __nv_bfloat16 *dbuf) { // one commit group
         if (p >= 0)
@@ -274,6 +317,10 @@ __global__ void __launch_bounds__(32 * DB_WARPS) fa_decode_batch_kernel(__nv_bfl
 
     while (p >= 0) {
         asm volatile("cp.async.wait_group 2;\n" ::); // K of p and Q landed (V of p, K of the next: in flight)
+        if constexpr (F8) {
+            asm volatile("" ::: "memory"); // (the shared loads after the wait)
+            db_f8_rows(C, p, 1, buf(bk));
+        }
         __syncthreads();
         if (fresh)
             for (int k = 0; k < HD / 16; k++) fa_ldsm_x4(qa[k], sq + (lane % 16) * LD + k * 16 + (lane / 16) * 8);
@@ -288,6 +335,10 @@ __global__ void __launch_bounds__(32 * DB_WARPS) fa_decode_batch_kernel(__nv_bfl
                     if (e < 2 || rows8) xs[((warp * (FA_KT / 8) + n) * 4 + e) * 32] = sc[n][e];
         }
         asm volatile("cp.async.wait_group 1;\n" ::); // V of p landed (K of the next in flight)
+        if constexpr (F8) {
+            asm volatile("" ::: "memory");
+            db_f8_rows(C, p, 2, buf(bk == 2 ? 0 : bk + 1));
+        }
         __syncthreads(); // every score in the exchange; the K buffers and Q free
         const bool next_unit = lp >= 0 && L.u != C.u;
         if (next_unit) load_q(L);
@@ -365,18 +416,26 @@ __global__ void __launch_bounds__(32 * DB_WARPS) fa_decode_batch_kernel(__nv_bfl
     asm volatile("cp.async.wait_group 0;\n" ::);
 }
 
+// the blocks of fa_decode_batch_kernel<HD, *> an SM holds, the fewer of the bf16 and fp8 forms
+template <int HD> static int db_resident(int *per_sm) {
+    int n[2] = {0, 0};
+    CUDA_CHECK(cudaFuncSetAttribute(fa_decode_batch_kernel<HD, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)db_cfg<HD>::BYTES));
+    CUDA_CHECK(cudaFuncSetAttribute(fa_decode_batch_kernel<HD, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)db_cfg<HD>::BYTES));
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n[0], fa_decode_batch_kernel<HD, false>, 32 * DB_WARPS, db_cfg<HD>::BYTES));
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n[1], fa_decode_batch_kernel<HD, true>, 32 * DB_WARPS, db_cfg<HD>::BYTES));
+    *per_sm = max(1, min(n[0], n[1]));
+    return 0;
+}
+
 int fa_decode_batch_init(int sms, int resident[2]) {
-    CUDA_CHECK(cudaFuncSetAttribute(fa_decode_batch_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)db_cfg<64>::BYTES));
-    CUDA_CHECK(cudaFuncSetAttribute(fa_decode_batch_kernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)db_cfg<128>::BYTES));
-    int n64 = 0, n128 = 0;
-    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n64, fa_decode_batch_kernel<64>, 32 * DB_WARPS, db_cfg<64>::BYTES));
-    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n128, fa_decode_batch_kernel<128>, 32 * DB_WARPS, db_cfg<128>::BYTES));
-    resident[0] = (n64 > 0 ? n64 : 1) * sms, resident[1] = (n128 > 0 ? n128 : 1) * sms;
+    int n64 = 1, n128 = 1;
+    if (db_resident<64>(&n64) || db_resident<128>(&n128)) return -2;
+    resident[0] = n64 * sms, resident[1] = n128 * sms;
     return 0;
 }
 
 bool fa_decode_batch_takes(const struct cuda_attn_args &a) {
-    return fa_mma_shape(a.head_dim, a.n_kv_heads > 0 ? a.n_heads / a.n_kv_heads : 0) && !a.kv_fp8;
+    return fa_mma_shape(a.head_dim, a.n_kv_heads > 0 ? a.n_heads / a.n_kv_heads : 0);
 }
 
 int fa_decode_batch(__nv_bfloat16 *out, const __nv_bfloat16 *q, const __nv_bfloat16 *kb, const __nv_bfloat16 *vb,
@@ -384,9 +443,12 @@ int fa_decode_batch(__nv_bfloat16 *out, const __nv_bfloat16 *q, const __nv_bfloa
     // (a work-sized split: every resident block, the units sized to them)
     const int units = a.unit_T ? blocks : n_tokens * a.n_kv_heads;
     const dim3 grid((unsigned)(blocks < units ? blocks : units)), T(32 * DB_WARPS);
+    const bool f8 = a.kv_fp8 != 0;
     if (a.head_dim == 64)
-        CUDA_CHECK(cuda_launch(fa_decode_batch_kernel<64>, grid, T, db_cfg<64>::BYTES, st, out, q, kb, vb, rs, a, n_tokens));
+        CUDA_CHECK(cuda_launch(f8 ? fa_decode_batch_kernel<64, true> : fa_decode_batch_kernel<64, false>, grid, T,
+                               db_cfg<64>::BYTES, st, out, q, kb, vb, rs, a, n_tokens));
     else
-        CUDA_CHECK(cuda_launch(fa_decode_batch_kernel<128>, grid, T, db_cfg<128>::BYTES, st, out, q, kb, vb, rs, a, n_tokens));
+        CUDA_CHECK(cuda_launch(f8 ? fa_decode_batch_kernel<128, true> : fa_decode_batch_kernel<128, false>, grid, T,
+                               db_cfg<128>::BYTES, st, out, q, kb, vb, rs, a, n_tokens));
     return 0;
 }

@@ -908,6 +908,11 @@ static void test_long_decode(void) {
     static const int mixed[4] = {1000, 32768, 131072, 1048576};
     struct attn_opts mix = {.kscale = 3.0f, .vscale = 1.0f, .starts = mixed, .alone = 1};
     attention_case(16, 2, 128, 1, 1048576, 1, 4, 64, 256, &mix); /* 1k, 32k, 128k and 1M in one step */
+    /* fp8 pools (issue 24): 128k with streaming heads, and the mixed step */
+    struct attn_opts f8 = {.kscale = 3.0f, .vscale = 1.0f, .fp8 = 1, .alone = 1};
+    attention_case(32, 8, 128, 4, 131072, 1, 1, 64, 256, &f8);
+    f8.starts = mixed;
+    attention_case(16, 2, 128, 1, 1048576, 1, 4, 64, 256, &f8);
     backend_destroy(gpu_alt);
     gpu_alt = NULL;
 }
@@ -936,7 +941,6 @@ static void test_long_prefill(void) {
 static void test_attention_fp8(void) {
     struct attn_opts f8 = {.kscale = 1.0f, .vscale = 1.0f, .fp8 = 1};
     struct attn_opts f8rope = {.kscale = 1.0f, .vscale = 1.0f, .rope = 1, .fp8 = 1};
-    struct attn_opts f8sharp = {.kscale = 3.0f, .vscale = 1.0f, .fp8 = 1};
     /* Tight cases, where a value rounded or decoded wrongly (an e4m3 step is 6-12%) cannot hide in
      * the average: keys near zero (equal weights), values past e4m3's range (x / scale beyond 448:
      * saturated), and masks that leave each query one key (a window of 1: its own row, appended and
@@ -968,7 +972,9 @@ static void test_attention_fp8(void) {
     attention_case(32, 8, 128, 3, 2000, 1, 3, 16, 64, &f8rope);
     attention_case(32, 8, 128, 3, 100, 1, 2, 16, 64, &f8rope);
     attention_case(14, 2, 64, 1, 300, 33, 3, 4, 40, &f8rope);
-    attention_case(32, 4, 128, 2, 20000, 1, 2, 64, 256, &f8sharp);
+    /* a work-sized split past CUDA_ATTN_MERGE_LONG partitions: the batch decode kernel's fp8 form */
+    struct attn_opts f8long = {.kscale = 3.0f, .vscale = 1.0f, .fp8 = 1, .alone = 1};
+    attention_case(32, 4, 128, 2, 20000, 1, 2, 64, 256, &f8long);
     attention_case(32, 1, 256, 0, 300, 3, 2, 0, 1, &f8);
 }
 
@@ -1256,6 +1262,18 @@ static void test_decode_batch(void) {
     /* mask edges: sink, recent, window */
     struct attn_opts edges = {.window = 16, .kscale = 0.01f, .vscale = 8.0f, .starts = edge, .alone = 1};
     attention_case(8, 2, 64, 1, 80, 1, 400, 4, 8, &edges);
+    /* fp8 pools (the kernel's F8 form: bytes made bf16 in shared memory), with the tight cases of
+     * test_attention_fp8: one key visible (a window of 1), or two (a sink and a recent window of 1) */
+    struct attn_opts f8 = {.kscale = 1.0f, .vscale = 1.0f, .fp8 = 1, .starts = wide, .alone = 1};
+    attention_case(32, 8, 128, 3, 3000, 1, 48, 16, 64, &f8);
+    f8.starts = few;
+    attention_case(32, 8, 64, 2, 1000, 1, 100, 4, 40, &f8);
+    struct attn_opts f8one = {.window = 1, .kscale = 1e-3f, .vscale = 2000.0f, .fp8 = 1, .tol = 5e-3f, .starts = few, .alone = 1};
+    attention_case(16, 4, 128, 0, 1000, 1, 100, 0, 1, &f8one);
+    struct attn_opts f8two = {.kscale = 1e-3f, .vscale = 2000.0f, .fp8 = 1, .tol = 5e-3f, .starts = few, .alone = 1};
+    attention_case(32, 8, 128, 8, 1000, 1, 100, 1, 1, &f8two);
+    struct attn_opts f8rope = {.kscale = 1.0f, .vscale = 1.0f, .starts = few, .rope = 1, .fp8 = 1, .alone = 1};
+    attention_case(32, 8, 128, 3, 1000, 1, 100, 16, 64, &f8rope);
     free(one), free(few), free(wide), free(edge), free(win);
 }
 
