@@ -67,9 +67,12 @@ struct db_unit {
     fa_range r;
 };
 // Unit u's metadata (every thread of the block, the same values). Plain: u = kvh T + t, one unit
-// a (token, KV head). Work-sized (work, X, P = part_off[T]): fa_unit_of's numbering, streaming
-// pairs first, then T + X units a retrieval KV head, token t's share from S(t) = t + floor(X
-// part_off[t] / P) (found by each warp: 32 tokens a round trip)
+// a (token, KV head). Work-sized (work, X, P = part_off[T]): streaming pairs first, then the T + X
+// units of each retrieval KV head, numbered KV-head minor (retrieval unit v: head v % n_full's
+// v / n_full-th), so that the blocks running at once read every head of the same pool rows (a
+// row holds the retrieval heads of a position: one head's 256 bytes are 2 KB apart otherwise);
+// token t's share from S(t) = t + floor(X part_off[t] / P) (fa_unit_of's; found by each warp: 32
+// tokens a round trip)
 __device__ __forceinline__ db_meta db_load(const struct cuda_attn_args &a, int u, int T, bool work, int X, int P) {
     db_meta m;
     m.u = u, m.j = 0, m.k = 1;
@@ -78,8 +81,8 @@ __device__ __forceinline__ db_meta db_load(const struct cuda_attn_args &a, int u
     } else if (u < a.n_stream * T) {
         m.kvh = a.n_full + u / T, m.t = u % T;
     } else {
-        const int v = u - a.n_stream * T, per = T + X, r = v % per;
-        m.kvh = v / per;
+        const int v = u - a.n_stream * T, per = T + X, r = v / a.n_full;
+        m.kvh = v % a.n_full;
         if (T == 1) {
             m.t = 0, m.j = r, m.k = per;
         } else if (X == 0) {
