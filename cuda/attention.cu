@@ -1072,7 +1072,8 @@ __global__ void fa_merge_kernel(__nv_bfloat16 *out, struct cuda_attn_args a) {
 // of FA_ML_STAGES stages of 32 partitions (cp.async, from L2: other blocks wrote them) so that
 // thousands of them arrive at the memory's pace. A stage's {m, l} and o slices land at fixed places
 // (8-byte copies: a state is 8-byte aligned), and its 32 folds run straight, every load ahead of
-// the two chains (L and each lane's O) that set the pace: a step is the chains' few cycles, not a
+// the two chains (L and each lane's O) that set the pace (an unused fold's factors {1, 0, 0} leave L
+// exactly as it is, so L's chain has no select): a step is the chains' few cycles, not a
 // round trip to shared memory. It writes the heads' rotated Q back (fused RoPE: every unit of the
 // token has read the raw one by now). The last block to finish empties the list for the next launch.
 #define FA_ML_STAGES 8 // stages of 32 partitions in flight: 7 loading while one is folded
@@ -1126,19 +1127,20 @@ __global__ void __launch_bounds__(32) fa_merge_long_kernel(__nv_bfloat16 *out, _
             float mp = __shfl_up_sync(0xffffffffu, mx, 1);
             if (lane == 0) mp = M;
             const unsigned use = __ballot_sync(0xffffffffu, mk != -INFINITY); // empty: adds nothing
-            if (lane < np) { // fa_merge_begin's factors
+            if (use >> lane & 1) { // fa_merge_begin's factors; {1, 0, 0} leave L as it is (L >= +0)
                 const float cb = exp2f(mk - mx);
                 fac[lane] = make_float4(exp2f(mp - mx), cb, __fmul_rn(ml.y, cb), 0.0f);
+            } else {
+                fac[lane] = make_float4(1.0f, 0.0f, 0.0f, 0.0f);
             }
             M = __shfl_sync(0xffffffffu, mx, 31);
             __syncwarp();
 #pragma unroll
-            for (int k = 0; k < 32; k++) { // (use: k < np and partition k not empty)
+            for (int k = 0; k < 32; k++) { // (use: k < np and partition k not empty; O's select keeps a -0)
                 const float4 f = fac[k];
-                const float ov = so[b][k][lane], nl = __fadd_rn(__fmul_rn(L, f.x), f.z), no = fa_merge_o(O, ov, f.x, f.y);
-                const bool u = use >> k & 1;
-                L = u ? nl : L;
-                O = u ? no : O;
+                const float no = fa_merge_o(O, so[b][k][lane], f.x, f.y);
+                L = __fadd_rn(__fmul_rn(L, f.x), f.z);
+                O = use >> k & 1 ? no : O;
             }
             __syncwarp(); // fac and the stage read before they are written again
         }
