@@ -1070,16 +1070,19 @@ __global__ void fa_merge_kernel(__nv_bfloat16 *out, struct cuda_attn_args a) {
 // fa_merge_head's arithmetic (the same bits; each partition's correction factors come from a
 // prefix maximum over 32 of them at once, fmaxf being exact), the states streaming through a ring
 // of FA_ML_STAGES stages of 32 partitions (cp.async, from L2: other blocks wrote them) so that
-// thousands of them arrive at the memory's pace. It writes the heads' rotated Q back (fused RoPE:
-// every unit of the token has read the raw one by now). The last block to finish empties the list
-// for the next launch.
+// thousands of them arrive at the memory's pace. A stage's {m, l} and o slices land at fixed places
+// (8-byte copies: a state is 8-byte aligned), and its 32 folds run straight, every load ahead of
+// the two chains (L and each lane's O) that set the pace (an unused fold's factors {1, 0, 0} leave L
+// exactly as it is, so L's chain has no select): a step is the chains' few cycles, not a
+// round trip to shared memory. It writes the heads' rotated Q back (fused RoPE: every unit of the
+// token has read the raw one by now). The last block to finish empties the list for the next launch.
 #define FA_ML_STAGES 8 // stages of 32 partitions in flight: 7 loading while one is folded
-#define FA_ML_W 40     // floats a partition of a stage: 16 bytes holding {m, l}, 144 holding the slice's o
 __global__ void __launch_bounds__(32) fa_merge_long_kernel(__nv_bfloat16 *out, __nv_bfloat16 *q, int rs,
                                                            struct cuda_attn_args a) {
     pdl_trigger();
     pdl_wait();
-    __shared__ __align__(16) float sst[FA_ML_STAGES][32][FA_ML_W];
+    __shared__ __align__(16) float so[FA_ML_STAGES][32][32]; // a stage's o slices: [partition][dim]
+    __shared__ __align__(16) float2 sml[FA_ML_STAGES][32];    // a stage's {m, l}
     __shared__ __align__(16) float4 fac[32]; // the fold's factors {ca, cb, l cb} of a stage's partitions
     int *list = a.counters + a.n_counters;
     const int lane = threadIdx.x, HD = a.head_dim, G = a.n_heads / a.n_kv_heads, NS = (HD + 31) / 32;
@@ -1090,19 +1093,19 @@ __global__ void __launch_bounds__(32) fa_merge_long_kernel(__nv_bfloat16 *out, _
         const int pos = a.pos[t], n_parts = cuda_attn_parts(pos), nd = min(32, HD - d0);
         const int pf = a.sliding_window > 0 ? max(0, pos - a.sliding_window + 1) / CUDA_ATTN_PART : 0;
         const int n_st = (n_parts - pf + 31) / 32;
-        // a state starts 8-byte aligned: its {m, l} at float 0 or 2 of the 16 bytes around them,
-        // the slice's o then at float 2 or 0 of the 144 bytes from the 16-byte boundary before it
-        auto m_at = [&](int p) { return (int)((reinterpret_cast<uintptr_t>(fa_state(a, t, p, head)) & 15) >> 2); };
-        // stage s: partitions pf + 32 s .., 10 pieces of 16 bytes each
+        const float *st0 = fa_state(a, t, 0, head); // partition p's state: st0 + p * pstride
+        const size_t pstride = (size_t)a.n_heads * (HD + 2);
+        // stage s: partitions pf + 32 s ..; lane i their {m, l}, then 16 pieces of 8 bytes each
         auto load = [&](int s) {
-            if (s < n_st)
-                for (int x = lane; x < 32 * 10; x += 32) {
-                    const int i = x / 10, c = x - i * 10, p = pf + 32 * s + i;
-                    if (p >= n_parts) continue;
-                    const float *st = fa_state(a, t, p, head);
-                    const uintptr_t from = reinterpret_cast<uintptr_t>(c ? st + 2 + d0 : st) & ~(uintptr_t)15;
-                    fa_cp16(&sst[s % FA_ML_STAGES][i][4 * c], reinterpret_cast<const void *>(from + 16 * (c ? c - 1 : 0)), true);
+            if (s < n_st) {
+                const int b = s % FA_ML_STAGES, p0 = pf + 32 * s;
+                fa_cp8(&sml[b][lane], st0 + (size_t)(p0 + lane) * pstride, p0 + lane < n_parts);
+#pragma unroll
+                for (int j = 0; j < 16; j++) {
+                    const int x = lane + 32 * j, i = x / 16, c = 2 * (x % 16);
+                    if (c < nd) fa_cp8(&so[b][i][c], st0 + (size_t)(p0 + i) * pstride + 2 + d0 + c, p0 + i < n_parts);
                 }
+            }
             asm volatile("cp.async.commit_group;\n" ::);
         };
         float M = -INFINITY, L = 0.0f, O = 0.0f;
@@ -1111,11 +1114,10 @@ __global__ void __launch_bounds__(32) fa_merge_long_kernel(__nv_bfloat16 *out, _
             asm volatile("cp.async.wait_group %0;\n" ::"n"(FA_ML_STAGES - 2)); // stage s landed
             __syncwarp();
             load(s + FA_ML_STAGES - 1); // into the stage folded last time
-            const float(*b)[FA_ML_W] = sst[s % FA_ML_STAGES];
-            const int p0 = pf + 32 * s, np = min(32, n_parts - p0);
+            const int b = s % FA_ML_STAGES, np = min(32, n_parts - pf - 32 * s);
             // lane k: partition k's m, the total's maximum after it (mx) and before it (mp)
-            const int mo = lane < np ? m_at(p0 + lane) : 0;
-            const float mk = lane < np ? b[lane][mo] : -INFINITY;
+            const float2 ml = sml[b][lane];
+            const float mk = lane < np ? ml.x : -INFINITY;
             float mx = mk;
             for (int o = 1; o < 32; o <<= 1) {
                 const float y = __shfl_up_sync(0xffffffffu, mx, o);
@@ -1124,21 +1126,23 @@ __global__ void __launch_bounds__(32) fa_merge_long_kernel(__nv_bfloat16 *out, _
             mx = fmaxf(mx, M);
             float mp = __shfl_up_sync(0xffffffffu, mx, 1);
             if (lane == 0) mp = M;
-            const unsigned skip = __ballot_sync(0xffffffffu, mk == -INFINITY); // empty: adds nothing
-            if (lane < np) { // fa_merge_begin's factors, and where the o of partition k starts
+            const unsigned use = __ballot_sync(0xffffffffu, mk != -INFINITY); // empty: adds nothing
+            if (use >> lane & 1) { // fa_merge_begin's factors; {1, 0, 0} leave L as it is (L >= +0)
                 const float cb = exp2f(mk - mx);
-                fac[lane] = make_float4(exp2f(mp - mx), cb, __fmul_rn(b[lane][mo + 1], cb), __int_as_float(6 - mo));
+                fac[lane] = make_float4(exp2f(mp - mx), cb, __fmul_rn(ml.y, cb), 0.0f);
+            } else {
+                fac[lane] = make_float4(1.0f, 0.0f, 0.0f, 0.0f);
             }
             M = __shfl_sync(0xffffffffu, mx, 31);
             __syncwarp();
-#pragma unroll 4
-            for (int k = 0; k < np; k++) {
-                if (skip >> k & 1) continue;
+#pragma unroll
+            for (int k = 0; k < 32; k++) { // (use: k < np and partition k not empty; O's select keeps a -0)
                 const float4 f = fac[k];
+                const float no = fa_merge_o(O, so[b][k][lane], f.x, f.y);
                 L = __fadd_rn(__fmul_rn(L, f.x), f.z);
-                if (lane < nd) O = fa_merge_o(O, b[k][__float_as_int(f.w) + lane], f.x, f.y);
+                O = use >> k & 1 ? no : O;
             }
-            __syncwarp(); // fac read before the next stage rewrites it
+            __syncwarp(); // fac and the stage read before they are written again
         }
         asm volatile("cp.async.wait_group 0;\n" ::);
         __syncwarp();
