@@ -1091,7 +1091,7 @@ __global__ void __launch_bounds__(32) fa_merge_long_kernel(__nv_bfloat16 *out, _
         const int e = __ldcg(list + 2 + item / (G * NS)), r = item % (G * NS);
         const int t = e / a.n_kv_heads, head = (e - t * a.n_kv_heads) * G + r / NS, d0 = (r % NS) * 32;
         const int pos = a.pos[t], n_parts = cuda_attn_parts(pos), nd = min(32, HD - d0);
-        const int pf = a.sliding_window > 0 ? max(0, pos - a.sliding_window + 1) / CUDA_ATTN_PART : 0;
+        const int pf = fa_window_part0(a, pos);
         const int n_st = (n_parts - pf + 31) / 32;
         const float *st0 = fa_state(a, t, 0, head); // partition p's state: st0 + p * pstride
         const size_t pstride = (size_t)a.n_heads * (HD + 2);
