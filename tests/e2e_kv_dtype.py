@@ -106,7 +106,7 @@ def test_device_cuda(binary, model):
     elif re.search(r"no NVIDIA GPU|NVIDIA driver|compute capability", err):
         check("--device cuda --kv-cache-dtype fp8, no usable GPU: exit 1", rc == 1, (rc, err))
     else:
-        check("--device cuda --kv-cache-dtype fp8: exit 0, the log says fp8_e4m3, 8 tokens generated",
+        check("--device cuda --kv-cache-dtype fp8: exit 0, the log says fp8_e4m3, text generated",
               rc == 0 and "KV cache: fp8_e4m3," in err and len(out.split()) >= 1, (rc, err[-400:]))
 
 
